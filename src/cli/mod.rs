@@ -1,0 +1,47 @@
+//! Subcommand glue: argument types and output formatting only; the work happens in
+//! the library crates.
+
+pub(crate) mod token;
+
+/// Exit code for usage and configuration errors (clap uses the same).
+pub(crate) const EXIT_USAGE: u8 = 2;
+/// Exit code for a token found invalid.
+pub(crate) const EXIT_INVALID: u8 = 1;
+
+/// Parse a duration such as `90`, `90s`, `15m`, `1h` or `7d` into seconds.
+pub(crate) fn parse_duration_secs(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90s, 15m, 1h or 7d"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: unit must be s, m, h or d")),
+    };
+    n.checked_mul(mult)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("{s:?} is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration_secs;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_secs("90"), Ok(90));
+        assert_eq!(parse_duration_secs("15m"), Ok(900));
+        assert_eq!(parse_duration_secs("1h"), Ok(3600));
+        assert_eq!(parse_duration_secs("7d"), Ok(604_800));
+        assert!(parse_duration_secs("0s").is_err());
+        assert!(parse_duration_secs("1w").is_err());
+        assert!(parse_duration_secs("h").is_err());
+    }
+}

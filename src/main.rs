@@ -1,0 +1,59 @@
+//! `podgate`: the one user-facing binary. Parses flags, starts logging, and hands each
+//! subcommand to the library crate that implements it.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cli;
+
+/// podgate routes GitLab runner and agent traffic to the right Pod.
+#[derive(Debug, Parser)]
+#[command(name = "podgate", version, about, propagate_version = true)]
+struct Args {
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `podgate=debug`.
+    #[arg(long, global = true, env = "PODGATE_LOG", default_value = "warn")]
+    log: String,
+
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Routable tokens: generate keys, mint, inspect.
+    #[command(subcommand)]
+    Token(cli::token::TokenCommand),
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(&args.log, args.log_json);
+    let result = match args.command {
+        Command::Token(cmd) => cli::token::run(cmd),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("podgate: {e:#}");
+            ExitCode::from(cli::EXIT_USAGE)
+        }
+    }
+}
+
+fn init_tracing(filter: &str, json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
