@@ -32,9 +32,15 @@ fn inspect_the_reference_vector() {
     assert_eq!(r["status"], "routable");
     assert_eq!(r["pod"], 2);
     assert_eq!(r["kind"], "runner");
-    assert_eq!(r["fields"], serde_json::json!({"c": 2, "g": 12345, "o": 1, "u": 42}));
+    assert_eq!(
+        r["fields"],
+        serde_json::json!({"c": 2, "g": 12345, "o": 1, "u": 42})
+    );
     assert_eq!(r["reason"], Value::Null);
-    assert!(!stdout(&o).contains("AAAAAAAAAAAAAAAAAAAAAG"), "random part printed");
+    assert!(
+        !stdout(&o).contains("AAAAAAAAAAAAAAAAAAAAAG"),
+        "random part printed"
+    );
 }
 
 #[test]
@@ -51,11 +57,18 @@ fn inspect_exit_codes() {
     let o = podgate(&["token", "inspect", "glrt-t1_legacyRandomValue"]);
     assert_eq!(o.status.code(), Some(0));
     let r = json(&o);
-    assert_eq!((r["format"].as_str(), r["status"].as_str()), (Some("opaque"), Some("unroutable")));
+    assert_eq!(
+        (r["format"].as_str(), r["status"].as_str()),
+        (Some("opaque"), Some("unroutable"))
+    );
     assert_eq!(r["kind"], "runner");
     assert!(r["reason"].is_string());
 
-    assert_eq!(podgate(&["token", "inspect"]).status.code(), Some(2), "missing TOKEN");
+    assert_eq!(
+        podgate(&["token", "inspect"]).status.code(),
+        Some(2),
+        "missing TOKEN"
+    );
     assert_eq!(podgate(&["token", "frobnicate"]).status.code(), Some(2));
     let o = podgate(&["token", "inspect", "--keys", "/nonexistent/keys", VECTOR]);
     assert_eq!(o.status.code(), Some(2));
@@ -63,8 +76,22 @@ fn inspect_exit_codes() {
 }
 
 fn keygen(dir: &Path, alg: &str, kid: &str) -> Value {
-    let o = podgate(&["token", "keygen", "--alg", alg, "--kid", kid, "--out", dir.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = podgate(&[
+        "token",
+        "keygen",
+        "--alg",
+        alg,
+        "--kid",
+        kid,
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     json(&o)
 }
 
@@ -72,7 +99,12 @@ fn keygen(dir: &Path, alg: &str, kid: &str) -> Value {
 fn keygen_mint_inspect_for_every_algorithm() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    for (alg, kid) in [("ed25519", "ed"), ("es256", "es"), ("rs256", "rs"), ("hs256", "hs")] {
+    for (alg, kid) in [
+        ("ed25519", "ed"),
+        ("es256", "es"),
+        ("rs256", "rs"),
+        ("hs256", "hs"),
+    ] {
         let k = keygen(d, alg, kid);
         let private = k["private"].as_str().unwrap().to_owned();
         #[cfg(unix)]
@@ -82,10 +114,27 @@ fn keygen_mint_inspect_for_every_algorithm() {
             assert_eq!(mode & 0o077, 0, "{private} readable by others");
         }
         let o = podgate(&[
-            "token", "mint", "--kind", "job", "--pod", "7", "--ttl", "10m", "--key", &private,
-            "--project", "99", "--prefix", "auto",
+            "token",
+            "mint",
+            "--kind",
+            "job",
+            "--pod",
+            "7",
+            "--ttl",
+            "10m",
+            "--key",
+            &private,
+            "--project",
+            "99",
+            "--prefix",
+            "auto",
         ]);
-        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let token = stdout(&o).trim().to_owned();
         assert!(token.starts_with("glcbt-eyJ"), "{token}");
 
@@ -106,15 +155,36 @@ fn keygen_mint_inspect_for_every_algorithm() {
         assert_eq!(json(&o)["reason_code"], "no_keys");
     }
     // keygen refuses to overwrite.
-    let o = podgate(&["token", "keygen", "--alg", "ed25519", "--kid", "ed", "--out", d.to_str().unwrap()]);
+    let o = podgate(&[
+        "token",
+        "keygen",
+        "--alg",
+        "ed25519",
+        "--kid",
+        "ed",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
 }
 
 #[test]
 fn mint_gitlab_reproduces_the_vector_and_reads_stdin() {
     let o = podgate(&[
-        "token", "mint-gitlab", "--prefix", "glrt-", "--cell", "2", "--org", "1", "--group", "12345",
-        "--user", "42", "--random-hex", "00000000000000000000000000000000",
+        "token",
+        "mint-gitlab",
+        "--prefix",
+        "glrt-",
+        "--cell",
+        "2",
+        "--org",
+        "1",
+        "--group",
+        "12345",
+        "--user",
+        "42",
+        "--random-hex",
+        "00000000000000000000000000000000",
     ]);
     assert_eq!(stdout(&o).trim(), VECTOR);
 
@@ -125,7 +195,12 @@ fn mint_gitlab_reproduces_the_vector_and_reads_stdin() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(format!("{VECTOR}\n").as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{VECTOR}\n").as_bytes())
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert_eq!(json(&o)["pod"], 2);
 }

@@ -214,12 +214,21 @@ pub(crate) fn run(cmd: TokenCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn keygen(alg: Algorithm, kid: Option<String>, out: &Path, force: bool) -> anyhow::Result<ExitCode> {
+fn keygen(
+    alg: Algorithm,
+    kid: Option<String>,
+    out: &Path,
+    force: bool,
+) -> anyhow::Result<ExitCode> {
     let kid = kid.unwrap_or_else(|| {
         let days = unix_now() / 86_400;
         format!("{}-{days}", alg.as_str().to_ascii_lowercase())
     });
-    if kid.is_empty() || !kid.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c)) {
+    if kid.is_empty()
+        || !kid
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
+    {
         bail!("--kid {kid:?}: use letters, digits, '-', '_' and '.' only");
     }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
@@ -284,7 +293,9 @@ fn mint(a: &MintArgs) -> anyhow::Result<String> {
     req.audience = a.audience.clone();
     req.issuer = a.issuer.clone();
     req.prefix = match a.prefix.as_deref() {
-        Some("auto") => Some(a.kind.gitlab_prefix().to_owned()).filter(|_| a.kind != TokenKind::Other),
+        Some("auto") => {
+            Some(a.kind.gitlab_prefix().to_owned()).filter(|_| a.kind != TokenKind::Other)
+        }
         other => other.map(str::to_owned),
     };
     Ok(podgate_tokens::mint(&req, key, unix_now())?)
@@ -294,9 +305,16 @@ fn demo() -> anyhow::Result<ExitCode> {
     let dir = tempfile_dir()?;
     println!("podgate token demo: keys in {}\n", dir.display());
     let mut set = KeySet::new();
-    for (kid, alg) in [("ed-1", Algorithm::EdDSA), ("es-1", Algorithm::ES256), ("rs-1", Algorithm::RS256)] {
+    for (kid, alg) in [
+        ("ed-1", Algorithm::EdDSA),
+        ("es-1", Algorithm::ES256),
+        ("rs-1", Algorithm::RS256),
+    ] {
         let key = keys::generate(alg).map_err(anyhow::Error::msg)?;
-        std::fs::write(dir.join(format!("{kid}.pem")), key.public.as_deref().unwrap_or(""))?;
+        std::fs::write(
+            dir.join(format!("{kid}.pem")),
+            key.public.as_deref().unwrap_or(""),
+        )?;
         set.merge(keys::keyset_from_generated(kid, &key)?)?;
     }
     let classifier = Classifier::with_keys(KeySet::load(&dir)?);
@@ -311,16 +329,28 @@ fn demo() -> anyhow::Result<ExitCode> {
         s.set_signing(kid)?;
         let mut req = MintRequest::new(kind, PodId::new(pod).expect("positive"), 3600);
         req.prefix = prefix.map(str::to_owned);
-        samples.push((format!("JWT {kid} {kind}"), podgate_tokens::mint(&req, s.signing_key()?, now)?));
+        samples.push((
+            format!("JWT {kid} {kind}"),
+            podgate_tokens::mint(&req, s.signing_key()?, now)?,
+        ));
     }
     let v1 = "glrt-AAAAAAAAAAAAAAAAAAAAAGM6MgpnOjlpeApvOjEKdToxNhI.01.1b0zz5pn1";
     samples.push(("GitLab v1 (reference vector)".into(), v1.into()));
-    samples.push(("GitLab v1, one char changed".into(), v1.replace("GM6Mg", "GM6Mw")));
-    samples.push(("legacy runner token".into(), "glrt-t1_RandomLegacyValue42".into()));
+    samples.push((
+        "GitLab v1, one char changed".into(),
+        v1.replace("GM6Mg", "GM6Mw"),
+    ));
+    samples.push((
+        "legacy runner token".into(),
+        "glrt-t1_RandomLegacyValue42".into(),
+    ));
     let (head, _) = samples[0].1.rsplit_once('.').expect("a JWT has dots");
     samples.push(("JWT, forged signature".into(), format!("{head}.AAAA")));
 
-    println!("{:<32} {:<10} {:<11} {:>4}  {:<16} reason", "token", "format", "status", "pod", "fingerprint");
+    println!(
+        "{:<32} {:<10} {:<11} {:>4}  {:<16} reason",
+        "token", "format", "status", "pod", "fingerprint"
+    );
     for (label, token) in &samples {
         let r = classifier.inspect(token);
         println!(
@@ -337,7 +367,11 @@ fn demo() -> anyhow::Result<ExitCode> {
         .iter()
         .filter(|(_, t)| matches!(classifier.classify(t), Classification::Routable(_)))
         .count();
-    println!("\n{routed} of {} tokens routable. Try: podgate token inspect --keys {} <token>", samples.len(), dir.display());
+    println!(
+        "\n{routed} of {} tokens routable. Try: podgate token inspect --keys {} <token>",
+        samples.len(),
+        dir.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -15,7 +15,9 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher as _;
 use thiserror::Error;
 
-use crate::identity::{Classification, Identity, InvalidReason, PodId, TokenFormat, UnroutableReason};
+use crate::identity::{
+    Classification, Identity, InvalidReason, PodId, TokenFormat, UnroutableReason,
+};
 use crate::keys::KeySet;
 use crate::{gitlab, jwt};
 
@@ -230,9 +232,24 @@ impl Classifier {
         if let Err(reason) = self.precheck(token) {
             return invalid(reason);
         }
-        if gitlab::shape(token).is_none() {
-            if let Some(parts) = jwt::split(token) {
-                return self.classify_jwt_cached(token, &parts, now);
+        if looks_like_jwt(token) {
+            if let Some(cache) = &self.cache {
+                // Hot path: a repeat costs one hash and one lookup, nothing else.
+                let key = self.hash(token);
+                let generation = self.generation.load(Ordering::Acquire);
+                if let Some(e) = cache.get(&key)
+                    && e.generation == generation
+                    && now <= e.valid_until
+                {
+                    self.hits.fetch_add(1, Ordering::Relaxed);
+                    return e.verdict;
+                }
+                if let Some(parts) = jwt::split(token) {
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                    return self.verify_and_cache(cache, key, generation, &parts, now);
+                }
+            } else if let Some(parts) = jwt::split(token) {
+                return jwt::verify(&parts, &self.keys.load(), &self.policy, now);
             }
         }
         self.classify_structural(token)
@@ -243,10 +260,10 @@ impl Classifier {
         if let Err(reason) = self.precheck(token) {
             return invalid(reason);
         }
-        if gitlab::shape(token).is_none() {
-            if let Some(parts) = jwt::split(token) {
-                return jwt::verify(&parts, &self.keys.load(), &self.policy, now);
-            }
+        if looks_like_jwt(token)
+            && let Some(parts) = jwt::split(token)
+        {
+            return jwt::verify(&parts, &self.keys.load(), &self.policy, now);
         }
         self.classify_structural(token)
     }
@@ -259,7 +276,11 @@ impl Classifier {
             return Err(InvalidReason::TooLong);
         }
         // Visible ASCII only: no whitespace, controls or multi-byte characters.
-        if !token.bytes().all(|c| (0x21..=0x7e).contains(&c)) {
+        // A non-short-circuiting fold, so the compiler vectorises it.
+        let visible = token
+            .bytes()
+            .fold(true, |ok, c| ok & (c.wrapping_sub(0x21) < 0x5e));
+        if !visible {
             return Err(InvalidReason::BadCharacters);
         }
         Ok(())
@@ -283,21 +304,15 @@ impl Classifier {
         }
     }
 
-    fn classify_jwt_cached(&self, token: &str, parts: &jwt::Parts<'_>, now: u64) -> Classification {
-        let Some(cache) = &self.cache else {
-            return jwt::verify(parts, &self.keys.load(), &self.policy, now);
-        };
-        let key = self.hash(token);
-        let generation = self.generation.load(Ordering::Acquire);
-        if let Some(e) = cache.get(&key) {
-            if e.generation == generation && now <= e.valid_until {
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                return e.verdict;
-            }
-        }
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        let keys = self.keys.load();
-        let verdict = jwt::verify(parts, &keys, &self.policy, now);
+    fn verify_and_cache(
+        &self,
+        cache: &quick_cache::sync::Cache<u128, Entry>,
+        key: u128,
+        generation: u64,
+        parts: &jwt::Parts<'_>,
+        now: u64,
+    ) -> Classification {
+        let verdict = jwt::verify(parts, &self.keys.load(), &self.policy, now);
         let valid_until = match verdict {
             Classification::Routable(Identity {
                 expires_at: Some(exp),
@@ -332,6 +347,15 @@ impl Classifier {
         h.write(token.as_bytes());
         h.finish128().as_u128()
     }
+}
+
+/// Whether `token` may be a JWT: a bare one (`eyJ…`) or one behind a short `gl…-`
+/// prefix, and not a GitLab routable token (whose random part may start `eyJ` too).
+fn looks_like_jwt(token: &str) -> bool {
+    let b = token.as_bytes();
+    let head = &b[..b.len().min(52)];
+    (b.starts_with(b"eyJ") || head.windows(4).any(|w| w == b"-eyJ"))
+        && gitlab::shape(token).is_none()
 }
 
 fn invalid(reason: InvalidReason) -> Classification {
@@ -390,12 +414,12 @@ fn opaque_reason(token: &str) -> UnroutableReason {
     if b.len() > 3 && b[0] == b't' && matches!(b[1], b'1'..=b'3') && b[2] == b'_' {
         return UnroutableReason::RunnerTypePartition;
     }
-    if gitlab::kind_of_prefix(prefix) == crate::TokenKind::Job {
-        if let Some(us) = body.find('_') {
-            if us > 0 && body[..us].bytes().all(|c| c.is_ascii_hexdigit()) {
-                return UnroutableReason::JobPartition;
-            }
-        }
+    if gitlab::kind_of_prefix(prefix) == crate::TokenKind::Job
+        && let Some(us) = body.find('_')
+        && us > 0
+        && body[..us].bytes().all(|c| c.is_ascii_hexdigit())
+    {
+        return UnroutableReason::JobPartition;
     }
     UnroutableReason::LegacyPrefixed
 }
@@ -421,7 +445,12 @@ mod tests {
             panic!("expected invalid")
         };
         let all = msgs.join("\n");
-        for field in ["leeway_secs", "max_token_bytes", "cache_ttl_secs", "audience"] {
+        for field in [
+            "leeway_secs",
+            "max_token_bytes",
+            "cache_ttl_secs",
+            "audience",
+        ] {
             assert!(all.contains(field), "{field} not named in {all}");
         }
         assert!(ClassifierConfig::default().validate().is_ok());
@@ -430,12 +459,30 @@ mod tests {
     #[test]
     fn opaque_shapes_have_reasons() {
         let cases = [
-            ("glrt-t1_abcdefghijklmnopqrst", UnroutableReason::RunnerTypePartition),
-            ("glrt-t3_abcdefghijklmnopqrst", UnroutableReason::RunnerTypePartition),
-            ("glcbt-64_abcdefghijklmnopqrst", UnroutableReason::JobPartition),
-            ("glrt-abcdefghijklmnopqrst", UnroutableReason::LegacyPrefixed),
-            ("acme-glpat-abcdefghijklmnopqrst", UnroutableReason::LegacyPrefixed),
-            ("GR1348941abcdefghijklmnop", UnroutableReason::LegacyRegistration),
+            (
+                "glrt-t1_abcdefghijklmnopqrst",
+                UnroutableReason::RunnerTypePartition,
+            ),
+            (
+                "glrt-t3_abcdefghijklmnopqrst",
+                UnroutableReason::RunnerTypePartition,
+            ),
+            (
+                "glcbt-64_abcdefghijklmnopqrst",
+                UnroutableReason::JobPartition,
+            ),
+            (
+                "glrt-abcdefghijklmnopqrst",
+                UnroutableReason::LegacyPrefixed,
+            ),
+            (
+                "acme-glpat-abcdefghijklmnopqrst",
+                UnroutableReason::LegacyPrefixed,
+            ),
+            (
+                "GR1348941abcdefghijklmnop",
+                UnroutableReason::LegacyRegistration,
+            ),
             ("a1b2c3d4e5f6", UnroutableReason::Opaque),
             ("x-y-z", UnroutableReason::Opaque),
         ];
@@ -454,8 +501,14 @@ mod tests {
         assert_eq!(cl.classify(""), invalid(InvalidReason::Empty));
         assert_eq!(cl.classify("ab c"), invalid(InvalidReason::BadCharacters));
         assert_eq!(cl.classify("abé"), invalid(InvalidReason::BadCharacters));
-        assert_eq!(cl.classify_bytes(&[0xff, 0x41]), invalid(InvalidReason::BadCharacters));
-        assert_eq!(cl.classify(&"a".repeat(9000)), invalid(InvalidReason::TooLong));
+        assert_eq!(
+            cl.classify_bytes(&[0xff, 0x41]),
+            invalid(InvalidReason::BadCharacters)
+        );
+        assert_eq!(
+            cl.classify(&"a".repeat(9000)),
+            invalid(InvalidReason::TooLong)
+        );
         assert!(matches!(
             cl.classify("a.b"),
             Classification::Invalid {

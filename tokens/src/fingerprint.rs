@@ -39,7 +39,10 @@ mod tests {
         assert_eq!(f.chars().count(), "glrt-…".chars().count() + 8);
         assert!(!f.contains("AAAA"));
         assert_eq!(f, fingerprint(t), "stable");
-        assert_ne!(f, fingerprint("glrt-AAAAAAAAAAAAAAAAAAAAAGM6MgpnOjlpeApvOjEKdToxNhJ.01.1b0zz5pn1"));
+        assert_ne!(
+            f,
+            fingerprint("glrt-AAAAAAAAAAAAAAAAAAAAAGM6MgpnOjlpeApvOjEKdToxNhJ.01.1b0zz5pn1")
+        );
         assert!(fingerprint("eyJhbGciOi.x.y").starts_with("jwt…"));
         assert!(fingerprint("plainsecret").starts_with('…'));
     }

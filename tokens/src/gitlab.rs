@@ -176,7 +176,8 @@ pub(crate) fn shape(token: &str) -> Option<Shape> {
 }
 
 fn is_base36(s: &[u8]) -> bool {
-    s.iter().all(|c| c.is_ascii_digit() || c.is_ascii_lowercase())
+    s.iter()
+        .all(|c| c.is_ascii_digit() || c.is_ascii_lowercase())
 }
 
 /// Parse lowercase base 36 strictly: digits and `a`–`z` only, no sign, no overflow.
@@ -247,9 +248,7 @@ pub(crate) fn decode_shaped(token: &str, shape: Shape) -> Result<Decoded, Invali
     let raw = URL_SAFE_NO_PAD
         .decode(b64)
         .map_err(|_| InvalidReason::BadPayload("not base64url"))?;
-    let (&len_byte, rest) = raw
-        .split_last()
-        .ok_or(InvalidReason::BadPayload("empty"))?;
+    let (&len_byte, rest) = raw.split_last().ok_or(InvalidReason::BadPayload("empty"))?;
     let n = usize::from(len_byte);
     if n > rest.len() {
         return Err(InvalidReason::BadPayload("length byte out of range"));

@@ -51,7 +51,9 @@ impl FromStr for PodId {
     type Err = &'static str;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let n: u64 = s.parse().map_err(|_| "a Pod id must be a positive integer")?;
+        let n: u64 = s
+            .parse()
+            .map_err(|_| "a Pod id must be a positive integer")?;
         Self::try_from(n)
     }
 }
@@ -137,7 +139,10 @@ impl FromStr for TokenKind {
             .find(|k| k.as_str() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = TokenKind::ALL.iter().map(|k| k.as_str()).collect();
-                format!("unknown token kind {s:?} (expected one of {})", names.join(", "))
+                format!(
+                    "unknown token kind {s:?} (expected one of {})",
+                    names.join(", ")
+                )
             })
     }
 }
@@ -271,9 +276,7 @@ impl fmt::Display for UnroutableReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             UnroutableReason::Opaque => "opaque token without routing information",
-            UnroutableReason::LegacyPrefixed => {
-                "legacy prefixed token without a routing payload"
-            }
+            UnroutableReason::LegacyPrefixed => "legacy prefixed token without a routing payload",
             UnroutableReason::RunnerTypePartition => {
                 "legacy runner token with a runner-type prefix; it names no Pod"
             }

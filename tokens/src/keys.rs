@@ -24,11 +24,13 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE, URL_SAFE_NO_PAD};
+use ed25519_dalek::Verifier as _;
 use hmac::{Hmac, Mac};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm};
-use p256::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey, LineEnding};
+use p256::pkcs8::{
+    DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey, LineEnding,
+};
 use rsa::pkcs1::{DecodeRsaPrivateKey, DecodeRsaPublicKey};
-use rsa::signature::Verifier as _;
 use rsa::traits::PublicKeyParts;
 use sha2::Sha256;
 use thiserror::Error;
@@ -212,8 +214,11 @@ impl VerifyingKey {
     /// Whether `signature` (raw bytes, JOSE encoding) signs `message` under this key.
     pub fn verify(&self, message: &[u8], signature: &[u8]) -> bool {
         match &self.verifier {
+            // RFC 8032 verification, as jsonwebtoken does. Weak (small-order) public
+            // keys are refused when loaded, and signature malleability cannot change
+            // a verdict: the cache is keyed by the whole token.
             Verifier::Ed(k) => ed25519_dalek::Signature::from_slice(signature)
-                .is_ok_and(|s| k.verify_strict(message, &s).is_ok()),
+                .is_ok_and(|s| k.verify(message, &s).is_ok()),
             Verifier::Es(k) => p256::ecdsa::Signature::from_slice(signature)
                 .is_ok_and(|s| k.verify(message, &s).is_ok()),
             Verifier::Rs(k) => rsa::pkcs1v15::Signature::try_from(signature)
@@ -407,7 +412,8 @@ impl KeySet {
                 .key_id
                 .clone()
                 .ok_or_else(|| bad(source, "a JWK without \"kid\""))?;
-            let verifier = jwk_verifier(jwk).map_err(|r| bad(source, format!("kid {kid:?}: {r}")))?;
+            let verifier =
+                jwk_verifier(jwk).map_err(|r| bad(source, format!("kid {kid:?}: {r}")))?;
             self.insert(&kid, verifier, source)?;
         }
         Ok(())
@@ -416,6 +422,11 @@ impl KeySet {
     fn insert(&mut self, kid: &str, verifier: Verifier, source: &Path) -> Result<()> {
         if kid.is_empty() {
             return Err(bad(source, "empty key id"));
+        }
+        if let Verifier::Ed(k) = &verifier
+            && k.is_weak()
+        {
+            return Err(bad(source, "weak (small-order) Ed25519 public key"));
         }
         if let Some(existing) = self.verifying.get(kid) {
             if existing.verifier.algorithm() == verifier.algorithm()

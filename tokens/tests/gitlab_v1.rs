@@ -7,8 +7,7 @@ use proptest::prelude::*;
 const VECTOR: &str = "glrt-AAAAAAAAAAAAAAAAAAAAAGM6MgpnOjlpeApvOjEKdToxNhI.01.1b0zz5pn1";
 
 /// Every character a token may hold, plus a few it may not.
-const ALPHABET: &str =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.+/=~:!%";
+const ALPHABET: &str = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.+/=~:!%";
 
 fn classifier() -> Classifier {
     Classifier::with_keys(KeySet::new())

@@ -88,7 +88,11 @@ fn tampered_signature_and_claims_are_bad_signature() {
         let mid = raw.len() / 2;
         raw[mid] ^= 0x01;
         let tampered = format!("{body}.{}", URL_SAFE_NO_PAD.encode(&raw));
-        assert_eq!(c.classify(&tampered), invalid(InvalidReason::BadSignature), "{alg}");
+        assert_eq!(
+            c.classify(&tampered),
+            invalid(InvalidReason::BadSignature),
+            "{alg}"
+        );
 
         // Re-point the token at Pod 3, keeping the signature.
         let mut parts: Vec<&str> = token.split('.').collect();
@@ -118,12 +122,18 @@ fn expired_and_not_yet_valid_honour_the_leeway() {
     let req = MintRequest::new(TokenKind::Job, pod(2), 100);
 
     let issued_long_ago = mint(&req, &sk, now - 1000).unwrap(); // exp = now - 900
-    assert_eq!(c.classify_at(&issued_long_ago, now), invalid(InvalidReason::Expired));
+    assert_eq!(
+        c.classify_at(&issued_long_ago, now),
+        invalid(InvalidReason::Expired)
+    );
     let just_expired = mint(&req, &sk, now - 120).unwrap(); // exp = now - 20, within leeway
     assert_eq!(c.classify_at(&just_expired, now).pod(), Some(pod(2)));
 
     let future = mint(&req, &sk, now + 1000).unwrap(); // nbf = now + 1000
-    assert_eq!(c.classify_at(&future, now), invalid(InvalidReason::NotYetValid));
+    assert_eq!(
+        c.classify_at(&future, now),
+        invalid(InvalidReason::NotYetValid)
+    );
     // Not-yet-valid is never cached: the same token becomes valid when its time comes.
     assert_eq!(c.classify_at(&future, now + 1000).pod(), Some(pod(2)));
     let skewed = mint(&req, &sk, now + 20).unwrap(); // within leeway
@@ -149,9 +159,13 @@ fn unknown_kid_and_missing_kid() {
     set.add_hs256("only", &secret, Path::new("test")).unwrap();
     let claims = json!({"c": "2", "exp": unix_now() + 60});
     let no_kid = hs256_raw(json!({"alg": "HS256"}), claims.clone(), &secret);
-    assert_eq!(Classifier::with_keys(set.clone()).classify(&no_kid).pod(), Some(pod(2)));
+    assert_eq!(
+        Classifier::with_keys(set.clone()).classify(&no_kid).pod(),
+        Some(pod(2))
+    );
     // ...and refused when it holds several.
-    set.add_hs256("second", &[8u8; 32], Path::new("test")).unwrap();
+    set.add_hs256("second", &[8u8; 32], Path::new("test"))
+        .unwrap();
     assert_eq!(
         Classifier::with_keys(set).classify(&no_kid),
         invalid(InvalidReason::MissingKeyId)
@@ -318,7 +332,11 @@ fn key_rotation_keeps_old_tokens_valid_until_the_old_key_leaves() {
     let new_token = mint(&req, c.keys().signing_key().unwrap(), now).unwrap();
     assert!(new_token.starts_with("eyJ"));
     assert_eq!(c.classify(&new_token).pod(), Some(pod(4)));
-    assert_eq!(c.classify(&old_token).pod(), Some(pod(4)), "old token during rotation");
+    assert_eq!(
+        c.classify(&old_token).pod(),
+        Some(pod(4)),
+        "old token during rotation"
+    );
 
     // Step 2: the old key leaves; its tokens stop verifying at once, cache or not.
     assert!(set.remove("2026-10"));
@@ -349,14 +367,23 @@ fn the_cache_answers_repeats_and_honours_expiry() {
     }
     assert_eq!(c.cache_stats().hits, 10);
     // Past `exp` the cached verdict is not used: the token is re-checked and expired.
-    assert_eq!(c.classify_at(&token, now + 101), invalid(InvalidReason::Expired));
+    assert_eq!(
+        c.classify_at(&token, now + 101),
+        invalid(InvalidReason::Expired)
+    );
     assert_eq!(c.cache_stats().misses, 2);
 
     // A bad token is cached too (negatively), so retries cost no signature check.
     let (body, _) = token.rsplit_once('.').unwrap();
     let bad = format!("{body}.AAAA");
-    assert_eq!(c.classify_at(&bad, now), invalid(InvalidReason::BadSignature));
-    assert_eq!(c.classify_at(&bad, now), invalid(InvalidReason::BadSignature));
+    assert_eq!(
+        c.classify_at(&bad, now),
+        invalid(InvalidReason::BadSignature)
+    );
+    assert_eq!(
+        c.classify_at(&bad, now),
+        invalid(InvalidReason::BadSignature)
+    );
     assert_eq!(c.cache_stats().hits, 11);
 }
 
@@ -415,8 +442,11 @@ fn bad_key_files_are_named_in_the_error() {
 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(d.join("k.pem"), "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
-        .unwrap();
+    std::fs::write(
+        d.join("k.pem"),
+        "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
+    )
+    .unwrap();
     let err = KeySet::load(d).unwrap_err().to_string();
     assert!(err.contains("k.pem"), "{err}");
 

@@ -119,14 +119,14 @@ pub(crate) fn split(token: &str) -> Option<Parts<'_>> {
     })
 }
 
-fn b64_json(part: &str, what: &'static str) -> std::result::Result<Map<String, Value>, InvalidReason> {
-    let bytes = URL_SAFE_NO_PAD
+mod parse;
+
+use parse::{RawClaims, RawHeader, Scalar, from_json};
+
+fn b64_decode(part: &str, what: &'static str) -> std::result::Result<Vec<u8>, InvalidReason> {
+    URL_SAFE_NO_PAD
         .decode(part)
-        .map_err(|_| InvalidReason::Malformed(what))?;
-    match serde_json::from_slice(&bytes) {
-        Ok(Value::Object(m)) => Ok(m),
-        _ => Err(InvalidReason::Malformed(what)),
-    }
+        .map_err(|_| InvalidReason::Malformed(what))
 }
 
 /// The header fields we act on.
@@ -136,15 +136,17 @@ pub(crate) struct Header {
 }
 
 pub(crate) fn header(parts: &Parts<'_>) -> std::result::Result<Header, InvalidReason> {
-    let m = b64_json(parts.header, "JWT header is not base64url JSON")?;
-    let alg = match m.get("alg") {
-        Some(Value::String(s)) => s.clone(),
+    const WHAT: &str = "JWT header is not base64url JSON";
+    let bytes = b64_decode(parts.header, WHAT)?;
+    let h: RawHeader<'_> = from_json(&bytes).ok_or(InvalidReason::Malformed(WHAT))?;
+    let alg = match h.alg {
+        Scalar::Str(s) => s.into_owned(),
         _ => return Err(InvalidReason::Malformed("JWT header without \"alg\"")),
     };
-    let kid = match m.get("kid") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(InvalidReason::Malformed("JWT \"kid\" is not a string")),
+    let kid = match h.kid {
+        Scalar::Absent | Scalar::Null => None,
+        Scalar::Str(s) => Some(s.into_owned()),
+        _ => return Err(InvalidReason::Malformed("JWT \"kid\" is not a string")),
     };
     Ok(Header { alg, kid })
 }
@@ -152,11 +154,20 @@ pub(crate) fn header(parts: &Parts<'_>) -> std::result::Result<Header, InvalidRe
 /// The claims, decoded but **not verified**: for display (`podgate token inspect`)
 /// only, never for routing.
 pub(crate) fn unverified_claims(parts: &Parts<'_>) -> Option<Map<String, Value>> {
-    b64_json(parts.claims, "claims").ok()
+    let bytes = b64_decode(parts.claims, "claims").ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(m)) => Some(m),
+        _ => None,
+    }
 }
 
 /// Verify a JWT's signature and claims and classify it.
-pub(crate) fn verify(parts: &Parts<'_>, keys: &KeySet, policy: &Policy, now: u64) -> Classification {
+pub(crate) fn verify(
+    parts: &Parts<'_>,
+    keys: &KeySet,
+    policy: &Policy,
+    now: u64,
+) -> Classification {
     match verify_inner(parts, keys, policy, now) {
         Ok(c) => c,
         Err(reason) => Classification::Invalid { reason },
@@ -192,41 +203,43 @@ fn verify_inner(
     }
 
     // Signed: now the claims may be trusted as far as they parse.
-    let claims = b64_json(parts.claims, "JWT claims are not base64url JSON")?;
-    let exp = numeric_date(&claims, "exp")?.ok_or(InvalidReason::MissingClaim("exp"))?;
+    const WHAT: &str = "JWT claims are not base64url JSON";
+    let bytes = b64_decode(parts.claims, WHAT)?;
+    let claims: RawClaims<'_> = from_json(&bytes).ok_or(InvalidReason::Malformed(WHAT))?;
+    let exp = numeric_date(&claims.exp, "exp")?.ok_or(InvalidReason::MissingClaim("exp"))?;
     if now > exp.saturating_add(policy.leeway_secs) {
         return Err(InvalidReason::Expired);
     }
-    if let Some(nbf) = numeric_date(&claims, "nbf")? {
-        if now.saturating_add(policy.leeway_secs) < nbf {
-            return Err(InvalidReason::NotYetValid);
-        }
+    if let Some(nbf) = numeric_date(&claims.nbf, "nbf")?
+        && now.saturating_add(policy.leeway_secs) < nbf
+    {
+        return Err(InvalidReason::NotYetValid);
     }
     if let Some(want) = &policy.audience {
-        let ok = match claims.get("aud") {
-            Some(Value::String(s)) => s == want,
-            Some(Value::Array(a)) => a.iter().any(|v| v.as_str() == Some(want)),
+        let ok = match &claims.aud {
+            Scalar::Str(s) => s == want,
+            Scalar::Strings(a) => a.iter().any(|v| v == want),
             _ => false,
         };
         if !ok {
             return Err(InvalidReason::WrongAudience);
         }
     }
-    if let Some(want) = &policy.issuer {
-        if claims.get("iss").and_then(Value::as_str) != Some(want) {
-            return Err(InvalidReason::WrongIssuer);
-        }
+    if let Some(want) = &policy.issuer
+        && !matches!(&claims.iss, Scalar::Str(s) if s == want)
+    {
+        return Err(InvalidReason::WrongIssuer);
     }
-    let kind = match claims.get("kind") {
-        None | Some(Value::Null) => default_kind(parts.prefix),
-        Some(Value::String(s)) => s.parse().map_err(|_| InvalidReason::BadClaim("kind"))?,
-        Some(_) => return Err(InvalidReason::BadClaim("kind")),
+    let kind = match &claims.kind {
+        Scalar::Absent | Scalar::Null => default_kind(parts.prefix),
+        Scalar::Str(s) => s.parse().map_err(|_| InvalidReason::BadClaim("kind"))?,
+        _ => return Err(InvalidReason::BadClaim("kind")),
     };
-    let runner_type = match id_claim(&claims, "t")? {
+    let runner_type = match id_claim(&claims.t, "t")? {
         None => None,
         Some(code) => Some(RunnerType::from_code(code).ok_or(InvalidReason::BadClaim("t"))?),
     };
-    let Some(cell) = id_claim(&claims, "c")? else {
+    let Some(cell) = id_claim(&claims.c, "c")? else {
         return Ok(Classification::Unroutable {
             reason: UnroutableReason::NoPodKey,
         });
@@ -236,11 +249,11 @@ fn verify_inner(
         pod,
         kind,
         format: TokenFormat::Jwt,
-        organization: id_claim(&claims, "o")?,
-        group: id_claim(&claims, "g")?,
-        project: id_claim(&claims, "p")?,
-        user: id_claim(&claims, "u")?,
-        agent: id_claim(&claims, "a")?,
+        organization: id_claim(&claims.o, "o")?,
+        group: id_claim(&claims.g, "g")?,
+        project: id_claim(&claims.p, "p")?,
+        user: id_claim(&claims.u, "u")?,
+        agent: id_claim(&claims.a, "a")?,
         runner_type,
         expires_at: Some(exp),
     }))
@@ -256,37 +269,26 @@ fn default_kind(prefix: &str) -> TokenKind {
 
 /// A NumericDate claim as whole Unix seconds (fractions are floored).
 fn numeric_date(
-    claims: &Map<String, Value>,
+    v: &Scalar<'_>,
     name: &'static str,
 ) -> std::result::Result<Option<u64>, InvalidReason> {
-    match claims.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            if let Some(u) = n.as_u64() {
-                Ok(Some(u))
-            } else {
-                match n.as_f64() {
-                    Some(f) if f.is_finite() && f >= 0.0 && f < 1.0e15 => Ok(Some(f as u64)),
-                    _ => Err(InvalidReason::BadClaim(name)),
-                }
-            }
-        }
-        Some(_) => Err(InvalidReason::BadClaim(name)),
+    match v {
+        Scalar::Absent | Scalar::Null => Ok(None),
+        Scalar::Int(u) => Ok(Some(*u)),
+        Scalar::Float(f) if f.is_finite() && *f >= 0.0 && *f < 1.0e15 => Ok(Some(*f as u64)),
+        _ => Err(InvalidReason::BadClaim(name)),
     }
 }
 
 /// A routing id claim: a JSON integer, or a base-36 string (GitLab's convention).
-pub(crate) fn id_claim(
-    claims: &Map<String, Value>,
-    name: &'static str,
-) -> std::result::Result<Option<u64>, InvalidReason> {
-    match claims.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n.as_u64().map(Some).ok_or(InvalidReason::BadClaim(name)),
-        Some(Value::String(s)) => parse_base36(s.as_bytes())
+fn id_claim(v: &Scalar<'_>, name: &'static str) -> std::result::Result<Option<u64>, InvalidReason> {
+    match v {
+        Scalar::Absent | Scalar::Null => Ok(None),
+        Scalar::Int(u) => Ok(Some(*u)),
+        Scalar::Str(s) => parse_base36(s.as_bytes())
             .map(Some)
             .ok_or(InvalidReason::BadClaim(name)),
-        Some(_) => Err(InvalidReason::BadClaim(name)),
+        _ => Err(InvalidReason::BadClaim(name)),
     }
 }
 
@@ -374,10 +376,11 @@ struct MintClaims<'a> {
 
 /// Sign a new routable JWT with `key`, valid from `now`.
 pub fn mint(req: &MintRequest, key: &SigningKey, now: u64) -> Result<String> {
-    if let Some(p) = &req.prefix {
-        if !p.is_empty() && !is_gitlab_prefix(p) {
-            return Err(Error::BadPrefix(p.clone()));
-        }
+    if let Some(p) = &req.prefix
+        && !p.is_empty()
+        && !is_gitlab_prefix(p)
+    {
+        return Err(Error::BadPrefix(p.clone()));
     }
     let b36 = |v: Option<u64>| v.map(|v| to_base36(v, 0));
     let claims = MintClaims {

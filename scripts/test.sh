@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every check CI runs, in the order a failure is cheapest to report:
+# formatting, lints, then all tests (unit, integration, doc, and each benchmark
+# run once in test mode). Installs what is missing first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib/deps.sh
+
+podgate_ensure_rust
+podgate_ensure_system_packages
+
+echo "==> cargo fmt --check"
+cargo fmt --all --check
+
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "==> cargo test"
+cargo test --workspace --locked
+
+echo "==> benchmarks, once each in test mode"
+cargo test --workspace --benches --locked
