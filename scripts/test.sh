@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every check CI runs, in the order a failure is cheapest to report:
-# formatting, lints, then all tests (unit, integration, doc, and each benchmark
+# formatting, lints, docs, then all tests (unit, integration, doc, and each benchmark
 # run once in test mode). Installs what is missing first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,9 @@ cargo fmt --all --check
 
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "==> cargo doc (broken links fail)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 echo "==> cargo test"
 cargo test --workspace --locked
