@@ -1,7 +1,77 @@
 //! # podgate-registry
 //!
-//! The topology of Pods (ids, upstream addresses, state, the default "legacy" Pod)
-//! and the presence of kas instances and connected agents, in memory or in Redis.
+//! The topology of Pods and the presence of kas instances and agents, in one API
+//! over two backends: in memory (one process, nothing to install) and Redis
+//! (standalone, or a Cluster when one server is not enough).
 //!
-//! Not built yet: issue 3 fills this crate. The proxy reads topology snapshots from
-//! here and the kas registers agent connections here.
+//! ## Where to start reading
+//!
+//! - [`Registry`] (in [`registry`]): the handle. Topology snapshots
+//!   ([`Registry::topology`], a lock-free load), changes and a watch; agent and kas
+//!   registration, lookups, refresh, GC, shutdown cleanup; presence events and
+//!   [`Registry::wait_for_agent`].
+//! - [`topology`]: [`Pod`], [`PodState`], the immutable [`Topology`] snapshot and
+//!   the static [`TopologyFile`] (TOML).
+//! - [`presence`]: [`AgentConnection`], [`KasInstance`], [`AgentEvent`].
+//! - `backend/`: the in-memory and Redis implementations.
+//! - `testing` (feature `test-util`): a real `redis-server` and a 3-master Redis
+//!   Cluster on ephemeral ports, for tests.
+//!
+//! ## Redis keys
+//!
+//! Human-readable, so an operator can look with `redis-cli`. `P` is the configured
+//! prefix (default `podgate`). Values are JSON; every presence value carries its own
+//! `expires_at_ms` (Unix ms), and readers skip expired ones, so an entry of a kas
+//! that died disappears at once even while others keep the key alive. Each key also
+//! has a TTL so a key no one refreshes vanishes whole.
+//!
+//! | key | type | field → value |
+//! |---|---|---|
+//! | `P:{topology}` | hash | `pod:<id>` → Pod JSON, `default` → Pod id, `version` → n |
+//! | `P:{p:<project>}:project` | hash | `<agent>:<connection>` → connection JSON |
+//! | `P:{p:<project>}:agent:<agent>:conns` | hash | `<connection>` → connection JSON |
+//! | `P:{p:<project>}:agent:<agent>:kas` | hash | `<kas address>` → `{"expires_at_ms": …}` |
+//! | `P:{a:<agent>}:project` | string | the agent's project id (finds the keys above) |
+//! | `P:{kas}:instances` | hash | `<kas address>` → kas instance JSON |
+//! | `P:events:agents` | channel | `{"type": "connected" \| "disconnected", …}` |
+//! | `P:events:topology` | channel | the new topology version |
+//!
+//! ```text
+//! redis-cli HGETALL 'podgate:{p:42}:agent:7:conns'
+//! redis-cli GET 'podgate:{a:7}:project'
+//! redis-cli SUBSCRIBE podgate:events:agents
+//! ```
+//!
+//! An agent belongs to one configuration project, so every key a registration
+//! touches carries the hash tag `{p:<project>}`: the three indexes are written in one
+//! `MULTI`/`EXEC` with one expiry, in one Cluster slot, while different projects
+//! spread over the Cluster. Lookups by agent read the `{a:<agent>}` pointer first.
+//! No request path uses `KEYS` or `SCAN`; refresh and GC touch only the keys this
+//! process writes, so their cost grows with what it owns, not with the keyspace.
+//!
+//! ## Failure behaviour
+//!
+//! Redis down: calls return [`Error::Backend`] (transient); the registry logs once
+//! when the backend goes away and once when it returns, counts every failure in
+//! `podgate_registry_backend_errors_total{op}`, keeps the last good topology, and
+//! reconnects with back-off. Redis restarted empty: the pub/sub subscription
+//! reconnects, which triggers an immediate refresh of everything owned; the
+//! periodic refresh does the same at the latest one `refresh_interval` later.
+
+pub mod backend;
+pub mod error;
+pub mod metrics;
+pub mod presence;
+pub mod registry;
+pub mod topology;
+
+#[cfg(feature = "test-util")]
+pub mod testing;
+
+pub use backend::TopologyChange;
+pub use backend::memory::MemoryBackend;
+pub use backend::redis::RedisTarget;
+pub use error::{Error, Result};
+pub use presence::{AgentConnection, AgentEvent, KasAddress, KasInstance};
+pub use registry::{BackendConfig, Registry, RegistryConfig};
+pub use topology::{Pod, PodState, Topology, TopologyFile};

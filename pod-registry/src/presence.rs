@@ -1,0 +1,114 @@
+//! Presence: which kas instances run, and which agent connections each of them holds
+//! (the seed's `ConnectedAgentInfo` and `KasInstanceInfo`).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a kas instance can be reached by other kas instances (its *internal*
+/// endpoint), e.g. `grpc://10.0.0.5:8155`. Also the kas's identity in the registry.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct KasAddress(pub String);
+
+impl fmt::Display for KasAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for KasAddress {
+    fn from(s: &str) -> Self {
+        KasAddress(s.to_owned())
+    }
+}
+
+/// One agentk → kas connection (one `GetConfiguration` stream of one agent replica).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentConnection {
+    /// The agent's id.
+    pub agent_id: i64,
+    /// Random per connection; with `agent_id` it names one agentk replica.
+    pub connection_id: i64,
+    /// The agent's configuration project.
+    pub project_id: i64,
+    /// agentk version.
+    #[serde(default)]
+    pub version: String,
+    /// agentk commit.
+    #[serde(default)]
+    pub commit: String,
+    /// Kubernetes namespace of the agentk pod.
+    #[serde(default)]
+    pub pod_namespace: String,
+    /// Name of the agentk pod.
+    #[serde(default)]
+    pub pod_name: String,
+    /// When the connection was established, Unix milliseconds.
+    pub connected_at_ms: u64,
+    /// The kas holding the connection.
+    pub kas: KasAddress,
+}
+
+/// One running kas instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KasInstance {
+    /// Its internal address, which is also its identity.
+    pub address: KasAddress,
+    /// kas version.
+    #[serde(default)]
+    pub version: String,
+    /// kas commit.
+    #[serde(default)]
+    pub commit: String,
+    /// The Pod this kas serves, if known.
+    #[serde(default)]
+    pub pod_id: Option<u64>,
+    /// When it started, Unix milliseconds.
+    #[serde(default)]
+    pub started_at_ms: u64,
+}
+
+/// What presence listeners hear.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentEvent {
+    /// An agent connection was registered somewhere.
+    Connected {
+        /// The agent.
+        agent_id: i64,
+        /// The connection.
+        connection_id: i64,
+        /// The kas holding it.
+        kas: KasAddress,
+    },
+    /// An agent connection ended.
+    Disconnected {
+        /// The agent.
+        agent_id: i64,
+        /// The connection.
+        connection_id: i64,
+        /// The kas that held it.
+        kas: KasAddress,
+    },
+    /// Events may have been missed (the subscription was lost and re-established, or
+    /// this listener fell behind): re-read whatever you wait for.
+    Resync,
+}
+
+/// A stored value with its own expiry, as kept in every backend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Expiring<T> {
+    /// Unix milliseconds after which readers ignore the value and GC removes it.
+    pub(crate) expires_at_ms: u64,
+    #[serde(flatten)]
+    pub(crate) value: T,
+}
+
+/// Now as Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,222 @@
+//! Real Redis for tests: a `redis-server` and a 3-master Redis Cluster, each on
+//! ephemeral ports in a temporary directory, stopped when dropped. Never port 6379.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on 127.0.0.1 (bound once, then released for the server to take).
+pub fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("bind an ephemeral port");
+        // Cluster bus ports are port + 10000; keep both valid, and never 6379.
+        if port != 6379 && port < 55_000 {
+            return port;
+        }
+    }
+}
+
+/// One `redis-server` process.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Start a standalone server with no persistence on a free port.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Start with extra `redis-server` arguments (e.g. `--cluster-enabled yes`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut s = RedisServer {
+            port: free_port(),
+            dir,
+            child: None,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test.sh installs it)");
+        self.child = Some(child);
+        wait_ready(self.port, self.dir.path());
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kill the server (SIGKILL: no chance to save anything).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start it again, empty, on the same port.
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Run `redis-cli` against this server and return its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli is installed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Wait until the server on `port` answers PING (bounded: 10 s).
+fn wait_ready(port: u16, dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = format!("redis://127.0.0.1:{port}");
+    loop {
+        let ok = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok();
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server on port {port} (dir {}) did not start",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A 3-master Redis Cluster (no replicas), built with `redis-cli --cluster create`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Start three cluster-enabled servers and join them; returns once every slot
+    /// is served.
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli is installed");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let all_ok = self.nodes.iter().all(|n| {
+                let info = n.cli(&["cluster", "info"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_assigned:16384")
+            });
+            if all_ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Seed URLs of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+}
+
+/// Poll `check` until it returns `Some`, or panic after `timeout`. For conditions
+/// that only time brings about (a TTL running out), where no event can be awaited.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut tick = tokio::time::interval(Duration::from_millis(25));
+    loop {
+        tick.tick().await;
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+    }
+}

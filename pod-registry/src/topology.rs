@@ -1,0 +1,374 @@
+//! The topology: which Pods exist, where they listen, and which one is the default.
+//!
+//! A [`Topology`] is an immutable snapshot; every change produces a new one with a
+//! higher `version`. The proxy reads the current snapshot with one lock-free load.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use podgate_tokens::PodId;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Whether a Pod takes traffic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodState {
+    /// Serving.
+    #[default]
+    Active,
+    /// Being emptied: requests for it are refused with 503 + `Retry-After`.
+    Draining,
+    /// Out of service.
+    Down,
+}
+
+impl PodState {
+    /// The name used in configuration, the CLI and metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PodState::Active => "active",
+            PodState::Draining => "draining",
+            PodState::Down => "down",
+        }
+    }
+}
+
+impl fmt::Display for PodState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PodState {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "active" => Ok(PodState::Active),
+            "draining" => Ok(PodState::Draining),
+            "down" => Ok(PodState::Down),
+            _ => Err(format!("{s:?}: expected active, draining or down")),
+        }
+    }
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// One Pod: a self-contained GitLab deployment and its kas.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pod {
+    /// The Pod (cell) id that routable tokens name.
+    pub id: PodId,
+    /// A name for people (`pod-2`, `eu-west-1a`).
+    pub name: String,
+    /// Web (Workhorse) upstreams, `host:port`.
+    #[serde(default)]
+    pub web: Vec<String>,
+    /// kas upstreams, `host:port`.
+    #[serde(default)]
+    pub kas: Vec<String>,
+    /// Whether it takes traffic.
+    #[serde(default)]
+    pub state: PodState,
+    /// Relative share of traffic for requests not bound to a Pod (≥ 1).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Free-form labels (`region = "eu"`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Prefix of `_gitlab_session` cookie values that belong to this Pod; defaults to
+    /// `cell-<id>`.
+    #[serde(default)]
+    pub session_prefix: Option<String>,
+}
+
+impl Pod {
+    /// A Pod with one web upstream, active, weight 1.
+    pub fn new(id: PodId, name: impl Into<String>, web: impl Into<String>) -> Self {
+        Pod {
+            id,
+            name: name.into(),
+            web: vec![web.into()],
+            kas: Vec::new(),
+            state: PodState::Active,
+            weight: 1,
+            labels: BTreeMap::new(),
+            session_prefix: None,
+        }
+    }
+
+    /// The session-cookie prefix: the configured one, or `cell-<id>`.
+    pub fn session_prefix(&self) -> String {
+        self.session_prefix
+            .clone()
+            .unwrap_or_else(|| format!("cell-{}", self.id))
+    }
+
+    /// Check this Pod; every problem is named with `at` (e.g. `pods[1]`) in front.
+    pub fn problems(&self, at: &str) -> Vec<String> {
+        let mut bad = Vec::new();
+        if self.name.trim().is_empty() {
+            bad.push(format!("{at}.name: must not be empty"));
+        }
+        for (field, addrs) in [("web", &self.web), ("kas", &self.kas)] {
+            for (i, a) in addrs.iter().enumerate() {
+                if !is_host_port(a) {
+                    bad.push(format!("{at}.{field}[{i}] = {a:?}: expected host:port"));
+                }
+            }
+        }
+        if self.web.is_empty() && self.kas.is_empty() {
+            bad.push(format!("{at}: needs at least one web or kas upstream"));
+        }
+        if self.weight == 0 {
+            bad.push(format!("{at}.weight: must be at least 1"));
+        }
+        if let Some(p) = &self.session_prefix {
+            if p.is_empty() || !p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-') {
+                bad.push(format!(
+                    "{at}.session_prefix = {p:?}: letters, digits and '-' only"
+                ));
+            }
+        }
+        bad
+    }
+}
+
+/// `host:port` with a non-empty host and a port in 1..=65535 (IPv6 in brackets).
+fn is_host_port(s: &str) -> bool {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = if let Some(inner) = host.strip_prefix('[') {
+        inner.ends_with(']') && inner.len() > 1
+    } else {
+        !host.is_empty() && !host.contains(':') && !host.contains('/')
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
+}
+
+/// An immutable view of every Pod at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Topology {
+    /// Increases with every change (0: empty, never written).
+    pub version: u64,
+    /// The Pods by id.
+    pub pods: BTreeMap<PodId, Arc<Pod>>,
+    /// The default ("legacy") Pod: where requests with no route go.
+    pub default_pod: Option<PodId>,
+}
+
+impl Topology {
+    /// The Pod with this id.
+    pub fn pod(&self, id: PodId) -> Option<&Arc<Pod>> {
+        self.pods.get(&id)
+    }
+
+    /// The default ("legacy") Pod, if set and present.
+    pub fn legacy_pod(&self) -> Option<&Arc<Pod>> {
+        self.default_pod.and_then(|id| self.pods.get(&id))
+    }
+
+    /// The Pod whose session prefix starts `cookie_value` (`cell-2-…`).
+    pub fn pod_for_session(&self, cookie_value: &str) -> Option<&Arc<Pod>> {
+        self.pods.values().find(|p| {
+            let prefix = p.session_prefix();
+            cookie_value.len() > prefix.len()
+                && cookie_value.starts_with(&prefix)
+                && cookie_value.as_bytes()[prefix.len()] == b'-'
+        })
+    }
+
+    /// Every problem in the snapshot, each naming its field.
+    pub fn problems(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        for (id, pod) in &self.pods {
+            if pod.id != *id {
+                bad.push(format!(
+                    "pods[{id}].id: stored under {id} but says {}",
+                    pod.id
+                ));
+            }
+            bad.extend(pod.problems(&format!("pods[{id}]")));
+        }
+        if let Some(d) = self.default_pod {
+            if !self.pods.contains_key(&d) {
+                bad.push(format!("default_pod = {d}: no such Pod"));
+            }
+        }
+        let mut prefixes = BTreeMap::new();
+        for pod in self.pods.values() {
+            if let Some(other) = prefixes.insert(pod.session_prefix(), pod.id) {
+                bad.push(format!(
+                    "pods[{}].session_prefix: {:?} is also Pod {other}'s",
+                    pod.id,
+                    pod.session_prefix()
+                ));
+            }
+        }
+        bad
+    }
+}
+
+/// A static topology file (TOML):
+///
+/// ```toml
+/// default_pod = 1
+///
+/// [[pods]]
+/// id = 1
+/// name = "legacy"
+/// web = ["10.0.0.1:8080", "10.0.0.2:8080"]
+/// kas = ["10.0.0.1:8150"]
+///
+/// [[pods]]
+/// id = 2
+/// name = "pod-2"
+/// web = ["10.0.1.1:8080"]
+/// state = "draining"
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyFile {
+    /// The default ("legacy") Pod's id.
+    #[serde(default)]
+    pub default_pod: Option<PodId>,
+    /// The Pods.
+    #[serde(default)]
+    pub pods: Vec<Pod>,
+}
+
+impl TopologyFile {
+    /// Parse and validate TOML text; `origin` names the source in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        let file: TopologyFile = toml::from_str(text).map_err(|e| Error::Config {
+            origin: origin.to_owned(),
+            problems: vec![e.to_string()],
+        })?;
+        file.validate(origin)?;
+        Ok(file)
+    }
+
+    /// Read, parse and validate a topology file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Check every field; all problems are reported at once.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        let mut bad = Vec::new();
+        let mut seen = BTreeMap::new();
+        for (i, pod) in self.pods.iter().enumerate() {
+            if let Some(j) = seen.insert(pod.id, i) {
+                bad.push(format!("pods[{i}].id = {}: also used by pods[{j}]", pod.id));
+            }
+        }
+        let topo = self.to_topology(0);
+        bad.extend(topo.problems());
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Config {
+                origin: origin.to_owned(),
+                problems: bad,
+            })
+        }
+    }
+
+    /// The snapshot this file describes.
+    pub fn to_topology(&self, version: u64) -> Topology {
+        Topology {
+            version,
+            pods: self
+                .pods
+                .iter()
+                .map(|p| (p.id, Arc::new(p.clone())))
+                .collect(),
+            default_pod: self.default_pod,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(n: u64) -> PodId {
+        PodId::new(n).unwrap()
+    }
+
+    #[test]
+    fn parses_the_documented_example() {
+        let text = r#"
+            default_pod = 1
+            [[pods]]
+            id = 1
+            name = "legacy"
+            web = ["10.0.0.1:8080", "10.0.0.2:8080"]
+            kas = ["10.0.0.1:8150"]
+            [[pods]]
+            id = 2
+            name = "pod-2"
+            web = ["[::1]:8080"]
+            state = "draining"
+            labels = { region = "eu" }
+        "#;
+        let f = TopologyFile::parse(text, "test").unwrap();
+        let t = f.to_topology(1);
+        assert_eq!(t.legacy_pod().unwrap().name, "legacy");
+        assert_eq!(t.pod(pod(2)).unwrap().state, PodState::Draining);
+        assert_eq!(t.pod_for_session("cell-2-abcdef").unwrap().id, pod(2));
+        assert!(t.pod_for_session("cell-20-abcdef").is_none());
+        assert!(t.pod_for_session("cell-2").is_none());
+    }
+
+    #[test]
+    fn validation_names_every_bad_field() {
+        let text = r#"
+            default_pod = 9
+            [[pods]]
+            id = 1
+            name = ""
+            web = ["no-port", "host:0"]
+            weight = 0
+            [[pods]]
+            id = 1
+            name = "dup"
+            web = ["a:1"]
+            session_prefix = "bad prefix"
+        "#;
+        let err = TopologyFile::parse(text, "topo.toml")
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "topo.toml",
+            "pods[1].id = 1: also used by pods[0]",
+            "default_pod = 9",
+            "web[0] = \"no-port\"",
+            "web[1] = \"host:0\"",
+            "weight",
+            "name",
+        ] {
+            assert!(err.contains(needle), "{needle:?} missing from: {err}");
+        }
+        let err = TopologyFile::parse("[[pods]]\nid = 0\nname='x'\nweb=['a:1']", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("positive"), "{err}");
+        let err = TopologyFile::parse("[[pods]]\nid = 1\nnmae='x'", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nmae"), "{err}");
+    }
+}
