@@ -28,6 +28,8 @@ enum Command {
     /// Routable tokens: generate keys, mint, inspect.
     #[command(subcommand)]
     Token(cli::token::TokenCommand),
+    /// The Pod topology and agent presence, in Redis or a topology file.
+    Registry(cli::registry::RegistryArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
     init_tracing(&args.log, args.log_json);
     let result = match args.command {
         Command::Token(cmd) => cli::token::run(cmd),
+        Command::Registry(args) => cli::registry::run(args),
     };
     match result {
         Ok(code) => code,

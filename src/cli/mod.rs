@@ -1,6 +1,7 @@
 //! Subcommand glue: argument types and output formatting only; the work happens in
 //! the library crates.
 
+pub(crate) mod registry;
 pub(crate) mod token;
 
 /// Exit code for usage and configuration errors (clap uses the same).
