@@ -17,7 +17,7 @@ use crate::backend::redis::{RedisBackend, RedisTarget};
 use crate::backend::{BackendEvent, KasHolding, TopologyChange};
 use crate::error::{Error, Result};
 use crate::metrics::{self, Health};
-use crate::presence::{AgentConnection, AgentEvent, KasAddress, KasInstance};
+use crate::presence::{AgentConnection, AgentEvent, KasAddress, KasInstance, OwnedConn};
 use crate::topology::{Pod, PodState, Topology, TopologyFile};
 use podgate_tokens::PodId;
 
@@ -157,7 +157,7 @@ enum Backend {
 
 #[derive(Default)]
 struct Owned {
-    conns: HashMap<(i64, i64), AgentConnection>,
+    conns: HashMap<(i64, i64), Arc<OwnedConn>>,
     kas: Option<KasInstance>,
 }
 
@@ -405,19 +405,22 @@ impl Registry {
     /// the error is returned, but the connection stays owned and is published by
     /// the next refresh that succeeds.
     pub async fn register_agent(&self, conn: AgentConnection) -> Result<()> {
+        let owned = Arc::new(OwnedConn::new(conn));
         {
             let mut o = self.owned();
-            o.conns
-                .insert((conn.agent_id, conn.connection_id), conn.clone());
+            o.conns.insert(
+                (owned.conn.agent_id, owned.conn.connection_id),
+                owned.clone(),
+            );
             metrics::OWNED_CONNECTIONS.set(o.conns.len() as i64);
         }
         let ttl = self.ttl_ms();
         match &self.inner.backend {
             Backend::Memory(m) => {
-                m.register(&conn, ttl);
+                m.register(&owned.conn, ttl);
                 Ok(())
             }
-            Backend::Redis(r) => r.register(&conn, ttl).await,
+            Backend::Redis(r) => r.register(&owned, ttl).await,
         }
     }
 
@@ -432,12 +435,12 @@ impl Registry {
             let others = o
                 .conns
                 .values()
-                .any(|c| c.agent_id == agent_id && c.kas == conn.kas);
+                .any(|c| c.conn.agent_id == agent_id && c.conn.kas == conn.conn.kas);
             (conn, !others)
         };
         match &self.inner.backend {
-            Backend::Memory(m) => m.unregister(&conn, drop_holding),
-            Backend::Redis(r) => r.unregister(&conn, drop_holding).await?,
+            Backend::Memory(m) => m.unregister(&conn.conn, drop_holding),
+            Backend::Redis(r) => r.unregister(&conn.conn, drop_holding).await?,
         }
         Ok(true)
     }
@@ -506,10 +509,10 @@ impl Registry {
         let mut events = self.subscribe();
         let recheck = self.inner.config.wait_recheck_interval;
         loop {
-            if let Ok(conns) = self.connections_by_agent(agent_id).await {
-                if !conns.is_empty() {
-                    return Ok(conns);
-                }
+            if let Ok(conns) = self.connections_by_agent(agent_id).await
+                && !conns.is_empty()
+            {
+                return Ok(conns);
             }
             let next_check = tokio::time::Instant::now() + recheck;
             loop {
@@ -535,7 +538,7 @@ impl Registry {
     /// Rewrite everything this process owns with a fresh expiry (the background task
     /// does this every `refresh_interval`).
     pub async fn refresh(&self) -> Result<usize> {
-        let (conns, kas): (Vec<AgentConnection>, Option<KasInstance>) = {
+        let (conns, kas): (Vec<Arc<OwnedConn>>, Option<KasInstance>) = {
             let o = self.owned();
             (o.conns.values().cloned().collect(), o.kas.clone())
         };
@@ -558,9 +561,9 @@ impl Registry {
                 .conns
                 .values()
                 .map(|c| KasHolding {
-                    agent_id: c.agent_id,
-                    project_id: c.project_id,
-                    kas: c.kas.clone(),
+                    agent_id: c.conn.agent_id,
+                    project_id: c.conn.project_id,
+                    kas: c.conn.kas.clone(),
                 })
                 .collect();
             h.sort_by_key(|h| (h.project_id, h.agent_id));

@@ -130,12 +130,12 @@ impl Pod {
         if self.weight == 0 {
             bad.push(format!("{at}.weight: must be at least 1"));
         }
-        if let Some(p) = &self.session_prefix {
-            if p.is_empty() || !p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-') {
-                bad.push(format!(
-                    "{at}.session_prefix = {p:?}: letters, digits and '-' only"
-                ));
-            }
+        if let Some(p) = &self.session_prefix
+            && (p.is_empty() || !p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'))
+        {
+            bad.push(format!(
+                "{at}.session_prefix = {p:?}: letters, digits and '-' only"
+            ));
         }
         bad
     }
@@ -198,10 +198,17 @@ impl Topology {
             }
             bad.extend(pod.problems(&format!("pods[{id}]")));
         }
-        if let Some(d) = self.default_pod {
-            if !self.pods.contains_key(&d) {
-                bad.push(format!("default_pod = {d}: no such Pod"));
-            }
+        bad.extend(self.global_problems());
+        bad
+    }
+
+    /// Problems between Pods: the default must exist, session prefixes must differ.
+    fn global_problems(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        if let Some(d) = self.default_pod
+            && !self.pods.contains_key(&d)
+        {
+            bad.push(format!("default_pod = {d}: no such Pod"));
         }
         let mut prefixes = BTreeMap::new();
         for pod in self.pods.values() {
@@ -274,8 +281,10 @@ impl TopologyFile {
                 bad.push(format!("pods[{i}].id = {}: also used by pods[{j}]", pod.id));
             }
         }
-        let topo = self.to_topology(0);
-        bad.extend(topo.problems());
+        for (i, pod) in self.pods.iter().enumerate() {
+            bad.extend(pod.problems(&format!("pods[{i}]")));
+        }
+        bad.extend(self.to_topology(0).global_problems());
         if bad.is_empty() {
             Ok(())
         } else {

@@ -29,12 +29,13 @@ fn conn(agent: i64) -> AgentConnection {
     }
 }
 
-fn keys(agent: i64) -> [String; 3] {
+/// The keys one registration writes in its transaction: the project index and the
+/// agent hash (connection and kas holding).
+fn keys(agent: i64) -> [String; 2] {
     let p = 10_000 + agent;
     [
         format!("podgate:{{p:{p}}}:project"),
-        format!("podgate:{{p:{p}}}:agent:{agent}:conns"),
-        format!("podgate:{{p:{p}}}:agent:{agent}:kas"),
+        format!("podgate:{{p:{p}}}:agent:{agent}"),
     ]
 }
 
@@ -46,17 +47,25 @@ struct Seen {
     unequal_ttl: usize,
 }
 
-/// One atomic look at a registration's three keys: how many exist, and their PTTLs.
+/// One atomic look at a registration: how many of its fields exist (project
+/// membership, connection, kas holding) and the PTTLs of its keys.
 async fn look<C: ConnectionLike>(c: &mut C, agent: i64) -> (i64, Vec<i64>) {
-    let [a, b, k] = keys(agent);
+    let [project, agent_key] = keys(agent);
     let mut p = redis::pipe();
     p.atomic();
-    p.cmd("EXISTS").arg(&a).arg(&b).arg(&k);
-    for key in [&a, &b, &k] {
-        p.cmd("PTTL").arg(key);
-    }
-    let (exists, t1, t2, t3): (i64, i64, i64, i64) = p.query_async(c).await.unwrap();
-    (exists, vec![t1, t2, t3])
+    p.cmd("HEXISTS")
+        .arg(&project)
+        .arg(format!("{agent}:{}", agent * 10));
+    p.cmd("HEXISTS")
+        .arg(&agent_key)
+        .arg(format!("conn:{}", agent * 10));
+    p.cmd("HEXISTS")
+        .arg(&agent_key)
+        .arg("kas:grpc://kas-a:8155");
+    p.cmd("PTTL").arg(&project);
+    p.cmd("PTTL").arg(&agent_key);
+    let (a, b, k, t1, t2): (i64, i64, i64, i64, i64) = p.query_async(c).await.unwrap();
+    (a + b + k, vec![t1, t2])
 }
 
 async fn registrations_are_atomic<C: ConnectionLike + Clone + Send + 'static>(
@@ -112,18 +121,16 @@ async fn registrations_are_atomic<C: ConnectionLike + Clone + Send + 'static>(
             ttls.iter().max().unwrap() - ttls.iter().min().unwrap() <= 1,
             "{ttls:?}"
         );
-        let [project, conns, kas] = keys(agent);
+        let [project, agent_key] = keys(agent);
         let mut p = redis::pipe();
-        p.atomic()
-            .cmd("HGET")
+        p.atomic();
+        p.cmd("HGET")
             .arg(&project)
-            .arg(format!("{agent}:{}", agent * 10))
-            .cmd("HGET")
-            .arg(&conns)
-            .arg(agent * 10)
-            .cmd("HGET")
-            .arg(&kas)
-            .arg("grpc://kas-a:8155");
+            .arg(format!("{agent}:{}", agent * 10));
+        p.cmd("HGET")
+            .arg(&agent_key)
+            .arg(format!("conn:{}", agent * 10));
+        p.cmd("HGET").arg(&agent_key).arg("kas:grpc://kas-a:8155");
         let values: (String, String, String) = p.query_async(&mut rc).await.unwrap();
         let exp = |s: &str| {
             serde_json::from_str::<serde_json::Value>(s).unwrap()["expires_at_ms"].as_u64()
@@ -287,9 +294,9 @@ async fn redis_restarting_empty_gets_everything_back_within_one_refresh_period()
     let down = text.matches("registry backend unreachable").count();
     let up = text.matches("registry backend reachable again").count();
     assert!(
-        down >= 1 && down <= 3,
+        (1..=3).contains(&down),
         "one warning per outage, not per call: {down}\n{text}"
     );
-    assert!(up >= 1 && up <= 3, "{up}\n{text}");
+    assert!((1..=3).contains(&up), "{up}\n{text}");
     assert!(text.lines().count() < 20, "no log storm:\n{text}");
 }

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::broadcast;
 
 use super::{BackendEvent, TopologyChange};
-use crate::presence::{AgentConnection, AgentEvent, Expiring, KasAddress, KasInstance, now_ms};
+use crate::presence::{
+    AgentConnection, AgentEvent, Expiring, KasAddress, KasInstance, OwnedConn, now_ms,
+};
 use crate::topology::Topology;
 
 #[derive(Default)]
@@ -102,10 +104,8 @@ impl MemoryBackend {
             if let Some(m) = s.by_project.get_mut(&conn.project_id) {
                 m.remove(&(conn.agent_id, conn.connection_id));
             }
-            if drop_holding {
-                if let Some(m) = s.agent_kas.get_mut(&conn.agent_id) {
-                    m.remove(&conn.kas);
-                }
+            if drop_holding && let Some(m) = s.agent_kas.get_mut(&conn.agent_id) {
+                m.remove(&conn.kas);
             }
         }
         self.publish(BackendEvent::Agent(AgentEvent::Disconnected {
@@ -117,14 +117,14 @@ impl MemoryBackend {
 
     pub(crate) fn refresh(
         &self,
-        conns: &[AgentConnection],
+        conns: &[std::sync::Arc<OwnedConn>],
         instance: Option<&KasInstance>,
         ttl_ms: u64,
     ) {
         let exp = now_ms() + ttl_ms;
         let mut s = self.lock();
         for c in conns {
-            write_conn(&mut s, c, exp);
+            write_conn(&mut s, &c.conn, exp);
         }
         if let Some(i) = instance {
             s.kas.insert(

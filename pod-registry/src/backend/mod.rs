@@ -61,10 +61,10 @@ impl TopologyChange {
                 Arc::make_mut(pod).state = *state;
             }
             TopologyChange::SetDefault(id) => {
-                if let Some(id) = id {
-                    if !next.pods.contains_key(id) {
-                        return Err(crate::Error::NoSuchPod(*id));
-                    }
+                if let Some(id) = id
+                    && !next.pods.contains_key(id)
+                {
+                    return Err(crate::Error::NoSuchPod(*id));
                 }
                 next.default_pod = *id;
             }

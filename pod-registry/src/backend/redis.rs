@@ -3,7 +3,7 @@
 //! Keys are documented in the crate docs. Every multi-key transaction touches keys of
 //! one hash tag (`{p:<project>}`), so it lives in one Cluster slot.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +17,9 @@ use tokio::task::JoinHandle;
 use super::{BackendEvent, KasHolding, TopologyChange};
 use crate::error::{Error, Result};
 use crate::metrics::Health;
-use crate::presence::{AgentConnection, AgentEvent, Expiring, KasAddress, KasInstance, now_ms};
+use crate::presence::{
+    AgentConnection, AgentEvent, Expiring, KasAddress, KasInstance, OwnedConn, now_ms,
+};
 use crate::topology::{Pod, Topology};
 
 /// Where Redis is.
@@ -29,8 +31,35 @@ pub enum RedisTarget {
     Cluster(Vec<String>),
 }
 
+/// Agent→project pointers live in this many hashes (`{a:<agent mod N>}:agents`), so
+/// a refresh writes them with a few thousand commands, not one per agent.
+pub(crate) const POINTER_BUCKETS: i64 = 1024;
+
 /// Commands per pipeline when refreshing.
 const REFRESH_BATCH: usize = 20_000;
+/// Connections per refresh chunk (a chunk is built while earlier ones are sent).
+const REFRESH_CHUNK: usize = 2_000;
+
+/// `HSET key f v …` and `PEXPIRE key ttl`.
+fn hset_pexpire<'a>(
+    key: &str,
+    fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ttl_ms: u64,
+) -> Vec<Cmd> {
+    let mut hset = redis::cmd("HSET");
+    hset.arg(key);
+    for (f, v) in fields {
+        hset.arg(f).arg(v);
+    }
+    let mut pexpire = redis::cmd("PEXPIRE");
+    pexpire.arg(key).arg(ttl_ms);
+    vec![hset, pexpire]
+}
+
+/// The agent→kas index value.
+fn holding_value(exp: u64) -> String {
+    format!("{{\"expires_at_ms\":{exp}}}")
+}
 
 /// Key names, all under one prefix.
 #[derive(Clone, Debug)]
@@ -50,14 +79,15 @@ impl Keys {
     pub(crate) fn project(&self, project_id: i64) -> String {
         format!("{}:{{p:{project_id}}}:project", self.prefix)
     }
-    pub(crate) fn agent_conns(&self, project_id: i64, agent_id: i64) -> String {
-        format!("{}:{{p:{project_id}}}:agent:{agent_id}:conns", self.prefix)
+    pub(crate) fn agent(&self, project_id: i64, agent_id: i64) -> String {
+        format!("{}:{{p:{project_id}}}:agent:{agent_id}", self.prefix)
     }
-    pub(crate) fn agent_kas(&self, project_id: i64, agent_id: i64) -> String {
-        format!("{}:{{p:{project_id}}}:agent:{agent_id}:kas", self.prefix)
-    }
-    pub(crate) fn agent_project(&self, agent_id: i64) -> String {
-        format!("{}:{{a:{agent_id}}}:project", self.prefix)
+    pub(crate) fn pointers(&self, agent_id: i64) -> String {
+        format!(
+            "{}:{{a:{}}}:agents",
+            self.prefix,
+            agent_id.rem_euclid(POINTER_BUCKETS)
+        )
     }
     pub(crate) fn kas_instances(&self) -> String {
         format!("{}:{{kas}}:instances", self.prefix)
@@ -300,58 +330,55 @@ impl RedisBackend {
 
     // ---- presence ----------------------------------------------------------------
 
-    fn conn_fields(
-        &self,
-        conn: &AgentConnection,
-        exp: u64,
-    ) -> Result<[(String, String, Vec<u8>); 3]> {
-        let k = &self.keys;
-        let value = serde_json::to_vec(&Expiring {
-            expires_at_ms: exp,
-            value: conn.clone(),
-        })
-        .map_err(|e| corrupt("agent connection", e))?;
-        let holding = format!("{{\"expires_at_ms\":{exp}}}").into_bytes();
-        Ok([
-            (
-                k.project(conn.project_id),
-                format!("{}:{}", conn.agent_id, conn.connection_id),
-                value.clone(),
-            ),
-            (
-                k.agent_conns(conn.project_id, conn.agent_id),
-                conn.connection_id.to_string(),
-                value,
-            ),
-            (
-                k.agent_kas(conn.project_id, conn.agent_id),
-                conn.kas.0.clone(),
-                holding,
-            ),
-        ])
+    /// The writes of one registration, all in the `{p:<project>}` slot: membership
+    /// in the project index, and the connection and kas holding in the agent hash.
+    fn registration_writes(&self, owned: &OwnedConn, exp: u64, ttl_ms: u64) -> Vec<Cmd> {
+        let c = &owned.conn;
+        let member = holding_value(exp);
+        let mut cmds = hset_pexpire(
+            &self.keys.project(c.project_id),
+            [(member_field(c).as_bytes(), member.as_bytes())],
+            ttl_ms,
+        );
+        cmds.extend(hset_pexpire(
+            &self.keys.agent(c.project_id, c.agent_id),
+            [
+                (
+                    conn_field(c.connection_id).as_bytes(),
+                    owned.value(exp).as_bytes(),
+                ),
+                (kas_field(&c.kas).as_bytes(), member.as_bytes()),
+            ],
+            ttl_ms,
+        ));
+        cmds
     }
 
-    /// Register one connection: the agent→project pointer, then the three indexes in
-    /// one MULTI/EXEC with one expiry, then the event.
-    pub(crate) async fn register(&self, conn: &AgentConnection, ttl_ms: u64) -> Result<()> {
+    /// Register one connection: the agent→project pointer, then the project index and
+    /// the agent hash in one MULTI/EXEC with one expiry, then the event.
+    pub(crate) async fn register(&self, owned: &OwnedConn, ttl_ms: u64) -> Result<()> {
+        let conn = &owned.conn;
         let exp = now_ms() + ttl_ms;
-        let pointer = self.keys.agent_project(conn.agent_id);
-        let project = conn.project_id;
+        let key = self.keys.pointers(conn.agent_id);
+        let mut pointer = redis::pipe();
+        for cmd in hset_pexpire(
+            &key,
+            [(
+                conn.agent_id.to_string().as_bytes(),
+                pointer_value(conn.project_id, exp).as_bytes(),
+            )],
+            ttl_ms,
+        ) {
+            pointer.add_command(cmd).ignore();
+        }
         self.run("register", |mut c| async move {
-            redis::cmd("SET")
-                .arg(pointer)
-                .arg(project)
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async::<()>(&mut c)
-                .await
+            pointer.query_async::<()>(&mut c).await
         })
         .await?;
         let mut p = redis::pipe();
         p.atomic();
-        for (key, field, value) in self.conn_fields(conn, exp)? {
-            p.cmd("HSET").arg(&key).arg(field).arg(value).ignore();
-            p.cmd("PEXPIRE").arg(&key).arg(ttl_ms).ignore();
+        for cmd in self.registration_writes(owned, exp, ttl_ms) {
+            p.add_command(cmd).ignore();
         }
         self.run("register", |mut c| async move {
             p.query_async::<()>(&mut c).await
@@ -365,6 +392,8 @@ impl RedisBackend {
         .await
     }
 
+    /// Remove one connection (and, when asked, this kas's holding of the agent) in one
+    /// MULTI/EXEC. The pointer stays: other kas may hold the agent; it expires.
     pub(crate) async fn unregister(
         &self,
         conn: &AgentConnection,
@@ -375,18 +404,15 @@ impl RedisBackend {
         p.atomic();
         p.cmd("HDEL")
             .arg(k.project(conn.project_id))
-            .arg(format!("{}:{}", conn.agent_id, conn.connection_id))
+            .arg(member_field(conn))
             .ignore();
-        p.cmd("HDEL")
-            .arg(k.agent_conns(conn.project_id, conn.agent_id))
-            .arg(conn.connection_id)
-            .ignore();
+        let mut hdel = redis::cmd("HDEL");
+        hdel.arg(k.agent(conn.project_id, conn.agent_id))
+            .arg(conn_field(conn.connection_id));
         if drop_holding {
-            p.cmd("HDEL")
-                .arg(k.agent_kas(conn.project_id, conn.agent_id))
-                .arg(&conn.kas.0)
-                .ignore();
+            hdel.arg(kas_field(&conn.kas));
         }
+        p.add_command(hdel).ignore();
         self.run("unregister", |mut c| async move {
             p.query_async::<()>(&mut c).await
         })
@@ -413,69 +439,163 @@ impl RedisBackend {
     }
 
     /// Rewrite everything this process owns with a fresh expiry: values and key TTLs.
-    /// Batched pipelines; one `HSET` with many fields and one `PEXPIRE` per key. Cost
-    /// grows with what is owned, never with the keyspace. After a Redis restart this
-    /// alone puts everything back.
+    /// Cost grows with what is owned, never with the keyspace. After a Redis restart
+    /// this alone puts everything back.
+    ///
+    /// Connections are sorted by project and sent in chunks, each chunk built while
+    /// earlier ones are in flight: one `HSET` with every field and one `PEXPIRE` per
+    /// key, values spliced from JSON serialised once at registration.
     pub(crate) async fn refresh(
         &self,
-        conns: &[AgentConnection],
+        conns: &[Arc<OwnedConn>],
         instance: Option<&KasInstance>,
         ttl_ms: u64,
     ) -> Result<()> {
         let exp = now_ms() + ttl_ms;
-        let mut by_key: BTreeMap<String, Vec<(String, Vec<u8>)>> = BTreeMap::new();
-        let mut pointers: BTreeMap<i64, i64> = BTreeMap::new();
-        for c in conns {
-            for (key, field, value) in self.conn_fields(c, exp)? {
-                by_key.entry(key).or_default().push((field, value));
-            }
-            pointers.insert(c.agent_id, c.project_id);
-        }
+        let mut sorted: Vec<&OwnedConn> = conns.iter().map(|c| &**c).collect();
+        sorted.sort_unstable_by_key(|c| (c.conn.project_id, c.conn.agent_id, c.conn.connection_id));
+        let limit = match self.conn {
+            Conn::Single(_) => 3,
+            Conn::Cluster(_) => 16,
+        };
+        let mut inflight = stream::FuturesUnordered::new();
+        let mut first_err: Option<Error> = None;
+        let mut pending: Vec<Pipeline> = Vec::new();
         if let Some(i) = instance {
             let value = serde_json::to_vec(&Expiring {
                 expires_at_ms: exp,
                 value: i.clone(),
             })
             .map_err(|e| corrupt("kas instance", e))?;
-            by_key
-                .entry(self.keys.kas_instances())
-                .or_default()
-                .push((i.address.0.clone(), value));
+            let key = self.keys.kas_instances();
+            let cmds = hset_pexpire(&key, [(i.address.0.as_bytes(), &value[..])], ttl_ms);
+            pending.extend(self.batches(vec![(key, cmds)]));
         }
-        // Every key's writes: one HSET with all its fields and one PEXPIRE, or one SET.
-        let mut writes: Vec<(String, Vec<Cmd>)> = Vec::with_capacity(by_key.len() + pointers.len());
-        for (key, fields) in by_key {
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&key);
-            for (f, v) in fields {
-                hset.arg(f).arg(v);
+        let mut chunks = sorted.chunks(REFRESH_CHUNK);
+        let mut pointers_done = false;
+        loop {
+            if pending.is_empty() {
+                match chunks.next() {
+                    Some(chunk) => pending = self.batches(self.chunk_writes(chunk, exp, ttl_ms)),
+                    None if !pointers_done => {
+                        pointers_done = true;
+                        pending = self.batches(self.pointer_writes(&sorted, exp, ttl_ms));
+                    }
+                    None => break,
+                }
             }
-            let mut pexpire = redis::cmd("PEXPIRE");
-            pexpire.arg(&key).arg(ttl_ms);
-            writes.push((key, vec![hset, pexpire]));
+            while let Some(batch) = pending.pop() {
+                while inflight.len() >= limit {
+                    if let Some(Err(e)) = inflight.next().await {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                inflight.push(self.send_owned("refresh", batch));
+            }
         }
-        for (agent, project) in pointers {
-            let key = self.keys.agent_project(agent);
-            let mut set = redis::cmd("SET");
-            set.arg(&key).arg(project).arg("PX").arg(ttl_ms);
-            writes.push((key, vec![set]));
+        while let Some(r) = inflight.next().await {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
         }
-        let batches = self.batches(writes);
-        // Two batches in flight keep the socket busy without hogging the server.
-        let results: Vec<Result<()>> = stream::iter(batches)
-            .map(|b| async move {
-                self.run("refresh", |mut c| async move {
-                    b.query_async::<()>(&mut c).await
-                })
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Send a pipeline; the future owns everything it needs.
+    fn send_owned(
+        &self,
+        op: &'static str,
+        p: Pipeline,
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let mut conn = self.conn.clone();
+        let health = self.health.clone();
+        async move {
+            let res = p
+                .query_async::<()>(&mut conn)
                 .await
-            })
-            .buffer_unordered(match self.conn {
-                Conn::Single(_) => 2,
-                Conn::Cluster(_) => 32,
+                .map_err(Error::backend(op));
+            health.record(op, &res);
+            res
+        }
+    }
+
+    /// The writes for one chunk of connections sorted by (project, agent): one
+    /// `HSET` + `PEXPIRE` per project index and per agent hash.
+    fn chunk_writes(&self, chunk: &[&OwnedConn], exp: u64, ttl_ms: u64) -> Vec<(String, Vec<Cmd>)> {
+        let k = &self.keys;
+        let member = holding_value(exp);
+        let mut out: Vec<(String, Vec<Cmd>)> = Vec::with_capacity(chunk.len() + chunk.len() / 4);
+        let mut i = 0;
+        while i < chunk.len() {
+            let project = chunk[i].conn.project_id;
+            let mut members: Vec<String> = Vec::new();
+            while i < chunk.len() && chunk[i].conn.project_id == project {
+                let agent = chunk[i].conn.agent_id;
+                let mut fields: Vec<(String, String)> = Vec::new();
+                while i < chunk.len()
+                    && chunk[i].conn.project_id == project
+                    && chunk[i].conn.agent_id == agent
+                {
+                    let c = chunk[i];
+                    fields.push((conn_field(c.conn.connection_id), c.value(exp)));
+                    let holding = kas_field(&c.conn.kas);
+                    if !fields.iter().any(|(f, _)| *f == holding) {
+                        fields.push((holding, member.clone()));
+                    }
+                    members.push(member_field(&c.conn));
+                    i += 1;
+                }
+                let key = k.agent(project, agent);
+                let cmds = hset_pexpire(
+                    &key,
+                    fields.iter().map(|(f, v)| (f.as_bytes(), v.as_bytes())),
+                    ttl_ms,
+                );
+                out.push((key, cmds));
+            }
+            let key = k.project(project);
+            let cmds = hset_pexpire(
+                &key,
+                members.iter().map(|f| (f.as_bytes(), member.as_bytes())),
+                ttl_ms,
+            );
+            out.push((key, cmds));
+        }
+        out
+    }
+
+    /// Every owned agent's pointer, grouped by bucket: one `HSET` + `PEXPIRE` each.
+    fn pointer_writes(
+        &self,
+        sorted: &[&OwnedConn],
+        exp: u64,
+        ttl_ms: u64,
+    ) -> Vec<(String, Vec<Cmd>)> {
+        let mut buckets: HashMap<i64, Vec<(String, String)>> = HashMap::new();
+        let mut last = None;
+        for c in sorted {
+            let (a, p) = (c.conn.agent_id, c.conn.project_id);
+            if last == Some((a, p)) {
+                continue;
+            }
+            last = Some((a, p));
+            buckets
+                .entry(a.rem_euclid(POINTER_BUCKETS))
+                .or_default()
+                .push((a.to_string(), pointer_value(p, exp)));
+        }
+        buckets
+            .into_values()
+            .map(|fields| {
+                let key = self.keys.pointers(fields[0].0.parse().unwrap_or(0));
+                let cmds = hset_pexpire(
+                    &key,
+                    fields.iter().map(|(f, v)| (f.as_bytes(), v.as_bytes())),
+                    ttl_ms,
+                );
+                (key, cmds)
             })
             .collect()
-            .await;
-        results.into_iter().collect()
     }
 
     /// Pack per-key writes into pipelines of at most [`REFRESH_BATCH`] commands. A
@@ -529,11 +649,22 @@ impl RedisBackend {
     }
 
     async fn project_of(&self, agent_id: i64) -> Result<Option<i64>> {
-        let key = self.keys.agent_project(agent_id);
-        self.run("lookup", |mut c| async move {
-            redis::cmd("GET").arg(key).query_async(&mut c).await
-        })
-        .await
+        let key = self.keys.pointers(agent_id);
+        let raw: Option<Vec<u8>> = self
+            .run("lookup", |mut c| async move {
+                redis::cmd("HGET")
+                    .arg(&key)
+                    .arg(agent_id)
+                    .query_async(&mut c)
+                    .await
+            })
+            .await?;
+        let key = self.keys.pointers(agent_id);
+        // An expired pointer still names the right project; the entries it leads to
+        // carry their own expiry.
+        Ok(raw
+            .and_then(|r| decode::<Expiring<Pointer>>(&key, &r, &self.health))
+            .map(|p| p.value.project))
     }
 
     async fn hgetall(&self, key: String) -> Result<Vec<(String, Vec<u8>)>> {
@@ -547,27 +678,69 @@ impl RedisBackend {
         let Some(project) = self.project_of(agent_id).await? else {
             return Ok(Vec::new());
         };
-        let key = self.keys.agent_conns(project, agent_id);
+        let key = self.keys.agent(project, agent_id);
         let raw = self.hgetall(key.clone()).await?;
-        Ok(self.live_conns(&key, raw))
+        let mut out = self.live_conns(&key, raw);
+        out.sort_by_key(|c| (c.agent_id, c.connection_id));
+        Ok(out)
     }
 
+    /// The project index names the live members; their details are in the agent
+    /// hashes of the same slot, read in one pipeline.
     pub(crate) async fn by_project(&self, project_id: i64) -> Result<Vec<AgentConnection>> {
         let key = self.keys.project(project_id);
-        let raw = self.hgetall(key.clone()).await?;
-        Ok(self.live_conns(&key, raw))
+        let now = now_ms();
+        let mut members: Vec<(i64, i64)> = self
+            .hgetall(key.clone())
+            .await?
+            .into_iter()
+            .filter(|(_, v)| {
+                decode::<Expiring<Empty>>(&key, v, &self.health)
+                    .is_some_and(|e| e.expires_at_ms > now)
+            })
+            .filter_map(|(f, _)| {
+                let (a, c) = f.split_once(':')?;
+                Some((a.parse().ok()?, c.parse().ok()?))
+            })
+            .collect();
+        if members.is_empty() {
+            return Ok(Vec::new());
+        }
+        members.sort_unstable();
+        let mut agents: Vec<i64> = members.iter().map(|(a, _)| *a).collect();
+        agents.dedup();
+        let mut p = redis::pipe();
+        for a in &agents {
+            p.cmd("HGETALL").arg(self.keys.agent(project_id, *a));
+        }
+        let hashes: Vec<Vec<(String, Vec<u8>)>> = self
+            .run("lookup", |mut c| async move { p.query_async(&mut c).await })
+            .await?;
+        let mut out: Vec<AgentConnection> = agents
+            .iter()
+            .zip(hashes)
+            .flat_map(|(a, raw)| self.live_conns(&self.keys.agent(project_id, *a), raw))
+            .filter(|c| {
+                members
+                    .binary_search(&(c.agent_id, c.connection_id))
+                    .is_ok()
+            })
+            .collect();
+        out.sort_by_key(|c| (c.agent_id, c.connection_id));
+        Ok(out)
     }
 
     pub(crate) async fn kas_for_agent(&self, agent_id: i64) -> Result<Vec<KasAddress>> {
         let Some(project) = self.project_of(agent_id).await? else {
             return Ok(Vec::new());
         };
-        let key = self.keys.agent_kas(project, agent_id);
+        let key = self.keys.agent(project, agent_id);
         let now = now_ms();
         let mut out: Vec<KasAddress> = self
             .hgetall(key.clone())
             .await?
             .into_iter()
+            .filter_map(|(f, v)| Some((f.strip_prefix("kas:")?.to_owned(), v)))
             .filter(|(_, v)| {
                 decode::<Expiring<Empty>>(&key, v, &self.health)
                     .is_some_and(|e| e.expires_at_ms > now)
@@ -593,16 +766,15 @@ impl RedisBackend {
         Ok(out)
     }
 
+    /// The live connections among an agent hash's `conn:` fields.
     fn live_conns(&self, key: &str, raw: Vec<(String, Vec<u8>)>) -> Vec<AgentConnection> {
         let now = now_ms();
-        let mut out: Vec<AgentConnection> = raw
-            .into_iter()
+        raw.into_iter()
+            .filter(|(f, _)| f.starts_with("conn:"))
             .filter_map(|(_, v)| decode::<Expiring<AgentConnection>>(key, &v, &self.health))
             .filter(|e| e.expires_at_ms > now)
             .map(|e| e.value)
-            .collect();
-        out.sort_by_key(|c| (c.agent_id, c.connection_id));
-        out
+            .collect()
     }
 
     /// Remove expired fields from every key this process writes (its owned scope),
@@ -611,8 +783,8 @@ impl RedisBackend {
         let mut keys: Vec<String> = Vec::with_capacity(holdings.len() * 3 + 1);
         for h in holdings {
             keys.push(self.keys.project(h.project_id));
-            keys.push(self.keys.agent_conns(h.project_id, h.agent_id));
-            keys.push(self.keys.agent_kas(h.project_id, h.agent_id));
+            keys.push(self.keys.agent(h.project_id, h.agent_id));
+            keys.push(self.keys.pointers(h.agent_id));
         }
         keys.push(self.keys.kas_instances());
         keys.sort();
@@ -641,6 +813,27 @@ impl RedisBackend {
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Empty {}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Pointer {
+    project: i64,
+}
+
+fn member_field(c: &AgentConnection) -> String {
+    format!("{}:{}", c.agent_id, c.connection_id)
+}
+
+fn conn_field(connection_id: i64) -> String {
+    format!("conn:{connection_id}")
+}
+
+fn kas_field(kas: &KasAddress) -> String {
+    format!("kas:{}", kas.0)
+}
+
+fn pointer_value(project: i64, exp: u64) -> String {
+    format!("{{\"expires_at_ms\":{exp},\"project\":{project}}}")
+}
 
 fn corrupt(what: &str, e: serde_json::Error) -> Error {
     Error::Corrupt {
