@@ -99,6 +99,26 @@ fn main() {
             lat[lat.len() - 1]
         );
 
+        let mut lat = Vec::with_capacity(lookups as usize);
+        let t = Instant::now();
+        for i in 0..lookups {
+            let s = Instant::now();
+            let found = registry.connections_by_project((i * 31) % (n / 10)).await.unwrap();
+            lat.push(s.elapsed());
+            assert_eq!(found.len(), 10);
+        }
+        let serial = t.elapsed();
+        lat.sort();
+        println!(
+            "lookup by project (10 connections each), {lookups} one at a time ({:.0}/s): p50 {:?}  p90 {:?}  p99 {:?}  p99.9 {:?}  max {:?}",
+            lookups as f64 / serial.as_secs_f64(),
+            percentile(&lat, 0.50),
+            percentile(&lat, 0.90),
+            percentile(&lat, 0.99),
+            percentile(&lat, 0.999),
+            lat[lat.len() - 1]
+        );
+
         let t = Instant::now();
         let mut lat: Vec<Duration> = stream::iter(0..lookups)
             .map(|i| {

@@ -49,17 +49,27 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        // The server runs under a guard shell that holds a pipe from this process:
+        // when the pipe closes (drop, panic, or this process killed outright) the
+        // guard kills the server. No server outlives its test.
+        const GUARD: &str = r#"redis-server "$@" & pid=$!
+trap 'kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+cat >/dev/null"#;
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(GUARD)
+            .arg("redis-server-guard")
             .arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
             .args(&self.extra)
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server is installed (scripts/test.sh installs it)");
+            .expect("sh and redis-server are installed (scripts/test.sh installs redis-server)");
         self.child = Some(child);
         wait_ready(self.port, self.dir.path());
     }
@@ -79,10 +89,11 @@ impl RedisServer {
         self.dir.path()
     }
 
-    /// Kill the server (SIGKILL: no chance to save anything).
+    /// Kill the server (SIGKILL: no chance to save anything) and wait until it is gone.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
+            // Closing the guard's stdin makes it kill -9 the server and reap it.
+            drop(c.stdin.take());
             let _ = c.wait();
         }
     }

@@ -455,7 +455,7 @@ impl RedisBackend {
         let mut sorted: Vec<&OwnedConn> = conns.iter().map(|c| &**c).collect();
         sorted.sort_unstable_by_key(|c| (c.conn.project_id, c.conn.agent_id, c.conn.connection_id));
         let limit = match self.conn {
-            Conn::Single(_) => 3,
+            Conn::Single(_) => 4,
             Conn::Cluster(_) => 16,
         };
         let mut inflight = stream::FuturesUnordered::new();
