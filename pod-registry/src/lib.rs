@@ -20,16 +20,19 @@
 //! ## Redis keys
 //!
 //! Human-readable, so an operator can look with `redis-cli`. `P` is the configured
-//! prefix (default `podgate`). Values are JSON; every presence value carries its own
-//! `expires_at_ms` (Unix ms), and readers skip expired ones, so an entry of a kas
-//! that died disappears at once even while others keep the key alive. Each key also
-//! has a TTL so a key no one refreshes vanishes whole.
+//! prefix (default `podgate`). Values are JSON. Every presence entry has its own
+//! expiry (`expires_at_ms` in its JSON, or for a connection its `exp:` field), and
+//! readers skip expired ones, so an entry of a kas that died disappears at once even
+//! while others keep the key alive. Each key also has a TTL so a key no one
+//! refreshes vanishes whole. A refresh rewrites only expiries; `HSET` reports the
+//! fields it had to create, and an agent hash that lost its data (restart, eviction,
+//! `FLUSHALL`) gets its connection JSON back in the same refresh.
 //!
 //! | key | type | field → value |
 //! |---|---|---|
 //! | `P:{topology}` | hash | `pod:<id>` → Pod JSON, `default` → Pod id, `version` → n |
 //! | `P:{p:<project>}:project` | hash | `<agent>:<connection>` → `{"expires_at_ms": …}` (membership) |
-//! | `P:{p:<project>}:agent:<agent>` | hash | `conn:<connection>` → connection JSON; `kas:<kas address>` → `{"expires_at_ms": …}` |
+//! | `P:{p:<project>}:agent:<agent>` | hash | `conn:<connection>` → connection JSON; `exp:<connection>` → its expiry (Unix ms); `kas:<kas address>` → `{"expires_at_ms": …}` |
 //! | `P:{a:<agent mod 1024>}:agents` | hash | `<agent>` → `{"expires_at_ms": …, "project": <id>}` (finds the keys above) |
 //! | `P:{kas}:instances` | hash | `<kas address>` → kas instance JSON |
 //! | `P:events:agents` | channel | `{"type": "connected" \| "disconnected", …}` |
@@ -48,7 +51,7 @@
 //! spread over the Cluster. Lookups by agent read the agent's pointer (in one of
 //! 1,024 bucket hashes, so a refresh rewrites all pointers with about 2,000
 //! commands) and then the agent hash: two round trips. A refresh of 100,000
-//! connections sends about 222,000 commands, grouped one `HSET` + `PEXPIRE` per key.
+//! connections sends about 222,000 small commands, one `HSET` + `PEXPIRE` per key.
 //! No request path uses `KEYS` or `SCAN`; refresh and GC touch only the keys this
 //! process writes, so their cost grows with what it owns, not with the keyspace.
 //!

@@ -105,32 +105,18 @@ pub(crate) struct Expiring<T> {
     pub(crate) value: T,
 }
 
-/// A connection this process owns, with its JSON serialised once at registration,
-/// so a refresh only splices in the new expiry.
+/// A connection this process owns, with its JSON serialised once at registration.
 #[derive(Debug)]
 pub(crate) struct OwnedConn {
     pub(crate) conn: AgentConnection,
-    /// The JSON object without its opening brace.
-    body: String,
+    /// `conn` as JSON.
+    pub(crate) json: String,
 }
 
 impl OwnedConn {
     pub(crate) fn new(conn: AgentConnection) -> Self {
         let json = serde_json::to_string(&conn).expect("a connection serialises");
-        OwnedConn {
-            body: json[1..].to_owned(),
-            conn,
-        }
-    }
-
-    /// The stored value: the same JSON as `Expiring<AgentConnection>`.
-    pub(crate) fn value(&self, expires_at_ms: u64) -> String {
-        let mut v = String::with_capacity(self.body.len() + 32);
-        v.push_str("{\"expires_at_ms\":");
-        v.push_str(&expires_at_ms.to_string());
-        v.push(',');
-        v.push_str(&self.body);
-        v
+        OwnedConn { json, conn }
     }
 }
 

@@ -47,8 +47,9 @@ struct Seen {
     unequal_ttl: usize,
 }
 
-/// One atomic look at a registration: how many of its fields exist (project
-/// membership, connection, kas holding) and the PTTLs of its keys.
+/// One atomic look at a registration: how many of its four fields exist (project
+/// membership; connection, expiry and kas holding in the agent hash) and the PTTLs
+/// of its two keys.
 async fn look<C: ConnectionLike>(c: &mut C, agent: i64) -> (i64, Vec<i64>) {
     let [project, agent_key] = keys(agent);
     let mut p = redis::pipe();
@@ -61,11 +62,14 @@ async fn look<C: ConnectionLike>(c: &mut C, agent: i64) -> (i64, Vec<i64>) {
         .arg(format!("conn:{}", agent * 10));
     p.cmd("HEXISTS")
         .arg(&agent_key)
+        .arg(format!("exp:{}", agent * 10));
+    p.cmd("HEXISTS")
+        .arg(&agent_key)
         .arg("kas:grpc://kas-a:8155");
     p.cmd("PTTL").arg(&project);
     p.cmd("PTTL").arg(&agent_key);
-    let (a, b, k, t1, t2): (i64, i64, i64, i64, i64) = p.query_async(c).await.unwrap();
-    (a + b + k, vec![t1, t2])
+    let (a, b, e, k, t1, t2): (i64, i64, i64, i64, i64, i64) = p.query_async(c).await.unwrap();
+    (a + b + e + k, vec![t1, t2])
 }
 
 async fn registrations_are_atomic<C: ConnectionLike + Clone + Send + 'static>(
@@ -82,7 +86,7 @@ async fn registrations_are_atomic<C: ConnectionLike + Clone + Send + 'static>(
                 let (exists, ttls) = look(&mut rc, agent).await;
                 match exists {
                     0 => seen.none += 1,
-                    3 => {
+                    4 => {
                         seen.full += 1;
                         if ttls.iter().max().unwrap() - ttls.iter().min().unwrap() > 1 {
                             seen.unequal_ttl += 1;
@@ -116,7 +120,7 @@ async fn registrations_are_atomic<C: ConnectionLike + Clone + Send + 'static>(
     let mut rc = reader;
     for agent in 0..AGENTS {
         let (exists, ttls) = look(&mut rc, agent).await;
-        assert_eq!(exists, 3);
+        assert_eq!(exists, 4);
         assert!(
             ttls.iter().max().unwrap() - ttls.iter().min().unwrap() <= 1,
             "{ttls:?}"
@@ -129,15 +133,17 @@ async fn registrations_are_atomic<C: ConnectionLike + Clone + Send + 'static>(
             .arg(format!("{agent}:{}", agent * 10));
         p.cmd("HGET")
             .arg(&agent_key)
-            .arg(format!("conn:{}", agent * 10));
+            .arg(format!("exp:{}", agent * 10));
         p.cmd("HGET").arg(&agent_key).arg("kas:grpc://kas-a:8155");
         let values: (String, String, String) = p.query_async(&mut rc).await.unwrap();
         let exp = |s: &str| {
             serde_json::from_str::<serde_json::Value>(s).unwrap()["expires_at_ms"].as_u64()
         };
+        // The membership and the holding carry their expiry in JSON; the connection's
+        // expiry is its own field. All three are one value.
         assert!(exp(&values.0).is_some());
-        assert_eq!(exp(&values.0), exp(&values.1));
-        assert_eq!(exp(&values.1), exp(&values.2));
+        assert_eq!(exp(&values.0), values.1.parse::<u64>().ok());
+        assert_eq!(exp(&values.0), exp(&values.2));
     }
 }
 
@@ -299,4 +305,55 @@ async fn redis_restarting_empty_gets_everything_back_within_one_refresh_period()
     );
     assert!((1..=3).contains(&up), "{up}\n{text}");
     assert!(text.lines().count() < 20, "no log storm:\n{text}");
+}
+
+/// Keys lost without any reconnect (evicted, flushed, deleted by hand) come back with
+/// the next refresh: `HSET` reports the fields it had to create, and the registry
+/// writes those agents' connection data again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_repairs_keys_lost_without_a_reconnect() {
+    let server = RedisServer::start();
+    let registry = Registry::connect(RegistryConfig {
+        backend: BackendConfig::Redis { url: server.url() },
+        ..RegistryConfig::default()
+    })
+    .await
+    .unwrap();
+    for agent in 0..3 {
+        registry.register_agent(conn(agent)).await.unwrap();
+    }
+    let [project, agent_key] = keys(1);
+    assert_eq!(server.cli(&["DEL", &project, &agent_key]).trim(), "2");
+    assert!(registry.connections_by_agent(1).await.unwrap().is_empty());
+    assert!(
+        registry
+            .connections_by_project(10_001)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    assert_eq!(registry.refresh().await.unwrap(), 3);
+    assert_eq!(
+        registry.connections_by_agent(1).await.unwrap(),
+        vec![conn(1)]
+    );
+    assert_eq!(
+        registry.connections_by_project(10_001).await.unwrap(),
+        vec![conn(1)]
+    );
+    // The others were untouched and still complete.
+    assert_eq!(
+        registry.connections_by_agent(2).await.unwrap(),
+        vec![conn(2)]
+    );
+    // Wiping everything works the same way.
+    server.cli(&["FLUSHALL"]);
+    registry.refresh().await.unwrap();
+    for agent in 0..3 {
+        assert_eq!(
+            registry.connections_by_agent(agent).await.unwrap(),
+            vec![conn(agent)]
+        );
+    }
 }

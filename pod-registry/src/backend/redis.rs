@@ -56,6 +56,18 @@ fn hset_pexpire<'a>(
     vec![hset, pexpire]
 }
 
+/// The slot a Cluster pipeline is confined to (`None`: standalone, anything goes).
+type SlotGroup = Option<redis::cluster_routing::Slot>;
+/// An agent hash's refresh commands and the connections they renew.
+type AgentWrite = (Vec<Cmd>, Vec<Arc<OwnedConn>>);
+
+/// One refresh pipeline: plain (replies ignored), or agent hashes whose replies
+/// tell which agents lost their data and need their connection JSON again.
+enum Job {
+    Plain(Pipeline),
+    Agents(Pipeline, Vec<Vec<Arc<OwnedConn>>>),
+}
+
 /// The agent→kas index value.
 fn holding_value(exp: u64) -> String {
     format!("{{\"expires_at_ms\":{exp}}}")
@@ -133,19 +145,29 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// Removes every expired field of one hash, atomically. Values are JSON objects with
-/// `expires_at_ms`; anything else is left alone.
+/// Removes every expired entry of one hash, atomically: `exp:<id>` fields (a bare
+/// expiry) go with their `conn:<id>` partner; other values are JSON objects with
+/// `expires_at_ms`. Anything else is left alone. Returns how many entries went.
 const GC_SCRIPT: &str = r#"
 local now = tonumber(ARGV[1])
 local removed = 0
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
-  local ok, v = pcall(cjson.decode, all[i + 1])
-  if ok and type(v) == 'table' then
-    local exp = tonumber(v['expires_at_ms'])
+  local f, v = all[i], all[i + 1]
+  if string.sub(f, 1, 4) == 'exp:' then
+    local exp = tonumber(v)
     if exp and exp <= now then
-      redis.call('HDEL', KEYS[1], all[i])
+      redis.call('HDEL', KEYS[1], f, 'conn:' .. string.sub(f, 5))
       removed = removed + 1
+    end
+  elseif string.sub(f, 1, 5) ~= 'conn:' then
+    local ok, d = pcall(cjson.decode, v)
+    if ok and type(d) == 'table' then
+      local exp = tonumber(d['expires_at_ms'])
+      if exp and exp <= now then
+        redis.call('HDEL', KEYS[1], f)
+        removed = removed + 1
+      end
     end
   end
 end
@@ -345,7 +367,11 @@ impl RedisBackend {
             [
                 (
                     conn_field(c.connection_id).as_bytes(),
-                    owned.value(exp).as_bytes(),
+                    owned.json.as_bytes(),
+                ),
+                (
+                    exp_field(c.connection_id).as_bytes(),
+                    exp.to_string().as_bytes(),
                 ),
                 (kas_field(&c.kas).as_bytes(), member.as_bytes()),
             ],
@@ -408,7 +434,8 @@ impl RedisBackend {
             .ignore();
         let mut hdel = redis::cmd("HDEL");
         hdel.arg(k.agent(conn.project_id, conn.agent_id))
-            .arg(conn_field(conn.connection_id));
+            .arg(conn_field(conn.connection_id))
+            .arg(exp_field(conn.connection_id));
         if drop_holding {
             hdel.arg(kas_field(&conn.kas));
         }
@@ -438,13 +465,14 @@ impl RedisBackend {
         .await
     }
 
-    /// Rewrite everything this process owns with a fresh expiry: values and key TTLs.
-    /// Cost grows with what is owned, never with the keyspace. After a Redis restart
-    /// this alone puts everything back.
+    /// Renew everything this process owns: new expiries and key TTLs. Cost grows
+    /// with what is owned, never with the keyspace.
     ///
-    /// Connections are sorted by project and sent in chunks, each chunk built while
-    /// earlier ones are in flight: one `HSET` with every field and one `PEXPIRE` per
-    /// key, values spliced from JSON serialised once at registration.
+    /// Connections are sorted by (project, agent) and sent in chunks, each built while
+    /// earlier ones are in flight: one `HSET` + `PEXPIRE` per key. Agent hashes get
+    /// only their small `exp:<id>` values; `HSET` answers how many fields it created,
+    /// and a created `exp:` field means the hash lost data (Redis restarted, evicted
+    /// or flushed it), so that agent's connection JSON is written again at once.
     pub(crate) async fn refresh(
         &self,
         conns: &[Arc<OwnedConn>],
@@ -452,7 +480,7 @@ impl RedisBackend {
         ttl_ms: u64,
     ) -> Result<()> {
         let exp = now_ms() + ttl_ms;
-        let mut sorted: Vec<&OwnedConn> = conns.iter().map(|c| &**c).collect();
+        let mut sorted: Vec<Arc<OwnedConn>> = conns.to_vec();
         sorted.sort_unstable_by_key(|c| (c.conn.project_id, c.conn.agent_id, c.conn.connection_id));
         let limit = match self.conn {
             Conn::Single(_) => 4,
@@ -460,7 +488,7 @@ impl RedisBackend {
         };
         let mut inflight = stream::FuturesUnordered::new();
         let mut first_err: Option<Error> = None;
-        let mut pending: Vec<Pipeline> = Vec::new();
+        let mut pending: Vec<Job> = Vec::new();
         if let Some(i) = instance {
             let value = serde_json::to_vec(&Expiring {
                 expires_at_ms: exp,
@@ -469,28 +497,29 @@ impl RedisBackend {
             .map_err(|e| corrupt("kas instance", e))?;
             let key = self.keys.kas_instances();
             let cmds = hset_pexpire(&key, [(i.address.0.as_bytes(), &value[..])], ttl_ms);
-            pending.extend(self.batches(vec![(key, cmds)]));
+            pending.extend(self.batches(vec![(key, cmds)]).into_iter().map(Job::Plain));
         }
         let mut chunks = sorted.chunks(REFRESH_CHUNK);
         let mut pointers_done = false;
         loop {
             if pending.is_empty() {
                 match chunks.next() {
-                    Some(chunk) => pending = self.batches(self.chunk_writes(chunk, exp, ttl_ms)),
+                    Some(chunk) => pending = self.chunk_jobs(chunk, exp, ttl_ms),
                     None if !pointers_done => {
                         pointers_done = true;
-                        pending = self.batches(self.pointer_writes(&sorted, exp, ttl_ms));
+                        let writes = self.pointer_writes(&sorted, exp, ttl_ms);
+                        pending = self.batches(writes).into_iter().map(Job::Plain).collect();
                     }
                     None => break,
                 }
             }
-            while let Some(batch) = pending.pop() {
+            while let Some(job) = pending.pop() {
                 while inflight.len() >= limit {
                     if let Some(Err(e)) = inflight.next().await {
                         first_err.get_or_insert(e);
                     }
                 }
-                inflight.push(self.send_owned("refresh", batch));
+                inflight.push(self.send_job(job));
             }
         }
         while let Some(r) = inflight.next().await {
@@ -501,48 +530,74 @@ impl RedisBackend {
         first_err.map_or(Ok(()), Err)
     }
 
-    /// Send a pipeline; the future owns everything it needs.
-    fn send_owned(
-        &self,
-        op: &'static str,
-        p: Pipeline,
-    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+    /// Send one refresh job; the future owns everything it needs.
+    fn send_job(&self, job: Job) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
         let mut conn = self.conn.clone();
         let health = self.health.clone();
+        let keys = self.keys.clone();
         async move {
-            let res = p
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(Error::backend(op));
-            health.record(op, &res);
+            let res = match job {
+                Job::Plain(p) => p.query_async::<()>(&mut conn).await,
+                Job::Agents(p, groups) => {
+                    async {
+                        let replies: Vec<i64> = p.query_async(&mut conn).await?;
+                        // Replies come in (HSET, PEXPIRE) pairs, one pair per agent.
+                        let mut repair = redis::pipe();
+                        let mut n = 0;
+                        for (group, created) in groups.iter().zip(replies.iter().step_by(2)) {
+                            if *created > 0 {
+                                let first = &group[0].conn;
+                                let mut hset = redis::cmd("HSET");
+                                hset.arg(keys.agent(first.project_id, first.agent_id));
+                                for c in group {
+                                    hset.arg(conn_field(c.conn.connection_id)).arg(&c.json);
+                                }
+                                repair.add_command(hset).ignore();
+                                n += 1;
+                            }
+                        }
+                        if n > 0 {
+                            repair.query_async::<()>(&mut conn).await?;
+                        }
+                        Ok(())
+                    }
+                    .await
+                }
+            }
+            .map_err(Error::backend("refresh"));
+            health.record("refresh", &res);
             res
         }
     }
 
-    /// The writes for one chunk of connections sorted by (project, agent): one
-    /// `HSET` + `PEXPIRE` per project index and per agent hash.
-    fn chunk_writes(&self, chunk: &[&OwnedConn], exp: u64, ttl_ms: u64) -> Vec<(String, Vec<Cmd>)> {
+    /// The jobs for one chunk of connections sorted by (project, agent): project
+    /// memberships (plain), and agent hashes (expiries, with repair on data loss).
+    fn chunk_jobs(&self, chunk: &[Arc<OwnedConn>], exp: u64, ttl_ms: u64) -> Vec<Job> {
         let k = &self.keys;
         let member = holding_value(exp);
-        let mut out: Vec<(String, Vec<Cmd>)> = Vec::with_capacity(chunk.len() + chunk.len() / 4);
+        let exp_text = exp.to_string();
+        let mut plain: Vec<(String, Vec<Cmd>)> = Vec::new();
+        let mut agents: Vec<(String, Vec<Cmd>, Vec<Arc<OwnedConn>>)> = Vec::new();
         let mut i = 0;
         while i < chunk.len() {
             let project = chunk[i].conn.project_id;
             let mut members: Vec<String> = Vec::new();
             while i < chunk.len() && chunk[i].conn.project_id == project {
                 let agent = chunk[i].conn.agent_id;
-                let mut fields: Vec<(String, String)> = Vec::new();
+                let mut fields: Vec<(String, &str)> = Vec::new();
+                let mut group = Vec::new();
                 while i < chunk.len()
                     && chunk[i].conn.project_id == project
                     && chunk[i].conn.agent_id == agent
                 {
-                    let c = chunk[i];
-                    fields.push((conn_field(c.conn.connection_id), c.value(exp)));
+                    let c = &chunk[i];
+                    fields.push((exp_field(c.conn.connection_id), exp_text.as_str()));
                     let holding = kas_field(&c.conn.kas);
                     if !fields.iter().any(|(f, _)| *f == holding) {
-                        fields.push((holding, member.clone()));
+                        fields.push((holding, member.as_str()));
                     }
                     members.push(member_field(&c.conn));
+                    group.push(c.clone());
                     i += 1;
                 }
                 let key = k.agent(project, agent);
@@ -551,7 +606,7 @@ impl RedisBackend {
                     fields.iter().map(|(f, v)| (f.as_bytes(), v.as_bytes())),
                     ttl_ms,
                 );
-                out.push((key, cmds));
+                agents.push((key, cmds, group));
             }
             let key = k.project(project);
             let cmds = hset_pexpire(
@@ -559,15 +614,50 @@ impl RedisBackend {
                 members.iter().map(|f| (f.as_bytes(), member.as_bytes())),
                 ttl_ms,
             );
-            out.push((key, cmds));
+            plain.push((key, cmds));
         }
-        out
+        let mut jobs: Vec<Job> = self.batches(plain).into_iter().map(Job::Plain).collect();
+        // Agent hashes, grouped by slot (a Cluster pipeline stays within one slot).
+        let mut by_slot: HashMap<SlotGroup, Vec<AgentWrite>> = HashMap::new();
+        for (key, cmds, group) in agents {
+            by_slot
+                .entry(self.slot_of(&key))
+                .or_default()
+                .push((cmds, group));
+        }
+        for (_, entries) in by_slot {
+            let mut p = redis::pipe();
+            let mut groups = Vec::new();
+            for (cmds, group) in entries {
+                for c in cmds {
+                    p.add_command(c);
+                }
+                groups.push(group);
+                if groups.len() * 2 >= REFRESH_BATCH {
+                    jobs.push(Job::Agents(
+                        std::mem::take(&mut p),
+                        std::mem::take(&mut groups),
+                    ));
+                }
+            }
+            if !groups.is_empty() {
+                jobs.push(Job::Agents(p, groups));
+            }
+        }
+        jobs
+    }
+
+    fn slot_of(&self, key: &str) -> SlotGroup {
+        match self.conn {
+            Conn::Single(_) => None,
+            Conn::Cluster(_) => Some(redis::cluster_routing::Slot::for_key(key.as_bytes())),
+        }
     }
 
     /// Every owned agent's pointer, grouped by bucket: one `HSET` + `PEXPIRE` each.
     fn pointer_writes(
         &self,
-        sorted: &[&OwnedConn],
+        sorted: &[Arc<OwnedConn>],
         exp: u64,
         ttl_ms: u64,
     ) -> Vec<(String, Vec<Cmd>)> {
@@ -766,14 +856,27 @@ impl RedisBackend {
         Ok(out)
     }
 
-    /// The live connections among an agent hash's `conn:` fields.
+    /// The live connections of an agent hash: each `conn:<id>` whose `exp:<id>`
+    /// lies in the future.
     fn live_conns(&self, key: &str, raw: Vec<(String, Vec<u8>)>) -> Vec<AgentConnection> {
         let now = now_ms();
-        raw.into_iter()
-            .filter(|(f, _)| f.starts_with("conn:"))
-            .filter_map(|(_, v)| decode::<Expiring<AgentConnection>>(key, &v, &self.health))
-            .filter(|e| e.expires_at_ms > now)
-            .map(|e| e.value)
+        let mut live: Vec<&str> = Vec::new();
+        for (f, v) in &raw {
+            if let Some(id) = f.strip_prefix("exp:") {
+                let exp = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok());
+                match exp {
+                    Some(exp) if exp > now => live.push(id),
+                    Some(_) => {}
+                    None => self.health.corrupt(key, "unreadable expiry"),
+                }
+            }
+        }
+        raw.iter()
+            .filter_map(|(f, v)| Some((f.strip_prefix("conn:")?, v)))
+            .filter(|(id, _)| live.contains(id))
+            .filter_map(|(_, v)| decode::<AgentConnection>(key, v, &self.health))
             .collect()
     }
 
@@ -825,6 +928,10 @@ fn member_field(c: &AgentConnection) -> String {
 
 fn conn_field(connection_id: i64) -> String {
     format!("conn:{connection_id}")
+}
+
+fn exp_field(connection_id: i64) -> String {
+    format!("exp:{connection_id}")
 }
 
 fn kas_field(kas: &KasAddress) -> String {
