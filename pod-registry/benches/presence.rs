@@ -30,6 +30,20 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
+/// Print throughput and latency percentiles of one lookup run.
+fn report(label: &str, mut lat: Vec<Duration>, took: Duration) {
+    lat.sort();
+    println!(
+        "{label} ({:.0}/s): p50 {:?}  p90 {:?}  p99 {:?}  p99.9 {:?}  max {:?}",
+        lat.len() as f64 / took.as_secs_f64(),
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.90),
+        percentile(&lat, 0.99),
+        percentile(&lat, 0.999),
+        lat[lat.len() - 1]
+    );
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let n: i64 = if full { 100_000 } else { 1_000 };
@@ -63,7 +77,10 @@ fn main() {
             .await;
         assert_eq!(failures, 0);
         let register = t.elapsed();
-        println!("register {n} connections: {register:?} ({:.0}/s)", n as f64 / register.as_secs_f64());
+        println!(
+            "register {n} connections: {register:?} ({:.0}/s)",
+            n as f64 / register.as_secs_f64()
+        );
 
         let mut refreshes = Vec::new();
         for _ in 0..5 {
@@ -87,40 +104,31 @@ fn main() {
             lat.push(s.elapsed());
             assert_eq!(found.len(), 1);
         }
-        let serial = t.elapsed();
-        lat.sort();
-        println!(
-            "lookup by agent, {lookups} one at a time ({:.0}/s): p50 {:?}  p90 {:?}  p99 {:?}  p99.9 {:?}  max {:?}",
-            lookups as f64 / serial.as_secs_f64(),
-            percentile(&lat, 0.50),
-            percentile(&lat, 0.90),
-            percentile(&lat, 0.99),
-            percentile(&lat, 0.999),
-            lat[lat.len() - 1]
+        report(
+            &format!("lookup by agent, {lookups} one at a time"),
+            lat,
+            t.elapsed(),
         );
 
         let mut lat = Vec::with_capacity(lookups as usize);
         let t = Instant::now();
         for i in 0..lookups {
             let s = Instant::now();
-            let found = registry.connections_by_project((i * 31) % (n / 10)).await.unwrap();
+            let found = registry
+                .connections_by_project((i * 31) % (n / 10))
+                .await
+                .unwrap();
             lat.push(s.elapsed());
             assert_eq!(found.len(), 10);
         }
-        let serial = t.elapsed();
-        lat.sort();
-        println!(
-            "lookup by project (10 connections each), {lookups} one at a time ({:.0}/s): p50 {:?}  p90 {:?}  p99 {:?}  p99.9 {:?}  max {:?}",
-            lookups as f64 / serial.as_secs_f64(),
-            percentile(&lat, 0.50),
-            percentile(&lat, 0.90),
-            percentile(&lat, 0.99),
-            percentile(&lat, 0.999),
-            lat[lat.len() - 1]
+        report(
+            &format!("lookup by project (10 connections each), {lookups} one at a time"),
+            lat,
+            t.elapsed(),
         );
 
         let t = Instant::now();
-        let mut lat: Vec<Duration> = stream::iter(0..lookups)
+        let lat: Vec<Duration> = stream::iter(0..lookups)
             .map(|i| {
                 let r = registry.clone();
                 async move {
@@ -133,14 +141,10 @@ fn main() {
             .buffer_unordered(32)
             .collect()
             .await;
-        let concurrent = t.elapsed();
-        lat.sort();
-        println!(
-            "lookup by project (10 connections each), {lookups} with 32 in flight ({:.0}/s): p50 {:?}  p99 {:?}  max {:?}",
-            lookups as f64 / concurrent.as_secs_f64(),
-            percentile(&lat, 0.50),
-            percentile(&lat, 0.99),
-            lat[lat.len() - 1]
+        report(
+            &format!("lookup by project (10 connections each), {lookups} with 32 in flight"),
+            lat,
+            t.elapsed(),
         );
         let info = server.cli(&["INFO", "memory"]);
         let used = info

@@ -207,22 +207,18 @@ impl Registry {
             .map(TopologyFile::load)
             .transpose()?;
         let health = Arc::new(Health::default());
-        let backend = match &config.backend {
-            BackendConfig::Memory => Backend::Memory(MemoryBackend::new(
+        let target = match &config.backend {
+            BackendConfig::Memory => None,
+            BackendConfig::Redis { url } => Some(RedisTarget::Standalone(url.clone())),
+            BackendConfig::RedisCluster { nodes } => Some(RedisTarget::Cluster(nodes.clone())),
+        };
+        let backend = match target {
+            None => Backend::Memory(MemoryBackend::new(
                 file.as_ref().map(|f| f.to_topology(1)).unwrap_or_default(),
             )),
-            BackendConfig::Redis { url } => Backend::Redis(
+            Some(target) => Backend::Redis(
                 RedisBackend::connect(
-                    &RedisTarget::Standalone(url.clone()),
-                    &config.key_prefix,
-                    health.clone(),
-                    config.backoff_max,
-                )
-                .await?,
-            ),
-            BackendConfig::RedisCluster { nodes } => Backend::Redis(
-                RedisBackend::connect(
-                    &RedisTarget::Cluster(nodes.clone()),
+                    &target,
                     &config.key_prefix,
                     health.clone(),
                     config.backoff_max,
