@@ -30,6 +30,12 @@ enum Command {
     Token(cli::token::TokenCommand),
     /// The Pod topology and agent presence, in Redis or a topology file.
     Registry(cli::registry::RegistryArgs),
+    /// Run the edge router.
+    Proxy {
+        /// The proxy configuration (TOML).
+        #[arg(long, short)]
+        config: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -38,6 +44,10 @@ fn main() -> ExitCode {
     let result = match args.command {
         Command::Token(cmd) => cli::token::run(cmd),
         Command::Registry(args) => cli::registry::run(args),
+        Command::Proxy { config } => podgate_proxy::config::ProxyConfig::load(&config)
+            .and_then(podgate_proxy::server::run)
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(anyhow::Error::from),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,208 @@
+//! `proxy.toml`: typed, defaulted, validated. Every problem names its field.
+//!
+//! ```toml
+//! listen = "0.0.0.0:8080"
+//! on_invalid = "reject"            # or "legacy" during migrations
+//! keys = ["/etc/podgate/keys"]     # JWT verification keys (PEM, JWKS, HS256 files)
+//! threads = 2
+//! grace_period_secs = 5
+//!
+//! [topology]                       # inline topology (or [registry] with Redis)
+//! default_pod = 1
+//! [[topology.pods]]
+//! id = 1
+//! name = "legacy"
+//! web = ["10.0.0.1:8080"]
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use podgate_registry::{BackendConfig, RegistryConfig, TopologyFile};
+use podgate_tokens::ClassifierConfig;
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::decision::OnInvalid;
+use crate::rules::Rule;
+
+/// Configuration and start-up errors. Not transient: fix the configuration.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration is invalid; every problem is listed.
+    #[error("invalid proxy configuration in {origin}: {}", problems.join("; "))]
+    Invalid {
+        /// The file.
+        origin: String,
+        /// Each problem, naming its field.
+        problems: Vec<String>,
+    },
+    /// Keys could not be loaded.
+    #[error("loading JWT keys: {0}")]
+    Keys(#[from] podgate_tokens::keys::Error),
+    /// The registry could not be opened.
+    #[error("opening the registry: {0}")]
+    Registry(#[from] podgate_registry::Error),
+    /// The async runtime could not start.
+    #[error("starting the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_threads() -> usize {
+    2
+}
+fn default_grace() -> u64 {
+    5
+}
+
+/// The proxy's configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Address to listen on, `host:port`.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// What to do with invalid tokens.
+    #[serde(default)]
+    pub on_invalid: OnInvalid,
+    /// JWT verification key files or directories.
+    #[serde(default)]
+    pub keys: Vec<PathBuf>,
+    /// Token classifier settings (leeway, audience, cache).
+    #[serde(default)]
+    pub classifier: ClassifierConfig,
+    /// Where the topology lives when it is not inline (Redis).
+    #[serde(default)]
+    pub registry: RegistryConfig,
+    /// An inline topology (used when `registry.backend` is memory).
+    #[serde(default)]
+    pub topology: Option<TopologyFile>,
+    /// Replaces the built-in rules when set.
+    #[serde(default)]
+    pub rules: Option<Vec<Rule>>,
+    /// Worker threads.
+    #[serde(default = "default_threads")]
+    pub threads: usize,
+    /// Seconds to keep serving after SIGTERM before closing listeners.
+    #[serde(default = "default_grace")]
+    pub grace_period_secs: u64,
+}
+
+impl ProxyConfig {
+    /// Read and validate a file.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse and validate TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, Error> {
+        let config: ProxyConfig = toml::from_str(text).map_err(|e| Error::Invalid {
+            origin: origin.to_owned(),
+            problems: vec![e.to_string()],
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    /// Check every field; all problems at once.
+    pub fn validate(&self, origin: &str) -> Result<(), Error> {
+        let mut bad = Vec::new();
+        if self.listen.parse::<SocketAddr>().is_err() {
+            bad.push(format!("listen = {:?}: expected ip:port", self.listen));
+        }
+        if self.threads == 0 {
+            bad.push("threads: at least 1".into());
+        }
+        if let Err(podgate_tokens::classifier::Error::Invalid(p)) = self.classifier.validate() {
+            bad.extend(p.into_iter().map(|p| format!("classifier.{p}")));
+        }
+        if let Err(podgate_registry::Error::Config { problems, .. }) = self.registry.validate() {
+            bad.extend(problems.into_iter().map(|p| format!("registry.{p}")));
+        }
+        match (&self.topology, &self.registry.backend) {
+            (Some(t), _) => {
+                if let Err(podgate_registry::Error::Config { problems, .. }) = t.validate(origin) {
+                    bad.extend(problems.into_iter().map(|p| format!("topology.{p}")));
+                }
+            }
+            (None, BackendConfig::Memory) if self.registry.topology_file.is_none() => bad.push(
+                "topology: give an inline [topology], registry.topology_file or a Redis registry"
+                    .into(),
+            ),
+            _ => {}
+        }
+        if let Some(rules) = &self.rules {
+            for (i, r) in rules.iter().enumerate() {
+                bad.extend(r.problems(&format!("rules[{i}]")));
+            }
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Invalid {
+                origin: origin.to_owned(),
+                problems: bad,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let err = ProxyConfig::parse(
+            r#"
+            listen = "nowhere"
+            threads = 0
+            [classifier]
+            leeway_secs = 99999
+            [topology]
+            default_pod = 7
+            [[topology.pods]]
+            id = 1
+            name = "x"
+            web = ["bad"]
+            "#,
+            "proxy.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "proxy.toml",
+            "listen",
+            "threads",
+            "classifier.leeway_secs",
+            "topology.default_pod",
+            "web[0]",
+        ] {
+            assert!(err.contains(needle), "{needle} missing: {err}");
+        }
+        let err = ProxyConfig::parse("listen = \"127.0.0.1:1\"", "p")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("topology"), "{err}");
+        let err = ProxyConfig::parse("lsten = 1", "p")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lsten"), "{err}");
+    }
+}

@@ -1,0 +1,405 @@
+//! Ordered routing rules: the first rule whose method, path and header/cookie
+//! conditions match decides how a request is routed.
+
+use http::{HeaderMap, Method};
+use podgate_tokens::PodId;
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use crate::sources::TokenSource;
+
+/// How a rule matches the path.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum PathMatch {
+    /// The path starts with this.
+    Prefix(String),
+    /// The path matches this regular expression.
+    Regex(#[serde(with = "serde_regex")] Regex),
+}
+
+mod serde_regex {
+    use regex::Regex;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(r: &Regex, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(r.as_str())
+    }
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Regex, D::Error> {
+        let s = String::deserialize(d)?;
+        Regex::new(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl PathMatch {
+    fn matches(&self, path: &str) -> bool {
+        match self {
+            PathMatch::Prefix(p) => path.starts_with(p.as_str()),
+            PathMatch::Regex(r) => r.is_match(path),
+        }
+    }
+}
+
+/// Which of a Pod's upstream pools serves the request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pool {
+    /// GitLab web (Workhorse).
+    #[default]
+    Web,
+    /// The Pod's kas.
+    Kas,
+}
+
+/// What a matching rule does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActionKind {
+    /// Classify the first token found in `sources` and route by it.
+    RouteByToken,
+    /// Always send to `pod`.
+    RouteToPod,
+    /// Route by the `_gitlab_session` cookie's `cell-<n>-` prefix.
+    SessionPrefix,
+    /// Send to the default (legacy) Pod.
+    Default,
+}
+
+/// One rule.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// A name for metrics, logs and the `X-Podgate-Rule` header.
+    pub name: String,
+    /// Methods it applies to; empty means any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// The path condition.
+    pub path: PathMatch,
+    /// Only when this header is present.
+    #[serde(default)]
+    pub header: Option<String>,
+    /// Only when this cookie is present.
+    #[serde(default)]
+    pub cookie: Option<String>,
+    /// What to do.
+    pub action: ActionKind,
+    /// For `route-by-token`: where to look, in order.
+    #[serde(default)]
+    pub sources: Vec<TokenSource>,
+    /// For `route-to-pod`: the Pod.
+    #[serde(default)]
+    pub pod: Option<PodId>,
+    /// Which upstream pool of the Pod.
+    #[serde(default)]
+    pub pool: Pool,
+    /// Upstream read timeout in seconds (long polls need more than a minute).
+    #[serde(default = "default_timeout")]
+    pub read_timeout_secs: u64,
+}
+
+fn default_timeout() -> u64 {
+    60
+}
+
+impl Rule {
+    /// Whether this rule applies to the request.
+    pub fn matches(&self, method: &Method, path: &str, headers: &HeaderMap) -> bool {
+        (self.methods.is_empty()
+            || self
+                .methods
+                .iter()
+                .any(|m| m.eq_ignore_ascii_case(method.as_str())))
+            && self.path.matches(path)
+            && self
+                .header
+                .as_ref()
+                .is_none_or(|h| headers.contains_key(h.as_str()))
+            && self
+                .cookie
+                .as_ref()
+                .is_none_or(|c| cookie(headers, c).is_some())
+    }
+
+    /// Every problem with this rule, each naming its field (`rules[3].pod`).
+    pub fn problems(&self, at: &str) -> Vec<String> {
+        let mut bad = Vec::new();
+        if self.name.is_empty() {
+            bad.push(format!("{at}.name: must not be empty"));
+        }
+        for m in &self.methods {
+            if Method::from_bytes(m.as_bytes()).is_err() {
+                bad.push(format!("{at}.methods: {m:?} is not an HTTP method"));
+            }
+        }
+        match self.action {
+            ActionKind::RouteByToken if self.sources.is_empty() => bad.push(format!(
+                "{at}.sources: route-by-token needs at least one source"
+            )),
+            ActionKind::RouteToPod if self.pod.is_none() => {
+                bad.push(format!("{at}.pod: route-to-pod needs a Pod id"))
+            }
+            _ => {}
+        }
+        if self.read_timeout_secs == 0 {
+            bad.push(format!("{at}.read_timeout_secs: must be positive"));
+        }
+        bad
+    }
+}
+
+/// The value of cookie `name`.
+pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|kv| {
+            let (k, v) = kv.trim().split_once('=')?;
+            (k == name).then_some(v)
+        })
+}
+
+fn rule(
+    name: &str,
+    methods: &[&str],
+    path: PathMatch,
+    sources: &[&str],
+    pool: Pool,
+    timeout: u64,
+) -> Rule {
+    Rule {
+        name: name.into(),
+        methods: methods.iter().map(|m| (*m).to_owned()).collect(),
+        path,
+        header: None,
+        cookie: None,
+        action: ActionKind::RouteByToken,
+        sources: sources
+            .iter()
+            .map(|s| s.parse().expect("built-in sources parse"))
+            .collect(),
+        pod: None,
+        pool,
+        read_timeout_secs: timeout,
+    }
+}
+
+fn re(s: &str) -> PathMatch {
+    PathMatch::Regex(Regex::new(s).expect("built-in regex compiles"))
+}
+
+/// The built-in rules: every runner endpoint of the GitLab runner API, kas traffic,
+/// API tokens, session cookies, and a default.
+pub fn builtin() -> Vec<Rule> {
+    const RUNNER: &[&str] = &["header:runner-token", "json:token"];
+    let mut rules = vec![
+        // Long polls: Workhorse holds them up to 50 s on GitLab.com; allow 2 minutes+.
+        rule(
+            "jobs-request",
+            &["POST"],
+            PathMatch::Prefix("/api/v4/jobs/request".into()),
+            RUNNER,
+            Pool::Web,
+            150,
+        ),
+        rule(
+            "runners",
+            &["POST", "DELETE"],
+            re(r"^/api/v4/runners(/verify|/managers|/reset_authentication_token)?/?$"),
+            RUNNER,
+            Pool::Web,
+            60,
+        ),
+        rule(
+            "job-trace",
+            &["PATCH"],
+            re(r"^/api/v4/jobs/\d+/trace/?$"),
+            &["header:job-token", "query:job_token", "query:token"],
+            Pool::Web,
+            60,
+        ),
+        rule(
+            "job-artifacts-upload",
+            &["POST"],
+            re(r"^/api/v4/jobs/\d+/artifacts(/authorize)?/?$"),
+            &[
+                "header:job-token",
+                "query:job_token",
+                "query:token",
+                "multipart:token",
+            ],
+            Pool::Web,
+            3600,
+        ),
+        rule(
+            "job-artifacts-download",
+            &["GET", "HEAD"],
+            re(r"^/api/v4/jobs/\d+/artifacts(/.*)?$"),
+            &["header:job-token", "query:job_token", "query:token"],
+            Pool::Web,
+            3600,
+        ),
+        rule(
+            "job-update",
+            &["PUT"],
+            re(r"^/api/v4/jobs/\d+/?$"),
+            &["header:job-token", "json:token"],
+            Pool::Web,
+            60,
+        ),
+        // agentk → kas (gRPC over h2c or WebSocket through the proxy).
+        rule(
+            "kas-agent",
+            &[],
+            PathMatch::Prefix("/-/kubernetes-agent/".into()),
+            &["bearer"],
+            Pool::Kas,
+            7200,
+        ),
+        rule(
+            "kas-grpc",
+            &["POST"],
+            PathMatch::Prefix("/gitlab.agent.".into()),
+            &["bearer"],
+            Pool::Kas,
+            7200,
+        ),
+        // Any other API call with a token.
+        rule(
+            "api-token",
+            &[],
+            PathMatch::Prefix("/api/".into()),
+            &[
+                "header:private-token",
+                "header:job-token",
+                "bearer",
+                "basic",
+                "query:private_token",
+                "query:job_token",
+            ],
+            Pool::Web,
+            60,
+        ),
+    ];
+    rules.push(Rule {
+        name: "session".into(),
+        methods: vec![],
+        path: PathMatch::Prefix("/".into()),
+        header: None,
+        cookie: Some("_gitlab_session".into()),
+        action: ActionKind::SessionPrefix,
+        sources: vec![],
+        pod: None,
+        pool: Pool::Web,
+        read_timeout_secs: 60,
+    });
+    rules.push(Rule {
+        name: "default".into(),
+        methods: vec![],
+        path: PathMatch::Prefix("/".into()),
+        header: None,
+        cookie: None,
+        action: ActionKind::Default,
+        sources: vec![],
+        pod: None,
+        pool: Pool::Web,
+        read_timeout_secs: 60,
+    });
+    rules
+}
+
+/// The first matching rule.
+pub fn first_match<'a>(
+    rules: &'a [Rule],
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+) -> Option<&'a Rule> {
+    rules.iter().find(|r| r.matches(method, path, headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(method: &str, path: &str, headers: &[(&str, &str)]) -> String {
+        let mut h = HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        let rules = builtin();
+        first_match(
+            &rules,
+            &Method::from_bytes(method.as_bytes()).unwrap(),
+            path,
+            &h,
+        )
+        .unwrap()
+        .name
+        .clone()
+    }
+
+    #[test]
+    fn every_runner_endpoint_has_its_rule() {
+        assert_eq!(name("POST", "/api/v4/runners", &[]), "runners");
+        assert_eq!(name("POST", "/api/v4/runners/verify", &[]), "runners");
+        assert_eq!(name("DELETE", "/api/v4/runners", &[]), "runners");
+        assert_eq!(name("DELETE", "/api/v4/runners/managers", &[]), "runners");
+        assert_eq!(
+            name("POST", "/api/v4/runners/reset_authentication_token", &[]),
+            "runners"
+        );
+        assert_eq!(name("POST", "/api/v4/jobs/request", &[]), "jobs-request");
+        assert_eq!(name("PUT", "/api/v4/jobs/123", &[]), "job-update");
+        assert_eq!(name("PATCH", "/api/v4/jobs/123/trace", &[]), "job-trace");
+        assert_eq!(
+            name("POST", "/api/v4/jobs/123/artifacts", &[]),
+            "job-artifacts-upload"
+        );
+        assert_eq!(
+            name("GET", "/api/v4/jobs/123/artifacts", &[]),
+            "job-artifacts-download"
+        );
+        assert_eq!(name("GET", "/api/v4/projects/1", &[]), "api-token");
+        assert_eq!(name("GET", "/-/kubernetes-agent/", &[]), "kas-agent");
+        assert_eq!(
+            name(
+                "GET",
+                "/dashboard",
+                &[("cookie", "a=b; _gitlab_session=cell-2-xyz")]
+            ),
+            "session"
+        );
+        assert_eq!(name("GET", "/dashboard", &[]), "default");
+    }
+
+    #[test]
+    fn builtin_rules_are_valid_and_config_problems_name_fields() {
+        for (i, r) in builtin().iter().enumerate() {
+            assert!(r.problems(&format!("rules[{i}]")).is_empty(), "{}", r.name);
+        }
+        let bad: Rule = toml::from_str(
+            r#"name = "x"
+               methods = ["GE T"]
+               path = { prefix = "/" }
+               action = "route-to-pod"
+               read_timeout_secs = 0"#,
+        )
+        .unwrap();
+        let p = bad.problems("rules[0]").join("\n");
+        assert!(
+            p.contains("rules[0].methods")
+                && p.contains("rules[0].pod")
+                && p.contains("read_timeout_secs"),
+            "{p}"
+        );
+        let err =
+            toml::from_str::<Rule>("name='x'\npath={regex='('}\naction='default'").unwrap_err();
+        assert!(err.to_string().contains("regex"), "{err}");
+    }
+}

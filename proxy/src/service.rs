@@ -1,0 +1,324 @@
+//! [`PodGate`]: the pingora `ProxyHttp` implementation. One request goes through:
+//! `request_filter` (match a rule, find and classify the token, decide) →
+//! `upstream_peer` (pick an upstream of the decided Pod) → `upstream_request_filter`
+//! (mark the request) → `logging` (one line per request, token fingerprint only).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::prelude::*;
+use pingora::proxy::{ProxyHttp, Session};
+use podgate_registry::Registry;
+use podgate_tokens::{Classification, Classifier, UnroutableReason};
+
+use crate::decision::{self, OnInvalid, Outcome};
+use crate::rules::{self, ActionKind, Pool, Rule};
+use crate::sources::{self, BodyScan, TokenSource};
+
+/// Per-request state.
+#[derive(Debug, Default)]
+pub struct Ctx {
+    rule: Option<usize>,
+    outcome: Option<Outcome>,
+    source: Option<String>,
+    fingerprint: Option<String>,
+    attempt: usize,
+}
+
+/// The router.
+pub struct PodGate {
+    rules: Arc<Vec<Rule>>,
+    classifier: Arc<Classifier>,
+    registry: Registry,
+    on_invalid: OnInvalid,
+    next: AtomicUsize,
+}
+
+impl PodGate {
+    /// A router over `rules`, classifying with `classifier`, routing on `registry`'s
+    /// topology.
+    pub fn new(
+        rules: Vec<Rule>,
+        classifier: Arc<Classifier>,
+        registry: Registry,
+        on_invalid: OnInvalid,
+    ) -> Self {
+        PodGate {
+            rules: Arc::new(rules),
+            classifier,
+            registry,
+            on_invalid,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Find the token a `route-by-token` rule looks for, reading the body if a body
+    /// source is reached. `Err(status)` when the body is refused.
+    async fn find_token(
+        &self,
+        session: &mut Session,
+        rule: &Rule,
+    ) -> Result<Option<(String, &'static str, TokenSource)>, u16> {
+        let head = session.req_header();
+        let query = head.uri.query().map(str::to_owned);
+        for src in &rule.sources {
+            if let Some(t) = src.from_head(&head.headers, query.as_deref()) {
+                return Ok(Some((t, "head", src.clone())));
+            }
+        }
+        let Some(src) = rule
+            .sources
+            .iter()
+            .find(|s| matches!(s, TokenSource::JsonBody(_)))
+        else {
+            return Ok(None);
+        };
+        let TokenSource::JsonBody(field) = src else {
+            return Ok(None);
+        };
+        let is_json = head
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.to_ascii_lowercase().contains("json"));
+        if !is_json {
+            return Ok(None);
+        }
+        let declared = head
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > sources::MAX_TOKEN_BODY) {
+            return Err(413);
+        }
+        // The body is replayed upstream byte for byte from pingora's retry buffer.
+        session.enable_retry_buffering();
+        if session
+            .req_header()
+            .headers
+            .contains_key(http::header::EXPECT)
+        {
+            if session.write_continue_response().await.is_err() {
+                return Err(400);
+            }
+            session
+                .req_header_mut()
+                .remove_header(&http::header::EXPECT);
+        }
+        let mut buf = Vec::new();
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    buf.extend_from_slice(&chunk);
+                    if buf.len() > sources::MAX_TOKEN_BODY {
+                        return Err(413);
+                    }
+                }
+                Ok(None) => break,
+                Err(_) => return Err(400),
+            }
+        }
+        match sources::json_field(&buf, field) {
+            BodyScan::Found(t) => Ok(Some((t, "body", src.clone()))),
+            _ => Ok(None),
+        }
+    }
+}
+
+fn json_message(message: &str) -> Bytes {
+    Bytes::from(serde_json::json!({ "message": message }).to_string())
+}
+
+async fn respond(
+    session: &mut Session,
+    status: u16,
+    message: &str,
+    retry_after: bool,
+) -> Result<()> {
+    let body = json_message(message);
+    let mut resp = ResponseHeader::build(status, Some(4))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    if retry_after {
+        resp.insert_header("retry-after", "5")?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await?;
+    Ok(())
+}
+
+#[async_trait]
+impl ProxyHttp for PodGate {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx::default()
+    }
+
+    /// Decide. `Ok(true)`: answered here (401, 413, 503); `Ok(false)`: proxy on.
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let head = session.req_header();
+        let Some(idx) = self
+            .rules
+            .iter()
+            .position(|r| r.matches(&head.method, head.uri.path(), &head.headers))
+        else {
+            respond(session, 404, "404 Not Found: no routing rule", false).await?;
+            return Ok(true);
+        };
+        ctx.rule = Some(idx);
+        let rule = &self.rules[idx];
+        let topology = self.registry.topology();
+        let outcome = match rule.action {
+            ActionKind::RouteByToken => match self.find_token(session, rule).await {
+                Err(413) => {
+                    respond(session, 413, "413 Request Entity Too Large", false).await?;
+                    return Ok(true);
+                }
+                Err(status) => {
+                    respond(session, status, "400 Bad Request: unreadable body", false).await?;
+                    return Ok(true);
+                }
+                Ok(Some((token, _, src))) => {
+                    ctx.source = Some(src.to_string());
+                    ctx.fingerprint = Some(podgate_tokens::fingerprint(&token));
+                    let c = self.classifier.classify(&token);
+                    decision::decide(&c, &topology, self.on_invalid)
+                }
+                Ok(None) => decision::decide(
+                    &Classification::Unroutable {
+                        reason: UnroutableReason::Opaque,
+                    },
+                    &topology,
+                    self.on_invalid,
+                ),
+            },
+            ActionKind::RouteToPod => match rule.pod {
+                Some(p) => decision::to_pod(&topology, p, "pinned"),
+                None => decision::to_legacy(&topology, "default"),
+            },
+            ActionKind::SessionPrefix => {
+                match rules::cookie(&session.req_header().headers, "_gitlab_session")
+                    .and_then(|v| topology.pod_for_session(v))
+                {
+                    Some(p) => decision::to_pod(&topology, p.id, "session"),
+                    None => decision::to_legacy(&topology, "default"),
+                }
+            }
+            ActionKind::Default => decision::to_legacy(&topology, "default"),
+        };
+        let answered = match &outcome {
+            Outcome::Unauthorized(reason) => {
+                respond(session, 401, &format!("401 Unauthorized: {reason}"), false).await?;
+                true
+            }
+            Outcome::Unavailable(why) => {
+                respond(
+                    session,
+                    503,
+                    &format!("503 Service Unavailable: {why}"),
+                    true,
+                )
+                .await?;
+                true
+            }
+            Outcome::Forward { .. } => false,
+        };
+        ctx.outcome = Some(outcome);
+        Ok(answered)
+    }
+
+    /// The decided Pod's next upstream (round robin; a retry moves on to the next).
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let Some(Outcome::Forward { pod, .. }) = &ctx.outcome else {
+            return Err(Error::new_str("no routing decision"));
+        };
+        let rule = &self.rules[ctx.rule.unwrap_or(0)];
+        let pool = match rule.pool {
+            Pool::Web => &pod.web,
+            Pool::Kas => &pod.kas,
+        };
+        if pool.is_empty() {
+            return Err(Error::explain(
+                ErrorType::ConnectNoRoute,
+                "Pod has no upstream for this pool",
+            ));
+        }
+        let start = if ctx.attempt == 0 {
+            self.next.fetch_add(1, Ordering::Relaxed)
+        } else {
+            0
+        };
+        let addr = &pool[(start + ctx.attempt) % pool.len()];
+        ctx.attempt += 1;
+        let mut peer = HttpPeer::new(addr.as_str(), false, String::new());
+        peer.options.connection_timeout = Some(Duration::from_secs(2));
+        peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
+        Ok(Box::new(peer))
+    }
+
+    /// Connection refused or timed out: try the same Pod's next upstream, never
+    /// another Pod's.
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let Some(Outcome::Forward { pod, .. }) = &ctx.outcome {
+            let rule = &self.rules[ctx.rule.unwrap_or(0)];
+            let size = match rule.pool {
+                Pool::Web => pod.web.len(),
+                Pool::Kas => pod.kas.len(),
+            };
+            if ctx.attempt < size {
+                e.set_retry(true);
+            }
+        }
+        e
+    }
+
+    /// Tell the Pod which rule and decision brought the request.
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut pingora::http::RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(Outcome::Forward { pod, .. }) = &ctx.outcome {
+            upstream_request.insert_header("x-podgate-pod", pod.id.to_string())?;
+        }
+        if let Some(i) = ctx.rule {
+            upstream_request.insert_header("x-podgate-rule", self.rules[i].name.as_str())?;
+        }
+        Ok(())
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
+        let outcome = ctx.outcome.as_ref().map_or("-", Outcome::label);
+        let pod = match &ctx.outcome {
+            Some(Outcome::Forward { pod, .. }) => pod.id.get(),
+            _ => 0,
+        };
+        tracing::info!(
+            method = %session.req_header().method,
+            path = session.req_header().uri.path(),
+            status,
+            rule,
+            outcome,
+            pod,
+            source = ctx.source.as_deref().unwrap_or("-"),
+            token = ctx.fingerprint.as_deref().unwrap_or("-"),
+            error = e.map(|e| e.to_string()).unwrap_or_default(),
+            "request"
+        );
+    }
+}

@@ -1,0 +1,373 @@
+//! The proxy end to end: the real `podgate proxy` binary in front of recording stub
+//! Pods, checked over raw HTTP/1.1.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use podgate_registry::testing::{eventually, free_port};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What a stub Pod saw.
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    path: String,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+/// A stub Pod upstream: records every request, answers `{"pod": N}`.
+struct Stub {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Stub {
+    async fn start(pod: u64) -> Stub {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let record = record.clone();
+                tokio::spawn(async move {
+                    let _ = serve(stream, pod, record).await;
+                });
+            }
+        });
+        Stub { addr, seen }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn serve(stream: TcpStream, pod: u64, record: Arc<Mutex<Vec<Seen>>>) -> std::io::Result<()> {
+    let mut r = BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).await? == 0 {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_owned();
+        let path = parts.next().unwrap_or("").to_owned();
+        let mut headers = HashMap::new();
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).await?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+            }
+        }
+        let mut body = Vec::new();
+        if let Some(n) = headers
+            .get("content-length")
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            body.resize(n, 0);
+            r.read_exact(&mut body).await?;
+        } else if headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v.contains("chunked"))
+        {
+            loop {
+                let mut size = String::new();
+                r.read_line(&mut size).await?;
+                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+                let mut chunk = vec![0; n + 2];
+                r.read_exact(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                body.extend_from_slice(&chunk[..n]);
+            }
+        }
+        record.lock().unwrap().push(Seen {
+            method,
+            path,
+            headers,
+            body,
+        });
+        let reply = format!("{{\"pod\":{pod}}}");
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+            reply.len()
+        );
+        r.get_mut().write_all(resp.as_bytes()).await?;
+    }
+}
+
+/// The proxy process; killed on drop.
+struct Proxy {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_proxy(config_body: &str, dir: tempfile::TempDir) -> Proxy {
+    let port = free_port();
+    let config = format!("listen = \"127.0.0.1:{port}\"\ngrace_period_secs = 0\n{config_body}");
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, config).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["proxy", "--config", path.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let proxy = Proxy {
+        child,
+        port,
+        _dir: dir,
+    };
+    // Ready when it accepts connections (a child process binding its port sends no
+    // event we could await).
+    eventually(
+        Duration::from_secs(20),
+        "the proxy to accept connections",
+        || async {
+            TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+    proxy
+}
+
+/// Send one request; returns (status, headers, body).
+async fn send(port: u16, head: &str, body: &[u8]) -> (u16, HashMap<String, String>, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let req = format!(
+        "{head}\r\nhost: gitlab.example.com\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let mut text = String::from_utf8_lossy(&raw).into_owned();
+    // Skip interim responses (100 Continue), as HTTP clients do.
+    while text.starts_with("HTTP/1.1 100") {
+        text = text
+            .split_once("\r\n\r\n")
+            .map(|(_, rest)| rest.to_owned())
+            .unwrap_or_default();
+    }
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+fn v1(cell: u64) -> String {
+    let keys = podgate_tokens::gitlab::RoutingKeys {
+        cell: Some(cell),
+        organization: Some(1),
+        ..Default::default()
+    };
+    podgate_tokens::gitlab::encode("glrt-", &keys, &podgate_tokens::gitlab::random_bytes()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runner_traffic_reaches_the_pod_its_token_names() {
+    let legacy = Stub::start(1).await;
+    let pod2 = Stub::start(2).await;
+    let pod3 = Stub::start(3).await;
+    // Pod 2's first upstream is dead: requests must fail over to its second one.
+    let dead = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+    std::fs::write(dir.path().join("k1.pem"), key.public.as_ref().unwrap()).unwrap();
+    let signer = podgate_tokens::keys::keyset_from_generated("k1", &key).unwrap();
+    let jwt = podgate_tokens::mint(
+        &podgate_tokens::MintRequest::new(
+            podgate_tokens::TokenKind::Job,
+            podgate_tokens::PodId::new(2).unwrap(),
+            600,
+        ),
+        signer.signing_key().unwrap(),
+        podgate_tokens::unix_now(),
+    )
+    .unwrap();
+    let config = format!(
+        r#"keys = ["{keys}"]
+        [topology]
+        default_pod = 1
+        [[topology.pods]]
+        id = 1
+        name = "legacy"
+        web = ["{legacy}"]
+        [[topology.pods]]
+        id = 2
+        name = "pod-2"
+        web = ["127.0.0.1:{dead}", "{pod2}"]
+        [[topology.pods]]
+        id = 3
+        name = "pod-3"
+        web = ["{pod3}"]
+        state = "draining"
+        "#,
+        keys = dir.path().display(),
+        legacy = legacy.addr,
+        pod2 = pod2.addr,
+        pod3 = pod3.addr,
+    );
+    let proxy = start_proxy(&config, dir).await;
+    let p = proxy.port;
+
+    // New runner: token in the RUNNER-TOKEN header; the body passes byte-equal.
+    let t2 = v1(2);
+    let body = format!(r#"{{"token":"{t2}","system_id":"s_1","info":{{"name":"gitlab-runner"}}}}"#);
+    for _ in 0..4 {
+        let (status, _, reply) = send(
+            p,
+            &format!("POST /api/v4/jobs/request HTTP/1.1\r\ncontent-type: application/json\r\nrunner-token: {t2}"),
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!((status, reply.as_str()), (200, r#"{"pod":2}"#));
+    }
+    // Old runner: the token only in the JSON body.
+    let (status, _, reply) = send(
+        p,
+        "POST /api/v4/jobs/request HTTP/1.1\r\ncontent-type: application/json",
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!((status, reply.as_str()), (200, r#"{"pod":2}"#));
+    // With Expect: 100-continue too.
+    let (status, _, reply) = send(
+        p,
+        "POST /api/v4/runners/verify HTTP/1.1\r\ncontent-type: application/json\r\nexpect: 100-continue",
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        (status, reply.as_str()),
+        (200, r#"{"pod":2}"#),
+        "expect-continue"
+    );
+    // A JWT job token in JOB-TOKEN.
+    let (status, _, reply) = send(
+        p,
+        &format!(
+            "PUT /api/v4/jobs/7 HTTP/1.1\r\njob-token: {jwt}\r\ncontent-type: application/json"
+        ),
+        br#"{"state":"running"}"#,
+    )
+    .await;
+    assert_eq!((status, reply.as_str()), (200, r#"{"pod":2}"#));
+
+    let seen2 = pod2.seen();
+    assert_eq!(seen2.len(), 7);
+    for s in &seen2[..6] {
+        assert_eq!(
+            s.body,
+            body.as_bytes(),
+            "{} {} body changed",
+            s.method,
+            s.path
+        );
+        assert_eq!(
+            s.headers.get("x-podgate-pod").map(String::as_str),
+            Some("2")
+        );
+        assert!(!s.headers.contains_key("expect"));
+    }
+    assert_eq!(seen2[6].path, "/api/v4/jobs/7");
+    assert_eq!(
+        seen2[6].headers.get("x-podgate-rule").map(String::as_str),
+        Some("job-update")
+    );
+
+    // Invalid token: 401 with a reason, forwarded nowhere.
+    let bad = t2.replacen("glrt-", "glrt-X", 1);
+    let (status, headers, reply) = send(
+        p,
+        &format!("POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {bad}"),
+        b"{}",
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
+    assert!(
+        reply.contains("\"message\"") && reply.contains("401"),
+        "{reply}"
+    );
+    // Unroutable (legacy) token: the default Pod.
+    let (status, _, reply) = send(
+        p,
+        "PATCH /api/v4/jobs/7/trace HTTP/1.1\r\njob-token: glcbt-64_legacyRandom",
+        b"log",
+    )
+    .await;
+    assert_eq!((status, reply.as_str()), (200, r#"{"pod":1}"#));
+    // A draining Pod: 503 with Retry-After; nothing forwarded.
+    let (status, headers, _) = send(
+        p,
+        &format!(
+            "POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {}",
+            v1(3)
+        ),
+        b"{}",
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert!(headers.contains_key("retry-after"));
+    // An unknown Pod: 503 as well, never the legacy Pod.
+    let (status, _, _) = send(
+        p,
+        &format!(
+            "POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {}",
+            v1(9)
+        ),
+        b"{}",
+    )
+    .await;
+    assert_eq!(status, 503);
+
+    assert_eq!(pod2.seen().len(), 7, "nothing more reached Pod 2");
+    assert!(pod3.seen().is_empty(), "a draining Pod got traffic");
+    assert_eq!(
+        legacy.seen().len(),
+        1,
+        "only the unroutable request reached the legacy Pod"
+    );
+}
