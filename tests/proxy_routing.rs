@@ -371,3 +371,76 @@ async fn runner_traffic_reaches_the_pod_its_token_names() {
         "only the unroutable request reached the legacy Pod"
     );
 }
+
+/// The topology lives in Redis: changes made with `podgate registry` apply without a
+/// restart, and with Redis gone the proxy keeps routing on its last snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_changes_in_redis_apply_live_and_survive_redis_going_away() {
+    use podgate_registry::testing::RedisServer;
+    let mut redis = RedisServer::start();
+    let legacy = Stub::start(1).await;
+    let pod2 = Stub::start(2).await;
+    let pod2b = Stub::start(22).await;
+    let registry = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_podgate"))
+            .args(["registry", "--redis", &redis.url()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    registry(&["pods", "add", "--id", "1", "--name", "legacy", "--web", &legacy.addr.to_string(), "--default"]);
+    let config = format!(
+        r#"[registry]
+        backend = {{ kind = "redis", url = "{url}" }}
+        topology_resync_interval = "200ms"
+        backoff_max = "200ms"
+        "#,
+        url = redis.url()
+    );
+    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let p = proxy.port;
+    let t2 = v1(2);
+    let req = format!("POST /api/v4/jobs/request HTTP/1.1\r\ncontent-type: application/json\r\nrunner-token: {t2}");
+
+    // Pod 2 does not exist yet: 503, never the legacy Pod.
+    assert_eq!(send(p, &req, b"{}").await.0, 503);
+    // Added in Redis: routed there without a restart (woken by the change event).
+    registry(&["pods", "add", "--id", "2", "--name", "pod-2", "--web", &pod2.addr.to_string()]);
+    let reply = eventually(Duration::from_secs(10), "Pod 2 to take traffic", || async {
+        let (status, _, body) = send(p, &req, b"{}").await;
+        (status == 200).then_some(body)
+    })
+    .await;
+    assert_eq!(reply, r#"{"pod":2}"#);
+    // Its upstream changed: traffic follows.
+    registry(&["pods", "add", "--id", "2", "--name", "pod-2", "--web", &pod2b.addr.to_string()]);
+    eventually(Duration::from_secs(10), "the new upstream to take traffic", || async {
+        let (_, _, body) = send(p, &req, b"{}").await;
+        (body == r#"{"pod":22}"#).then_some(())
+    })
+    .await;
+    // Drained: 503 + Retry-After.
+    registry(&["pods", "drain", "2"]);
+    let headers = eventually(Duration::from_secs(10), "the drain to apply", || async {
+        let (status, headers, _) = send(p, &req, b"{}").await;
+        (status == 503).then_some(headers)
+    })
+    .await;
+    assert!(headers.contains_key("retry-after"));
+    registry(&["pods", "undrain", "2"]);
+    eventually(Duration::from_secs(10), "the undrain to apply", || async {
+        (send(p, &req, b"{}").await.0 == 200).then_some(())
+    })
+    .await;
+
+    // Redis goes away: routing goes on with the last snapshot.
+    redis.kill();
+    for _ in 0..20 {
+        let (status, _, body) = send(p, &req, b"{}").await;
+        assert_eq!((status, body.as_str()), (200, r#"{"pod":22}"#));
+    }
+    let (status, _, body) = send(p, "GET /dashboard HTTP/1.1", b"").await;
+    assert_eq!((status, body.as_str()), (200, r#"{"pod":1}"#));
+    assert!(legacy.seen().iter().all(|s| s.path == "/dashboard"), "no runner request reached the legacy Pod");
+}
