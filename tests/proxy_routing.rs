@@ -389,7 +389,17 @@ async fn topology_changes_in_redis_apply_live_and_survive_redis_going_away() {
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     };
-    registry(&["pods", "add", "--id", "1", "--name", "legacy", "--web", &legacy.addr.to_string(), "--default"]);
+    registry(&[
+        "pods",
+        "add",
+        "--id",
+        "1",
+        "--name",
+        "legacy",
+        "--web",
+        &legacy.addr.to_string(),
+        "--default",
+    ]);
     let config = format!(
         r#"[registry]
         backend = {{ kind = "redis", url = "{url}" }}
@@ -401,12 +411,23 @@ async fn topology_changes_in_redis_apply_live_and_survive_redis_going_away() {
     let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let p = proxy.port;
     let t2 = v1(2);
-    let req = format!("POST /api/v4/jobs/request HTTP/1.1\r\ncontent-type: application/json\r\nrunner-token: {t2}");
+    let req = format!(
+        "POST /api/v4/jobs/request HTTP/1.1\r\ncontent-type: application/json\r\nrunner-token: {t2}"
+    );
 
     // Pod 2 does not exist yet: 503, never the legacy Pod.
     assert_eq!(send(p, &req, b"{}").await.0, 503);
     // Added in Redis: routed there without a restart (woken by the change event).
-    registry(&["pods", "add", "--id", "2", "--name", "pod-2", "--web", &pod2.addr.to_string()]);
+    registry(&[
+        "pods",
+        "add",
+        "--id",
+        "2",
+        "--name",
+        "pod-2",
+        "--web",
+        &pod2.addr.to_string(),
+    ]);
     let reply = eventually(Duration::from_secs(10), "Pod 2 to take traffic", || async {
         let (status, _, body) = send(p, &req, b"{}").await;
         (status == 200).then_some(body)
@@ -414,11 +435,24 @@ async fn topology_changes_in_redis_apply_live_and_survive_redis_going_away() {
     .await;
     assert_eq!(reply, r#"{"pod":2}"#);
     // Its upstream changed: traffic follows.
-    registry(&["pods", "add", "--id", "2", "--name", "pod-2", "--web", &pod2b.addr.to_string()]);
-    eventually(Duration::from_secs(10), "the new upstream to take traffic", || async {
-        let (_, _, body) = send(p, &req, b"{}").await;
-        (body == r#"{"pod":22}"#).then_some(())
-    })
+    registry(&[
+        "pods",
+        "add",
+        "--id",
+        "2",
+        "--name",
+        "pod-2",
+        "--web",
+        &pod2b.addr.to_string(),
+    ]);
+    eventually(
+        Duration::from_secs(10),
+        "the new upstream to take traffic",
+        || async {
+            let (_, _, body) = send(p, &req, b"{}").await;
+            (body == r#"{"pod":22}"#).then_some(())
+        },
+    )
     .await;
     // Drained: 503 + Retry-After.
     registry(&["pods", "drain", "2"]);
@@ -442,5 +476,126 @@ async fn topology_changes_in_redis_apply_live_and_survive_redis_going_away() {
     }
     let (status, _, body) = send(p, "GET /dashboard HTTP/1.1", b"").await;
     assert_eq!((status, body.as_str()), (200, r#"{"pod":1}"#));
-    assert!(legacy.seen().iter().all(|s| s.path == "/dashboard"), "no runner request reached the legacy Pod");
+    assert!(
+        legacy.seen().iter().all(|s| s.path == "/dashboard"),
+        "no runner request reached the legacy Pod"
+    );
+}
+
+/// Send a chunked request body in 1 MiB chunks; returns (status, body).
+async fn send_chunked(port: u16, head: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let req = format!(
+        "{head}\r\nhost: gitlab.example.com\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    for chunk in body.chunks(1 << 20) {
+        s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+            .await
+            .unwrap();
+        s.write_all(chunk).await.unwrap();
+        s.write_all(b"\r\n").await.unwrap();
+    }
+    s.write_all(b"0\r\n\r\n").await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A 64 MiB artifact upload, chunked, token only in the leading multipart field (an
+/// old runner) or in `JOB-TOKEN`: reaches its Pod byte for byte, streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_64_mib_chunked_artifact_upload_streams_to_its_pod() {
+    let legacy = Stub::start(1).await;
+    let pod2 = Stub::start(2).await;
+    let config = format!(
+        r#"[topology]
+        default_pod = 1
+        [[topology.pods]]
+        id = 1
+        name = "legacy"
+        web = ["{legacy}"]
+        [[topology.pods]]
+        id = 2
+        name = "pod-2"
+        web = ["{pod2}"]
+        "#,
+        legacy = legacy.addr,
+        pod2 = pod2.addr,
+    );
+    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let token = podgate_tokens::gitlab::encode(
+        "glcbt-",
+        &podgate_tokens::gitlab::RoutingKeys {
+            cell: Some(2),
+            organization: Some(1),
+            ..Default::default()
+        },
+        &podgate_tokens::gitlab::random_bytes(),
+    )
+    .unwrap();
+    let boundary = "----podgate-test-boundary";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"token\"\r\n\r\n{token}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"artifacts.zip\"\r\n\
+         Content-Type: application/zip\r\n\r\n"
+    )
+    .into_bytes();
+    // 64 MiB of non-repeating bytes, so a dropped or reordered chunk shows.
+    let mut x: u32 = 2_463_534_242;
+    body.extend((0..64 << 20).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x as u8
+    }));
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let ct = format!("content-type: multipart/form-data; boundary={boundary}");
+
+    let (status, reply) = send_chunked(
+        proxy.port,
+        &format!("POST /api/v4/jobs/7/artifacts?artifact_format=zip HTTP/1.1\r\n{ct}"),
+        &body,
+    )
+    .await;
+    assert_eq!(
+        (status, reply.as_str()),
+        (200, r#"{"pod":2}"#),
+        "old runner: token in the form"
+    );
+    let (status, reply) = send_chunked(
+        proxy.port,
+        &format!("POST /api/v4/jobs/7/artifacts HTTP/1.1\r\n{ct}\r\njob-token: {token}"),
+        &body,
+    )
+    .await;
+    assert_eq!(
+        (status, reply.as_str()),
+        (200, r#"{"pod":2}"#),
+        "new runner: JOB-TOKEN"
+    );
+    let seen = pod2.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        assert_eq!(s.body.len(), body.len());
+        assert!(s.body == body, "upload changed on the way");
+    }
+    assert!(legacy.seen().is_empty());
+
+    // A JSON body over 32 KiB on a route that reads it: 413, forwarded nowhere.
+    let big = format!(r#"{{"token":"x","pad":"{}"}}"#, "a".repeat(40 * 1024));
+    let (status, _, _) = send(
+        proxy.port,
+        "POST /api/v4/jobs/request HTTP/1.1\r\ncontent-type: application/json",
+        big.as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 413);
+    assert_eq!(pod2.seen().len(), 2);
 }

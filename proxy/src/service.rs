@@ -70,62 +70,109 @@ impl PodGate {
                 return Ok(Some((t, "head", src.clone())));
             }
         }
-        let Some(src) = rule
-            .sources
-            .iter()
-            .find(|s| matches!(s, TokenSource::JsonBody(_)))
-        else {
-            return Ok(None);
-        };
-        let TokenSource::JsonBody(field) = src else {
-            return Ok(None);
-        };
-        let is_json = head
+        let content_type = head
             .headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.to_ascii_lowercase().contains("json"));
-        if !is_json {
-            return Ok(None);
-        }
-        let declared = head
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > sources::MAX_TOKEN_BODY) {
-            return Err(413);
-        }
-        // The body is replayed upstream byte for byte from pingora's retry buffer.
-        session.enable_retry_buffering();
-        if session
-            .req_header()
-            .headers
-            .contains_key(http::header::EXPECT)
-        {
-            if session.write_continue_response().await.is_err() {
-                return Err(400);
+            .unwrap_or("")
+            .to_owned();
+        let json = rule.sources.iter().find_map(|s| match s {
+            TokenSource::JsonBody(f) if content_type.to_ascii_lowercase().contains("json") => {
+                Some((s.clone(), f.clone()))
             }
-            session
-                .req_header_mut()
-                .remove_header(&http::header::EXPECT);
+            _ => None,
+        });
+        let multipart = rule.sources.iter().find_map(|s| match s {
+            TokenSource::Multipart(f) => Some((
+                s.clone(),
+                f.clone(),
+                sources::multipart_boundary(&content_type)?,
+            )),
+            _ => None,
+        });
+        if let Some((src, field)) = json {
+            let declared = head
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<usize>().ok());
+            if declared.is_some_and(|n| n > sources::MAX_TOKEN_BODY) {
+                return Err(413);
+            }
+            let body = read_body(session, ReadLimit::Whole(sources::MAX_TOKEN_BODY)).await?;
+            return Ok(match sources::json_field(&body.bytes, &field) {
+                BodyScan::Found(t) => Some((t, "body", src)),
+                _ => None,
+            });
         }
-        let mut buf = Vec::new();
-        loop {
-            match session.read_request_body().await {
-                Ok(Some(chunk)) => {
-                    buf.extend_from_slice(&chunk);
-                    if buf.len() > sources::MAX_TOKEN_BODY {
-                        return Err(413);
+        let Some((src, field, boundary)) = multipart else {
+            return Ok(None);
+        };
+        // One chunk only (see `ReadLimit::OneChunk`): the rest of an upload of any
+        // size streams to the Pod unbuffered.
+        let body = read_body(session, ReadLimit::OneChunk).await?;
+        Ok(
+            match sources::multipart_field(&body.bytes, &boundary, &field, body.complete) {
+                BodyScan::Found(t) => Some((t, "body", src)),
+                _ => None,
+            },
+        )
+    }
+}
+
+/// How much of a body `read_body` may take.
+enum ReadLimit {
+    /// All of it, refusing more than this many bytes (413).
+    Whole(usize),
+    /// Exactly one read (at most 64 KiB). pingora replays what was read from a
+    /// 64 KiB retry buffer and silently drops it if a second read overflows that
+    /// buffer, so a body that must stream (artifacts) is never read further.
+    OneChunk,
+}
+
+struct ReadBody {
+    bytes: Vec<u8>,
+    complete: bool,
+}
+
+/// Read (part of) the request body before choosing the upstream. What is read is
+/// replayed upstream byte for byte from pingora's retry buffer; the rest streams.
+async fn read_body(session: &mut Session, limit: ReadLimit) -> Result<ReadBody, u16> {
+    session.enable_retry_buffering();
+    if session
+        .req_header()
+        .headers
+        .contains_key(http::header::EXPECT)
+    {
+        // Answer the client's Expect ourselves, or it waits ~1 s before sending.
+        if session.write_continue_response().await.is_err() {
+            return Err(400);
+        }
+        session
+            .req_header_mut()
+            .remove_header(&http::header::EXPECT);
+    }
+    let mut bytes = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                bytes.extend_from_slice(&chunk);
+                match limit {
+                    ReadLimit::Whole(max) if bytes.len() > max => return Err(413),
+                    ReadLimit::Whole(_) => {}
+                    ReadLimit::OneChunk => {
+                        let complete = session.is_body_done();
+                        return Ok(ReadBody { bytes, complete });
                     }
                 }
-                Ok(None) => break,
-                Err(_) => return Err(400),
             }
-        }
-        match sources::json_field(&buf, field) {
-            BodyScan::Found(t) => Ok(Some((t, "body", src.clone()))),
-            _ => Ok(None),
+            Ok(None) => {
+                return Ok(ReadBody {
+                    bytes,
+                    complete: true,
+                });
+            }
+            Err(_) => return Err(400),
         }
     }
 }
