@@ -12,7 +12,14 @@ mod cli;
 #[command(name = "podgate", version, about, propagate_version = true)]
 struct Args {
     /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `podgate=debug`.
-    #[arg(long, global = true, env = "PODGATE_LOG", default_value = "warn")]
+    /// pingora's own per-request error lines are off by default: the proxy logs each
+    /// failed request itself, once, with its rule, Pod and token fingerprint.
+    #[arg(
+        long,
+        global = true,
+        env = "PODGATE_LOG",
+        default_value = "warn,pingora_proxy=off"
+    )]
     log: String,
 
     /// Log as JSON lines instead of text.

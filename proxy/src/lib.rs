@@ -11,9 +11,20 @@
 //! - [`sources`]: where tokens are found: headers, `Authorization`, query, JSON body,
 //!   multipart form, each read without disturbing the request.
 //! - [`decision`]: classification + topology → forward, 401 or 503. Pure and tested.
+//! - [`service`]: [`service::PodGate`], the pingora `ProxyHttp` implementation.
+//! - [`config`] and [`server`]: `proxy.toml` and `podgate proxy`.
 //!
-//! Work in progress (issue 4): the pingora service, Pod pools and health checks,
-//! metrics and the `podgate proxy` command come next.
+//! ## Bodies
+//!
+//! A JSON body (old runners' `jobs/request`) is read whole, at most 32 KiB (more:
+//! 413), and replayed upstream byte for byte from pingora's retry buffer. A multipart
+//! upload is read for exactly one chunk (≤ 64 KiB): pingora's retry buffer holds
+//! 64 KiB and silently drops the body if a second read overflows it, so a token after
+//! the first chunk is not looked for; the rest of the upload streams unbuffered.
+//! `Expect: 100-continue` is answered by the proxy when it reads a body.
+//!
+//! Still to come (issue 4): active health checks, metrics and `/healthz`, agent
+//! traffic over h2c and WebSocket, request ids, socket handoff on upgrade, TLS.
 
 pub mod config;
 pub mod decision;

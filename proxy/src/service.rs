@@ -347,6 +347,8 @@ impl ProxyHttp for PodGate {
         Ok(())
     }
 
+    /// One line per request. Failures from the Pod or from us are warnings; a client
+    /// that went away (a runner abandoning a long poll) is routine: debug.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
@@ -355,17 +357,20 @@ impl ProxyHttp for PodGate {
             Some(Outcome::Forward { pod, .. }) => pod.id.get(),
             _ => 0,
         };
-        tracing::info!(
-            method = %session.req_header().method,
-            path = session.req_header().uri.path(),
-            status,
-            rule,
-            outcome,
-            pod,
-            source = ctx.source.as_deref().unwrap_or("-"),
-            token = ctx.fingerprint.as_deref().unwrap_or("-"),
-            error = e.map(|e| e.to_string()).unwrap_or_default(),
-            "request"
-        );
+        let method = session.req_header().method.as_str().to_owned();
+        let path = session.req_header().uri.path().to_owned();
+        let source = ctx.source.as_deref().unwrap_or("-");
+        let token = ctx.fingerprint.as_deref().unwrap_or("-");
+        match e {
+            None => tracing::info!(
+                method, path, status, rule, outcome, pod, source, token, "request"
+            ),
+            Some(e) if *e.esource() == ErrorSource::Downstream => {
+                tracing::debug!(method, path, status, rule, outcome, pod, source, token, error = %e, "client went away")
+            }
+            Some(e) => {
+                tracing::warn!(method, path, status, rule, outcome, pod, source, token, error = %e, "request failed")
+            }
+        }
     }
 }
