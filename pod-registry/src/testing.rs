@@ -4,6 +4,7 @@
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// A free TCP port on 127.0.0.1 (bound once, then released for the server to take).
@@ -27,6 +28,15 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
     extra: Vec<String>,
+    /// Lines of interest from the server's log ("ready", "cluster ok").
+    events: Option<mpsc::Receiver<ServerEvent>>,
+}
+
+/// What the server's log announces.
+#[derive(Debug, PartialEq, Eq)]
+enum ServerEvent {
+    Ready,
+    ClusterOk,
 }
 
 impl RedisServer {
@@ -43,6 +53,7 @@ impl RedisServer {
             dir,
             child: None,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            events: None,
         };
         s.spawn();
         s
@@ -66,12 +77,52 @@ cat >/dev/null"#;
             .arg(self.dir.path())
             .args(&self.extra)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("sh and redis-server are installed (scripts/test.sh installs redis-server)");
+        let mut child = child;
+        // The server logs to stdout: watch it for the lines we wait on, and keep
+        // draining it so the server never blocks on a full pipe.
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                let event = if line.contains("Ready to accept connections") {
+                    Some(ServerEvent::Ready)
+                } else if line.contains("Cluster state changed: ok") {
+                    Some(ServerEvent::ClusterOk)
+                } else {
+                    None
+                };
+                if let Some(e) = event {
+                    let _ = tx.send(e);
+                }
+            }
+        });
         self.child = Some(child);
-        wait_ready(self.port, self.dir.path());
+        self.events = Some(rx);
+        self.wait_for(ServerEvent::Ready, Duration::from_secs(10));
+    }
+
+    /// Block until the server's log announces `event` (bounded by `timeout`).
+    fn wait_for(&self, event: ServerEvent, timeout: Duration) {
+        let rx = self.events.as_ref().expect("server started");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(e) if e == event => return,
+                Ok(_) => continue,
+                Err(_) => panic!(
+                    "redis-server on port {} (dir {}) did not report {event:?} within {timeout:?}",
+                    self.port,
+                    self.dir.path().display()
+                ),
+            }
+        }
     }
 
     /// The server's port.
@@ -121,27 +172,6 @@ impl Drop for RedisServer {
     }
 }
 
-/// Wait until the server on `port` answers PING (bounded: 10 s).
-fn wait_ready(port: u16, dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let url = format!("redis://127.0.0.1:{port}");
-    loop {
-        let ok = redis::Client::open(url.as_str())
-            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-            .is_ok();
-        if ok {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "redis-server on port {port} (dir {}) did not start",
-            dir.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A 3-master Redis Cluster (no replicas), built with `redis-cli --cluster create`.
 #[derive(Debug)]
 pub struct RedisCluster {
@@ -185,18 +215,10 @@ impl RedisCluster {
         cluster
     }
 
+    /// Every node logs "Cluster state changed: ok" once it serves all slots.
     fn wait_ok(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let all_ok = self.nodes.iter().all(|n| {
-                let info = n.cli(&["cluster", "info"]);
-                info.contains("cluster_state:ok") && info.contains("cluster_slots_assigned:16384")
-            });
-            if all_ok {
-                return;
-            }
-            assert!(Instant::now() < deadline, "cluster did not become ok");
-            std::thread::sleep(Duration::from_millis(50));
+        for n in &self.nodes {
+            n.wait_for(ServerEvent::ClusterOk, Duration::from_secs(20));
         }
     }
 
