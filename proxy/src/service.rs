@@ -64,11 +64,13 @@ impl PodGate {
         rule: &Rule,
     ) -> Result<Option<(String, &'static str, TokenSource)>, u16> {
         let head = session.req_header();
-        let query = head.uri.query().map(str::to_owned);
         for src in &rule.sources {
-            if let Some(t) = src.from_head(&head.headers, query.as_deref()) {
+            if let Some(t) = src.from_head(&head.headers, head.uri.query()) {
                 return Ok(Some((t, "head", src.clone())));
             }
+        }
+        if !rule.sources.iter().any(TokenSource::needs_body) {
+            return Ok(None);
         }
         let content_type = head
             .headers
@@ -77,7 +79,7 @@ impl PodGate {
             .unwrap_or("")
             .to_owned();
         let json = rule.sources.iter().find_map(|s| match s {
-            TokenSource::JsonBody(f) if content_type.to_ascii_lowercase().contains("json") => {
+            TokenSource::JsonBody(f) if contains_ignore_case(&content_type, "json") => {
                 Some((s.clone(), f.clone()))
             }
             _ => None,
@@ -175,6 +177,13 @@ async fn read_body(session: &mut Session, limit: ReadLimit) -> Result<ReadBody, 
             Err(_) => return Err(400),
         }
     }
+}
+
+/// Whether `hay` contains `needle` (ASCII, case-insensitive), without allocating.
+fn contains_ignore_case(hay: &str, needle: &str) -> bool {
+    hay.as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 fn json_message(message: &str) -> Bytes {
