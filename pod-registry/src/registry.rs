@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, RedisTarget};
-use crate::backend::{BackendEvent, KasHolding, TopologyChange};
+use crate::backend::{BackendEvent, TopologyChange};
 use crate::error::{Error, Result};
 use crate::metrics::{self, Health};
 use crate::presence::{AgentConnection, AgentEvent, KasAddress, KasInstance, OwnedConn};
@@ -551,24 +551,15 @@ impl Registry {
     /// Remove expired entries in the keys this process writes (and, in memory,
     /// everywhere). Returns how many went.
     pub async fn gc(&self) -> Result<usize> {
-        let holdings: Vec<KasHolding> = {
-            let o = self.owned();
-            let mut h: Vec<KasHolding> = o
-                .conns
-                .values()
-                .map(|c| KasHolding {
-                    agent_id: c.conn.agent_id,
-                    project_id: c.conn.project_id,
-                    kas: c.conn.kas.clone(),
-                })
-                .collect();
-            h.sort_by_key(|h| (h.project_id, h.agent_id));
-            h.dedup_by_key(|h| (h.project_id, h.agent_id));
-            h
-        };
+        let owned: Vec<(i64, i64)> = self
+            .owned()
+            .conns
+            .values()
+            .map(|c| (c.conn.project_id, c.conn.agent_id))
+            .collect();
         let removed = match &self.inner.backend {
             Backend::Memory(m) => m.gc(),
-            Backend::Redis(r) => r.gc(&holdings).await?,
+            Backend::Redis(r) => r.gc(&owned).await?,
         };
         metrics::GC_REMOVED.inc_by(removed as u64);
         Ok(removed)

@@ -114,18 +114,11 @@ mod tests {
     }
 
     fn routable(pod: u64) -> Classification {
-        Classification::Routable(Identity {
-            pod: PodId::new(pod).unwrap(),
-            kind: TokenKind::Runner,
-            format: TokenFormat::GitlabV1,
-            organization: None,
-            group: None,
-            project: None,
-            user: None,
-            agent: None,
-            runner_type: None,
-            expires_at: None,
-        })
+        Classification::Routable(Identity::new(
+            PodId::new(pod).unwrap(),
+            TokenKind::Runner,
+            TokenFormat::GitlabV1,
+        ))
     }
 
     fn forwarded(o: &Outcome) -> Option<u64> {

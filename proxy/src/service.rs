@@ -12,7 +12,7 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
-use podgate_registry::Registry;
+use podgate_registry::{Pod, Registry};
 use podgate_tokens::{Classification, Classifier, UnroutableReason};
 
 use crate::decision::{self, OnInvalid, Outcome};
@@ -27,6 +27,24 @@ pub struct Ctx {
     source: Option<String>,
     fingerprint: Option<String>,
     attempt: usize,
+}
+
+impl Ctx {
+    /// The Pod the request is forwarded to, once decided.
+    fn forwarded(&self) -> Option<&Arc<Pod>> {
+        match &self.outcome {
+            Some(Outcome::Forward { pod, .. }) => Some(pod),
+            _ => None,
+        }
+    }
+}
+
+/// The upstreams of `pod` that `rule` sends to.
+fn pool<'a>(pod: &'a Pod, rule: &Rule) -> &'a [String] {
+    match rule.pool {
+        Pool::Web => &pod.web,
+        Pool::Kas => &pod.kas,
+    }
 }
 
 /// The router.
@@ -291,14 +309,11 @@ impl ProxyHttp for PodGate {
 
     /// The decided Pod's next upstream (round robin; a retry moves on to the next).
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        let Some(Outcome::Forward { pod, .. }) = &ctx.outcome else {
+        let Some(pod) = ctx.forwarded() else {
             return Err(Error::new_str("no routing decision"));
         };
         let rule = &self.rules[ctx.rule.unwrap_or(0)];
-        let pool = match rule.pool {
-            Pool::Web => &pod.web,
-            Pool::Kas => &pod.kas,
-        };
+        let pool = pool(pod, rule);
         if pool.is_empty() {
             return Err(Error::explain(
                 ErrorType::ConnectNoRoute,
@@ -311,10 +326,10 @@ impl ProxyHttp for PodGate {
             0
         };
         let addr = &pool[(start + ctx.attempt) % pool.len()];
-        ctx.attempt += 1;
         let mut peer = HttpPeer::new(addr.as_str(), false, String::new());
         peer.options.connection_timeout = Some(Duration::from_secs(2));
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
+        ctx.attempt += 1;
         Ok(Box::new(peer))
     }
 
@@ -327,15 +342,10 @@ impl ProxyHttp for PodGate {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let Some(Outcome::Forward { pod, .. }) = &ctx.outcome {
-            let rule = &self.rules[ctx.rule.unwrap_or(0)];
-            let size = match rule.pool {
-                Pool::Web => pod.web.len(),
-                Pool::Kas => pod.kas.len(),
-            };
-            if ctx.attempt < size {
-                e.set_retry(true);
-            }
+        if let Some(pod) = ctx.forwarded()
+            && ctx.attempt < pool(pod, &self.rules[ctx.rule.unwrap_or(0)]).len()
+        {
+            e.set_retry(true);
         }
         e
     }
@@ -347,7 +357,7 @@ impl ProxyHttp for PodGate {
         upstream_request: &mut pingora::http::RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        if let Some(Outcome::Forward { pod, .. }) = &ctx.outcome {
+        if let Some(pod) = ctx.forwarded() {
             upstream_request.insert_header("x-podgate-pod", pod.id.to_string())?;
         }
         if let Some(i) = ctx.rule {
@@ -362,10 +372,7 @@ impl ProxyHttp for PodGate {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
         let outcome = ctx.outcome.as_ref().map_or("-", Outcome::label);
-        let pod = match &ctx.outcome {
-            Some(Outcome::Forward { pod, .. }) => pod.id.get(),
-            _ => 0,
-        };
+        let pod = ctx.forwarded().map_or(0, |p| p.id.get());
         let method = session.req_header().method.as_str().to_owned();
         let path = session.req_header().uri.path().to_owned();
         let source = ctx.source.as_deref().unwrap_or("-");

@@ -241,6 +241,24 @@ pub struct Identity {
     pub expires_at: Option<u64>,
 }
 
+impl Identity {
+    /// An identity with only the required parts; the optional ids start empty.
+    pub const fn new(pod: PodId, kind: TokenKind, format: TokenFormat) -> Self {
+        Identity {
+            pod,
+            kind,
+            format,
+            organization: None,
+            group: None,
+            project: None,
+            user: None,
+            agent: None,
+            runner_type: None,
+            expires_at: None,
+        }
+    }
+}
+
 /// Why a well-formed token carries no route. Such tokens go to the default (legacy) Pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnroutableReason {
@@ -517,18 +535,7 @@ mod tests {
 
     #[test]
     fn require_kind_rejects_other_kinds_only() {
-        let id = Identity {
-            pod: PodId::new(2).unwrap(),
-            kind: TokenKind::Job,
-            format: TokenFormat::Jwt,
-            organization: None,
-            group: None,
-            project: None,
-            user: None,
-            agent: None,
-            runner_type: None,
-            expires_at: None,
-        };
+        let id = Identity::new(PodId::new(2).unwrap(), TokenKind::Job, TokenFormat::Jwt);
         let c = Classification::Routable(id);
         assert_eq!(c.require_kind(&[TokenKind::Job]), c);
         assert_eq!(

@@ -347,13 +347,7 @@ impl KeySet {
     /// Load keys from a file or from every key file in a directory (not recursive;
     /// hidden files skipped). A single private key found becomes the signing key.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let mut set = KeySet::new();
-        set.load_into(path)?;
-        if set.signing_candidates.len() == 1 {
-            set.signing = set.signing_candidates.values().next().cloned();
-        }
-        Ok(set)
+        Self::load_all(&[path])
     }
 
     /// Load keys from several files or directories into one set.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use podgate_tokens::PodId;
 
-use crate::presence::{AgentEvent, KasAddress};
+use crate::presence::AgentEvent;
 use crate::topology::{Pod, PodState, Topology};
 
 pub mod memory;
@@ -78,12 +78,4 @@ impl TopologyChange {
         }
         Ok(next)
     }
-}
-
-/// Which kas holds an agent, for the agent→kas index.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct KasHolding {
-    pub(crate) agent_id: i64,
-    pub(crate) project_id: i64,
-    pub(crate) kas: KasAddress,
 }

@@ -14,7 +14,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use super::{BackendEvent, KasHolding, TopologyChange};
+use super::{BackendEvent, TopologyChange};
 use crate::error::{Error, Result};
 use crate::metrics::Health;
 use crate::presence::{
@@ -882,12 +882,13 @@ impl RedisBackend {
 
     /// Remove expired fields from every key this process writes (its owned scope),
     /// each key atomically. Returns how many fields went.
-    pub(crate) async fn gc(&self, holdings: &[KasHolding]) -> Result<usize> {
-        let mut keys: Vec<String> = Vec::with_capacity(holdings.len() * 3 + 1);
-        for h in holdings {
-            keys.push(self.keys.project(h.project_id));
-            keys.push(self.keys.agent(h.project_id, h.agent_id));
-            keys.push(self.keys.pointers(h.agent_id));
+    /// `owned` lists the (project, agent) pairs this process holds connections of.
+    pub(crate) async fn gc(&self, owned: &[(i64, i64)]) -> Result<usize> {
+        let mut keys: Vec<String> = Vec::with_capacity(owned.len() * 3 + 1);
+        for &(project, agent) in owned {
+            keys.push(self.keys.project(project));
+            keys.push(self.keys.agent(project, agent));
+            keys.push(self.keys.pointers(agent));
         }
         keys.push(self.keys.kas_instances());
         keys.sort();
