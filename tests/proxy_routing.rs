@@ -599,3 +599,35 @@ async fn a_64_mib_chunked_artifact_upload_streams_to_its_pod() {
     assert_eq!(status, 413);
     assert_eq!(pod2.seen().len(), 2);
 }
+
+/// Failover moves on from wherever round robin started: with the dead upstream listed
+/// second, a request whose first pick is the dead one must retry on the live one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_reaches_the_live_upstream_whichever_is_tried_first() {
+    let alive = Stub::start(4).await;
+    let dead = free_port();
+    let config = format!(
+        r#"[topology]
+        default_pod = 4
+        [[topology.pods]]
+        id = 4
+        name = "pod-4"
+        web = ["{alive}", "127.0.0.1:{dead}"]
+        "#,
+        alive = alive.addr,
+    );
+    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let req = format!(
+        "POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {}",
+        v1(4)
+    );
+    for i in 0..6 {
+        let (status, _, body) = send(proxy.port, &req, b"{}").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, r#"{"pod":4}"#),
+            "request {i}"
+        );
+    }
+    assert_eq!(alive.seen().len(), 6);
+}

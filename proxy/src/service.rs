@@ -26,6 +26,8 @@ pub struct Ctx {
     outcome: Option<Outcome>,
     source: Option<String>,
     fingerprint: Option<String>,
+    /// Where round robin started for this request; attempt `n` uses `start + n`.
+    start: usize,
     attempt: usize,
 }
 
@@ -309,6 +311,9 @@ impl ProxyHttp for PodGate {
 
     /// The decided Pod's next upstream (round robin; a retry moves on to the next).
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        if ctx.attempt == 0 {
+            ctx.start = self.next.fetch_add(1, Ordering::Relaxed);
+        }
         let Some(pod) = ctx.forwarded() else {
             return Err(Error::new_str("no routing decision"));
         };
@@ -320,12 +325,7 @@ impl ProxyHttp for PodGate {
                 "Pod has no upstream for this pool",
             ));
         }
-        let start = if ctx.attempt == 0 {
-            self.next.fetch_add(1, Ordering::Relaxed)
-        } else {
-            0
-        };
-        let addr = &pool[(start + ctx.attempt) % pool.len()];
+        let addr = &pool[(ctx.start + ctx.attempt) % pool.len()];
         let mut peer = HttpPeer::new(addr.as_str(), false, String::new());
         peer.options.connection_timeout = Some(Duration::from_secs(2));
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
