@@ -3,6 +3,7 @@
 //! `upstream_peer` (pick an upstream of the decided Pod) → `upstream_request_filter`
 //! (mark the request) → `logging` (one line per request, token fingerprint only).
 
+use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -24,8 +25,10 @@ use crate::sources::{self, BodyScan, TokenSource};
 pub struct Ctx {
     rule: Option<usize>,
     outcome: Option<Outcome>,
-    source: Option<String>,
-    fingerprint: Option<String>,
+    /// Index into the rule's sources of where the token was found.
+    source: Option<usize>,
+    /// The token, for the log line's fingerprint (never logged itself).
+    token: Option<String>,
     /// Where round robin started for this request; attempt `n` uses `start + n`.
     start: usize,
     attempt: usize,
@@ -82,11 +85,11 @@ impl PodGate {
         &self,
         session: &mut Session,
         rule: &Rule,
-    ) -> Result<Option<(String, &'static str, TokenSource)>, u16> {
+    ) -> Result<Option<(String, usize)>, u16> {
         let head = session.req_header();
-        for src in &rule.sources {
+        for (i, src) in rule.sources.iter().enumerate() {
             if let Some(t) = src.from_head(&head.headers, head.uri.query()) {
-                return Ok(Some((t, "head", src.clone())));
+                return Ok(Some((t, i)));
             }
         }
         if !rule.sources.iter().any(TokenSource::needs_body) {
@@ -96,23 +99,12 @@ impl PodGate {
             .headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        let json = rule.sources.iter().find_map(|s| match s {
-            TokenSource::JsonBody(f) if contains_ignore_case(&content_type, "json") => {
-                Some((s.clone(), f.clone()))
-            }
+            .unwrap_or("");
+        let json = rule.sources.iter().enumerate().find_map(|(i, s)| match s {
+            TokenSource::JsonBody(f) if contains_ignore_case(content_type, "json") => Some((i, f)),
             _ => None,
         });
-        let multipart = rule.sources.iter().find_map(|s| match s {
-            TokenSource::Multipart(f) => Some((
-                s.clone(),
-                f.clone(),
-                sources::multipart_boundary(&content_type)?,
-            )),
-            _ => None,
-        });
-        if let Some((src, field)) = json {
+        if let Some((i, field)) = json {
             let declared = head
                 .headers
                 .get(http::header::CONTENT_LENGTH)
@@ -122,20 +114,24 @@ impl PodGate {
                 return Err(413);
             }
             let body = read_body(session, ReadLimit::Whole(sources::MAX_TOKEN_BODY)).await?;
-            return Ok(match sources::json_field(&body.bytes, &field) {
-                BodyScan::Found(t) => Some((t, "body", src)),
+            return Ok(match sources::json_field(&body.bytes, field) {
+                BodyScan::Found(t) => Some((t, i)),
                 _ => None,
             });
         }
-        let Some((src, field, boundary)) = multipart else {
+        let multipart = rule.sources.iter().enumerate().find_map(|(i, s)| match s {
+            TokenSource::Multipart(f) => Some((i, f, sources::multipart_boundary(content_type)?)),
+            _ => None,
+        });
+        let Some((i, field, boundary)) = multipart else {
             return Ok(None);
         };
         // One chunk only (see `ReadLimit::OneChunk`): the rest of an upload of any
         // size streams to the Pod unbuffered.
         let body = read_body(session, ReadLimit::OneChunk).await?;
         Ok(
-            match sources::multipart_field(&body.bytes, &boundary, &field, body.complete) {
-                BodyScan::Found(t) => Some((t, "body", src)),
+            match sources::multipart_field(&body.bytes, &boundary, field, body.complete) {
+                BodyScan::Found(t) => Some((t, i)),
                 _ => None,
             },
         )
@@ -206,6 +202,15 @@ fn contains_ignore_case(hay: &str, needle: &str) -> bool {
         .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
+/// A value formatted by a closure, only when displayed.
+struct Lazy<F>(F);
+
+impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for Lazy<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (self.0)(f)
+    }
+}
+
 fn json_message(message: &str) -> Bytes {
     Bytes::from(serde_json::json!({ "message": message }).to_string())
 }
@@ -260,10 +265,10 @@ impl ProxyHttp for PodGate {
                     respond(session, status, "400 Bad Request: unreadable body", false).await?;
                     return Ok(true);
                 }
-                Ok(Some((token, _, src))) => {
-                    ctx.source = Some(src.to_string());
-                    ctx.fingerprint = Some(podgate_tokens::fingerprint(&token));
+                Ok(Some((token, source))) => {
                     let c = self.classifier.classify(&token);
+                    ctx.source = Some(source);
+                    ctx.token = Some(token);
                     decision::decide(&c, &topology, self.on_invalid)
                 }
                 Ok(None) => decision::decide(
@@ -373,19 +378,27 @@ impl ProxyHttp for PodGate {
         let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
         let outcome = ctx.outcome.as_ref().map_or("-", Outcome::label);
         let pod = ctx.forwarded().map_or(0, |p| p.id.get());
-        let method = session.req_header().method.as_str().to_owned();
-        let path = session.req_header().uri.path().to_owned();
-        let source = ctx.source.as_deref().unwrap_or("-");
-        let token = ctx.fingerprint.as_deref().unwrap_or("-");
+        let head = session.req_header();
+        let (method, path) = (head.method.as_str(), head.uri.path());
+        // Formatted only when the line is emitted: nothing is hashed or rendered on
+        // a request whose log level is off.
+        let source = Lazy(|f: &mut fmt::Formatter<'_>| match (ctx.rule, ctx.source) {
+            (Some(r), Some(s)) => write!(f, "{}", self.rules[r].sources[s]),
+            _ => f.write_str("-"),
+        });
+        let token = Lazy(|f: &mut fmt::Formatter<'_>| match &ctx.token {
+            Some(t) => f.write_str(&podgate_tokens::fingerprint(t)),
+            None => f.write_str("-"),
+        });
         match e {
             None => tracing::info!(
-                method, path, status, rule, outcome, pod, source, token, "request"
+                method, path, status, rule, outcome, pod, source = %source, token = %token, "request"
             ),
             Some(e) if *e.esource() == ErrorSource::Downstream => {
-                tracing::debug!(method, path, status, rule, outcome, pod, source, token, error = %e, "client went away")
+                tracing::debug!(method, path, status, rule, outcome, pod, source = %source, token = %token, error = %e, "client went away")
             }
             Some(e) => {
-                tracing::warn!(method, path, status, rule, outcome, pod, source, token, error = %e, "request failed")
+                tracing::warn!(method, path, status, rule, outcome, pod, source = %source, token = %token, error = %e, "request failed")
             }
         }
     }
