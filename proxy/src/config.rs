@@ -5,7 +5,20 @@
 //! on_invalid = "reject"            # or "legacy" during migrations
 //! keys = ["/etc/podgate/keys"]     # JWT verification keys (PEM, JWKS, HS256 files)
 //! threads = 2
-//! grace_period_secs = 5
+//! grace_period_secs = 5           # keep accepting after SIGTERM
+//! shutdown_timeout_secs = 5       # then let in-flight requests finish
+//! admin_listen = "127.0.0.1:9191" # /metrics, /healthz, /readyz
+//!
+//! [health]                         # active checks (defaults shown)
+//! path = "/-/readiness"
+//! interval_ms = 2000
+//! rise = 2
+//! fall = 3
+//!
+//! [tls]                            # optional HTTPS listener (h1 + h2 by ALPN)
+//! listen = "0.0.0.0:8443"
+//! cert = "/etc/podgate/tls.crt"
+//! key = "/etc/podgate/tls.key"
 //!
 //! [topology]                       # inline topology (or [registry] with Redis)
 //! default_pod = 1
@@ -24,6 +37,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::decision::OnInvalid;
+use crate::health::HealthConfig;
 use crate::rules::Rule;
 
 /// Configuration and start-up errors. Not transient: fix the configuration.
@@ -66,6 +80,27 @@ fn default_threads() -> usize {
 fn default_grace() -> u64 {
     5
 }
+fn default_admin() -> String {
+    "127.0.0.1:9191".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_upgrade_sock() -> PathBuf {
+    "/tmp/podgate-upgrade.sock".into()
+}
+
+/// `[tls]`: an HTTPS listener beside the plaintext one (HTTP/1.1 and HTTP/2 by ALPN).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Address to listen on, `host:port`.
+    pub listen: String,
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
 
 /// The proxy's configuration.
 #[derive(Clone, Debug, Deserialize)]
@@ -98,6 +133,25 @@ pub struct ProxyConfig {
     /// Seconds to keep serving after SIGTERM before closing listeners.
     #[serde(default = "default_grace")]
     pub grace_period_secs: u64,
+    /// Seconds in-flight requests get to finish once listeners are closed.
+    #[serde(default = "default_grace")]
+    pub shutdown_timeout_secs: u64,
+    /// The admin listener (`/metrics`, `/healthz`, `/readyz`); `"off"` disables it.
+    #[serde(default = "default_admin")]
+    pub admin_listen: String,
+    /// Accept HTTP/2 without TLS (h2c) on `listen`: agentk's gRPC (default true).
+    #[serde(default = "default_true")]
+    pub h2c: bool,
+    /// An HTTPS listener.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Active health checks of upstreams.
+    #[serde(default)]
+    pub health: HealthConfig,
+    /// Unix socket through which a new binary (`podgate proxy --upgrade`) takes over
+    /// the listening sockets of the running one (sent on SIGQUIT).
+    #[serde(default = "default_upgrade_sock")]
+    pub upgrade_sock: PathBuf,
 }
 
 impl ProxyConfig {
@@ -126,6 +180,23 @@ impl ProxyConfig {
         if self.listen.parse::<SocketAddr>().is_err() {
             bad.push(format!("listen = {:?}: expected ip:port", self.listen));
         }
+        if self.admin_listen != "off" && self.admin_listen.parse::<SocketAddr>().is_err() {
+            bad.push(format!(
+                "admin_listen = {:?}: expected ip:port or \"off\"",
+                self.admin_listen
+            ));
+        }
+        if let Some(tls) = &self.tls {
+            if tls.listen.parse::<SocketAddr>().is_err() {
+                bad.push(format!("tls.listen = {:?}: expected ip:port", tls.listen));
+            }
+            for (field, path) in [("tls.cert", &tls.cert), ("tls.key", &tls.key)] {
+                if !path.is_file() {
+                    bad.push(format!("{field} = {}: no such file", path.display()));
+                }
+            }
+        }
+        bad.extend(self.health.problems());
         if self.threads == 0 {
             bad.push("threads: at least 1".into());
         }

@@ -26,8 +26,11 @@
 //! Still to come (issue 4): active health checks, metrics and `/healthz`, agent
 //! traffic over h2c and WebSocket, request ids, socket handoff on upgrade, TLS.
 
+pub mod admin;
 pub mod config;
 pub mod decision;
+pub mod health;
+pub mod metrics;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -41,7 +41,7 @@ impl PathMatch {
 }
 
 /// Which of a Pod's upstream pools serves the request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Pool {
     /// GitLab web (Workhorse).

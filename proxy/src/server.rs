@@ -2,18 +2,38 @@
 
 use std::sync::Arc;
 
+use pingora::apps::HttpServerOptions;
+use pingora::listeners::tls::TlsSettings;
 use pingora::server::Server;
 use pingora::server::configuration::{Opt, ServerConf};
+use pingora::services::listening::Service;
 use podgate_registry::{MemoryBackend, Registry};
 use podgate_tokens::{Classifier, KeySet};
 
+use crate::admin::Admin;
 use crate::config::{Error, ProxyConfig};
+use crate::health::{self, Health};
 use crate::rules;
 use crate::service::PodGate;
 
-/// Build everything and serve until SIGTERM/SIGINT (pingora then drains for the
-/// grace period and exits the process). Returns only on a start-up error.
-pub fn run(config: ProxyConfig) -> Result<(), Error> {
+/// How the process starts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// Take the listening sockets over from a running `podgate proxy` through
+    /// `upgrade_sock` (send the old process SIGQUIT) instead of binding them.
+    pub upgrade: bool,
+}
+
+/// Build everything and serve until a signal:
+///
+/// - SIGTERM: keep accepting for `grace_period_secs`, then stop accepting and give
+///   in-flight requests `shutdown_timeout_secs` to finish, then exit.
+/// - SIGQUIT: hand the listening sockets to the process started with
+///   [`RunOptions::upgrade`], then finish in-flight requests as for SIGTERM.
+/// - SIGINT: exit now.
+///
+/// Returns only on a start-up error.
+pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
     // The registry's background tasks (refresh, topology watch) get a small runtime
     // of their own; pingora runs its own per-thread runtimes for requests.
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -45,21 +65,71 @@ pub fn run(config: ProxyConfig) -> Result<(), Error> {
             problems: vec![e.to_string()],
         })?,
     );
+    let health = Arc::new(Health::default());
+    if config.health.enabled {
+        rt.spawn(health::run(
+            health.clone(),
+            registry.clone(),
+            config.health.clone(),
+        ));
+    }
     let rules = config.rules.clone().unwrap_or_else(rules::builtin);
-    let pod_gate = PodGate::new(rules, classifier, registry, config.on_invalid);
+    let pod_gate = PodGate::new(
+        rules,
+        classifier.clone(),
+        registry.clone(),
+        config.on_invalid,
+    )
+    .with_health(health);
 
     let conf = ServerConf {
         threads: config.threads,
         grace_period_seconds: Some(config.grace_period_secs),
-        graceful_shutdown_timeout_seconds: Some(config.grace_period_secs.max(1)),
+        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_secs),
+        upgrade_sock: config.upgrade_sock.display().to_string(),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
+    let opt = Opt {
+        upgrade: options.upgrade,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, pod_gate);
+    if config.h2c
+        && let Some(app) = service.app_logic_mut()
+    {
+        let mut options = HttpServerOptions::default();
+        options.h2c = true;
+        app.server_options = Some(options);
+    }
     service.add_tcp(&config.listen);
+    if let Some(tls) = &config.tls {
+        let tls_error = |e: Box<pingora::Error>| Error::Invalid {
+            origin: "tls".into(),
+            problems: vec![format!("tls.cert/tls.key: {e}")],
+        };
+        let mut settings = TlsSettings::intermediate(
+            &tls.cert.display().to_string(),
+            &tls.key.display().to_string(),
+        )
+        .map_err(tls_error)?;
+        settings.enable_h2();
+        service.add_tls_with_settings(&tls.listen, None, settings);
+    }
     server.add_service(service);
-    tracing::info!(listen = %config.listen, "podgate proxy serving");
+    if config.admin_listen != "off" {
+        let mut admin = Service::new("podgate admin".into(), Admin::new(classifier, registry));
+        admin.add_tcp(&config.admin_listen);
+        server.add_service(admin);
+    }
+    tracing::info!(
+        listen = %config.listen,
+        tls = config.tls.as_ref().map_or("off", |t| t.listen.as_str()),
+        admin = %config.admin_listen,
+        upgrade = options.upgrade,
+        "podgate proxy serving"
+    );
     // `rt` lives as long as the process: run_forever never returns.
     let _registry_runtime = rt;
     server.run_forever()

@@ -1,22 +1,25 @@
 //! [`PodGate`]: the pingora `ProxyHttp` implementation. One request goes through:
 //! `request_filter` (match a rule, find and classify the token, decide) →
-//! `upstream_peer` (pick an upstream of the decided Pod) → `upstream_request_filter`
-//! (mark the request) → `logging` (one line per request, token fingerprint only).
+//! `upstream_peer` (pick a healthy upstream of the decided Pod) →
+//! `upstream_request_filter` (mark the request) → `response_filter` (request id) →
+//! `logging` (metrics, and one line per request with a token fingerprint only).
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
-use pingora::proxy::{ProxyHttp, Session};
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use podgate_registry::{Pod, Registry};
 use podgate_tokens::{Classification, Classifier, UnroutableReason};
 
 use crate::decision::{self, OnInvalid, Outcome};
+use crate::health::Health;
+use crate::metrics::{self, METRICS};
 use crate::rules::{self, ActionKind, Pool, Rule};
 use crate::sources::{self, BodyScan, TokenSource};
 
@@ -32,6 +35,9 @@ pub struct Ctx {
     /// Where round robin started for this request; attempt `n` uses `start + n`.
     start: usize,
     attempt: usize,
+    /// `X-Request-Id`: the client's if it sent a sane one, else generated.
+    request_id: String,
+    started: Option<Instant>,
 }
 
 impl Ctx {
@@ -58,7 +64,52 @@ pub struct PodGate {
     classifier: Arc<Classifier>,
     registry: Registry,
     on_invalid: OnInvalid,
+    health: Arc<Health>,
     next: AtomicUsize,
+    ids: RequestIds,
+    /// `source_labels[rule][source]`: the metric label, rendered once.
+    source_labels: Vec<Vec<String>>,
+}
+
+/// Request ids for requests that come without one: a random per-process prefix and a
+/// counter, 32 hex digits, unique across processes and restarts.
+struct RequestIds {
+    prefix: u64,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.write_u32(std::process::id());
+        RequestIds {
+            prefix: h.finish(),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn generate(&self) -> String {
+        format!(
+            "{:016x}{:016x}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// A client's `X-Request-Id` is kept if it is short and plain (it goes into logs and
+/// upstream headers); anything else is replaced.
+fn sane_request_id(v: &[u8]) -> bool {
+    !v.is_empty()
+        && v.len() <= 128
+        && v.iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/'))
 }
 
 impl PodGate {
@@ -70,13 +121,26 @@ impl PodGate {
         registry: Registry,
         on_invalid: OnInvalid,
     ) -> Self {
+        let source_labels = rules
+            .iter()
+            .map(|r| r.sources.iter().map(ToString::to_string).collect())
+            .collect();
         PodGate {
+            source_labels,
             rules: Arc::new(rules),
             classifier,
             registry,
             on_invalid,
+            health: Arc::new(Health::default()),
             next: AtomicUsize::new(0),
+            ids: RequestIds::new(),
         }
+    }
+
+    /// Skip upstreams that `health` marks down.
+    pub fn with_health(mut self, health: Arc<Health>) -> Self {
+        self.health = health;
+        self
     }
 
     /// Find the token a `route-by-token` rule looks for, reading the body if a body
@@ -215,16 +279,19 @@ fn json_message(message: &str) -> Bytes {
     Bytes::from(serde_json::json!({ "message": message }).to_string())
 }
 
+/// Answer from the proxy itself: a GitLab-style `{"message": …}` body.
 async fn respond(
     session: &mut Session,
+    ctx: &Ctx,
     status: u16,
     message: &str,
     retry_after: bool,
 ) -> Result<()> {
     let body = json_message(message);
-    let mut resp = ResponseHeader::build(status, Some(4))?;
+    let mut resp = ResponseHeader::build(status, Some(5))?;
     resp.insert_header("content-type", "application/json")?;
     resp.insert_header("content-length", body.len().to_string())?;
+    resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     if retry_after {
         resp.insert_header("retry-after", "5")?;
     }
@@ -243,13 +310,21 @@ impl ProxyHttp for PodGate {
 
     /// Decide. `Ok(true)`: answered here (401, 413, 503); `Ok(false)`: proxy on.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let started = Instant::now();
+        ctx.started = Some(started);
         let head = session.req_header();
+        ctx.request_id = match head.headers.get("x-request-id") {
+            Some(v) if sane_request_id(v.as_bytes()) => {
+                String::from_utf8_lossy(v.as_bytes()).into_owned()
+            }
+            _ => self.ids.generate(),
+        };
         let Some(idx) = self
             .rules
             .iter()
             .position(|r| r.matches(&head.method, head.uri.path(), &head.headers))
         else {
-            respond(session, 404, "404 Not Found: no routing rule", false).await?;
+            respond(session, ctx, 404, "404 Not Found: no routing rule", false).await?;
             return Ok(true);
         };
         ctx.rule = Some(idx);
@@ -258,11 +333,18 @@ impl ProxyHttp for PodGate {
         let outcome = match rule.action {
             ActionKind::RouteByToken => match self.find_token(session, rule).await {
                 Err(413) => {
-                    respond(session, 413, "413 Request Entity Too Large", false).await?;
+                    respond(session, ctx, 413, "413 Request Entity Too Large", false).await?;
                     return Ok(true);
                 }
                 Err(status) => {
-                    respond(session, status, "400 Bad Request: unreadable body", false).await?;
+                    respond(
+                        session,
+                        ctx,
+                        status,
+                        "400 Bad Request: unreadable body",
+                        false,
+                    )
+                    .await?;
                     return Ok(true);
                 }
                 Ok(Some((token, source))) => {
@@ -293,47 +375,70 @@ impl ProxyHttp for PodGate {
             }
             ActionKind::Default => decision::to_legacy(&topology, "default"),
         };
-        let answered = match &outcome {
-            Outcome::Unauthorized(reason) => {
-                respond(session, 401, &format!("401 Unauthorized: {reason}"), false).await?;
-                true
+        // A Pod whose every upstream fails its health check: 503 now, rather than a
+        // connection attempt bound to fail.
+        let outcome = match outcome {
+            Outcome::Forward { pod, .. } if !self.health.any_healthy(pool(&pod, rule)) => {
+                Outcome::Unavailable(if pool(&pod, rule).is_empty() {
+                    "no_upstream"
+                } else {
+                    "no_healthy_upstream"
+                })
             }
-            Outcome::Unavailable(why) => {
-                respond(
-                    session,
-                    503,
-                    &format!("503 Service Unavailable: {why}"),
-                    true,
-                )
-                .await?;
-                true
-            }
-            Outcome::Forward { .. } => false,
+            o => o,
         };
+        METRICS
+            .decision
+            .with_label_values(&[rule.name.as_str()])
+            .observe(started.elapsed().as_secs_f64());
         ctx.outcome = Some(outcome);
-        Ok(answered)
+        match &ctx.outcome {
+            Some(Outcome::Unauthorized(reason)) => {
+                let message = format!("401 Unauthorized: {reason}");
+                respond(session, ctx, 401, &message, false).await?;
+                Ok(true)
+            }
+            Some(Outcome::Unavailable(why)) => {
+                let message = format!("503 Service Unavailable: {why}");
+                respond(session, ctx, 503, &message, true).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     /// The decided Pod's next upstream (round robin; a retry moves on to the next).
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         if ctx.attempt == 0 {
             ctx.start = self.next.fetch_add(1, Ordering::Relaxed);
         }
-        let Some(pod) = ctx.forwarded() else {
+        let Some(pod) = ctx.forwarded().cloned() else {
             return Err(Error::new_str("no routing decision"));
         };
         let rule = &self.rules[ctx.rule.unwrap_or(0)];
-        let pool = pool(pod, rule);
+        let pool = pool(&pod, rule);
         if pool.is_empty() {
             return Err(Error::explain(
                 ErrorType::ConnectNoRoute,
                 "Pod has no upstream for this pool",
             ));
         }
+        // The next healthy upstream from where this request's round robin stands.
+        let skip = (0..pool.len())
+            .find(|k| {
+                self.health
+                    .is_healthy(&pool[(ctx.start + ctx.attempt + k) % pool.len()])
+            })
+            .unwrap_or(0);
+        ctx.attempt += skip;
         let addr = &pool[(ctx.start + ctx.attempt) % pool.len()];
         let mut peer = HttpPeer::new(addr.as_str(), false, String::new());
         peer.options.connection_timeout = Some(Duration::from_secs(2));
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
+        if rule.pool == Pool::Kas && session.is_http2() {
+            // agentk's gRPC: HTTP/2 end to end, cleartext to kas (h2c), trailers intact.
+            peer.options.set_http_version(2, 2);
+        }
         ctx.attempt += 1;
         Ok(Box::new(peer))
     }
@@ -347,12 +452,56 @@ impl ProxyHttp for PodGate {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let Some(pod) = ctx.forwarded()
-            && ctx.attempt < pool(pod, &self.rules[ctx.rule.unwrap_or(0)]).len()
-        {
-            e.set_retry(true);
+        if let Some(pod) = ctx.forwarded() {
+            METRICS
+                .connect_failures
+                .with_label_values(&[pod.id.to_string().as_str()])
+                .inc();
+            if ctx.attempt < pool(pod, &self.rules[ctx.rule.unwrap_or(0)]).len() {
+                e.set_retry(true);
+            }
         }
         e
+    }
+
+    /// Errors become GitLab-style JSON answers: no upstream of the Pod reachable →
+    /// 503 + `Retry-After` (the runner retries); upstream timeout → 504; other
+    /// upstream failures → 502. Nothing is written once a response has started.
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        let (code, message, retry_after) = match (e.esource(), e.etype()) {
+            (_, ErrorType::HTTPStatus(code)) => (*code, "error", false),
+            (
+                ErrorSource::Upstream | ErrorSource::Internal,
+                ErrorType::ConnectTimedout
+                | ErrorType::ConnectRefused
+                | ErrorType::ConnectNoRoute
+                | ErrorType::ConnectError
+                | ErrorType::TLSHandshakeFailure,
+            ) => (
+                503,
+                "503 Service Unavailable: no upstream of the Pod is reachable",
+                true,
+            ),
+            (ErrorSource::Upstream, ErrorType::ReadTimedout) => (
+                504,
+                "504 Gateway Timeout: the Pod did not answer in time",
+                false,
+            ),
+            (ErrorSource::Upstream, _) => (502, "502 Bad Gateway: the Pod failed", false),
+            (
+                ErrorSource::Downstream,
+                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
+            ) => (0, "", false),
+            (ErrorSource::Downstream, _) => (400, "400 Bad Request", false),
+            _ => (500, "500 Internal Server Error", false),
+        };
+        if code > 0 && session.response_written().is_none() {
+            let _ = respond(session, ctx, code, message, retry_after).await;
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
     }
 
     /// Tell the Pod which rule and decision brought the request.
@@ -368,6 +517,18 @@ impl ProxyHttp for PodGate {
         if let Some(i) = ctx.rule {
             upstream_request.insert_header("x-podgate-rule", self.rules[i].name.as_str())?;
         }
+        upstream_request.insert_header("x-request-id", ctx.request_id.as_str())?;
+        Ok(())
+    }
+
+    /// The client learns the request id the Pod and our logs know it by.
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        upstream_response.insert_header("x-request-id", ctx.request_id.as_str())?;
         Ok(())
     }
 
@@ -378,6 +539,28 @@ impl ProxyHttp for PodGate {
         let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
         let outcome = ctx.outcome.as_ref().map_or("-", Outcome::label);
         let pod = ctx.forwarded().map_or(0, |p| p.id.get());
+        let source_label = match (ctx.rule, ctx.source) {
+            (Some(r), Some(s)) => self.source_labels[r][s].as_str(),
+            _ => "none",
+        };
+        let mut pod_buf = itoa_buf::Buf::default();
+        let mut status_buf = itoa_buf::Buf::default();
+        METRICS
+            .requests
+            .with_label_values(&[
+                rule,
+                pod_buf.format(pod),
+                status_buf.format(u64::from(status)),
+                source_label,
+                outcome,
+            ])
+            .inc();
+        let elapsed = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        METRICS
+            .duration
+            .with_label_values(&[rule, metrics::status_class(status)])
+            .observe(elapsed);
+        let request_id = ctx.request_id.as_str();
         let head = session.req_header();
         let (method, path) = (head.method.as_str(), head.uri.path());
         // Formatted only when the line is emitted: nothing is hashed or rendered on
@@ -392,14 +575,31 @@ impl ProxyHttp for PodGate {
         });
         match e {
             None => tracing::info!(
-                method, path, status, rule, outcome, pod, source = %source, token = %token, "request"
+                method, path, status, rule, outcome, pod, source = %source, token = %token, request_id, elapsed, "request"
             ),
             Some(e) if *e.esource() == ErrorSource::Downstream => {
-                tracing::debug!(method, path, status, rule, outcome, pod, source = %source, token = %token, error = %e, "client went away")
+                tracing::debug!(method, path, status, rule, outcome, pod, source = %source, token = %token, request_id, elapsed, error = %e, "client went away")
             }
             Some(e) => {
-                tracing::warn!(method, path, status, rule, outcome, pod, source = %source, token = %token, error = %e, "request failed")
+                tracing::warn!(method, path, status, rule, outcome, pod, source = %source, token = %token, request_id, elapsed, error = %e, "request failed")
             }
+        }
+    }
+}
+
+/// Decimal formatting of label values without allocating.
+mod itoa_buf {
+    use std::fmt::Write;
+
+    /// Room for any `u64`.
+    #[derive(Default)]
+    pub(super) struct Buf(String);
+
+    impl Buf {
+        pub(super) fn format(&mut self, n: u64) -> &str {
+            self.0.clear();
+            let _ = write!(self.0, "{n}");
+            &self.0
         }
     }
 }

@@ -1,0 +1,174 @@
+//! The proxy's Prometheus metrics, registered once in the process's default registry
+//! (where pingora's own metrics live too) and served by [`crate::admin`].
+//!
+//! Label sets are bounded: rules come from the configuration, Pods from the topology,
+//! statuses and outcomes from fixed lists. Tokens never appear in a label.
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+/// Latency buckets from 50 µs to 10 min: decisions take microseconds, long polls minutes.
+const BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Decision buckets: 1 µs to 50 ms (a body read from a slow client is the long tail).
+const DECISION_BUCKETS: &[f64] = &[
+    0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+    0.005, 0.05,
+];
+
+/// Every metric of the proxy.
+pub struct Metrics {
+    /// `podgate_proxy_requests_total{rule,pod,status,source,outcome}`.
+    pub requests: IntCounterVec,
+    /// `podgate_proxy_request_duration_seconds{rule,status_class}`: first byte in to
+    /// last byte out.
+    pub duration: HistogramVec,
+    /// `podgate_proxy_decision_duration_seconds{rule}`: rule match, token search,
+    /// classification and decision (including reading a JSON body).
+    pub decision: HistogramVec,
+    /// `podgate_proxy_upstream_healthy{pod,pool,upstream}`: 1 healthy, 0 not.
+    pub upstream_healthy: IntGaugeVec,
+    /// `podgate_proxy_health_check_failures_total{pod,upstream}`.
+    pub health_failures: IntCounterVec,
+    /// `podgate_proxy_upstream_connect_failures_total{pod}`.
+    pub connect_failures: IntCounterVec,
+    /// `podgate_classifier_cache_hits_total`, mirrored from the classifier at scrape.
+    pub cache_hits: IntCounter,
+    /// `podgate_classifier_cache_misses_total`, mirrored from the classifier at scrape.
+    pub cache_misses: IntCounter,
+}
+
+impl Metrics {
+    fn new(registry: &Registry) -> prometheus::Result<Self> {
+        let m = Metrics {
+            requests: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_requests_total",
+                    "Requests by rule, Pod (0: none), status, token source and outcome.",
+                ),
+                &["rule", "pod", "status", "source", "outcome"],
+            )?,
+            duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "podgate_proxy_request_duration_seconds",
+                    "Time from request start to the end of the response.",
+                )
+                .buckets(BUCKETS.to_vec()),
+                &["rule", "status_class"],
+            )?,
+            decision: HistogramVec::new(
+                HistogramOpts::new(
+                    "podgate_proxy_decision_duration_seconds",
+                    "Time to decide where a request goes (rule, token, classification).",
+                )
+                .buckets(DECISION_BUCKETS.to_vec()),
+                &["rule"],
+            )?,
+            upstream_healthy: IntGaugeVec::new(
+                Opts::new(
+                    "podgate_proxy_upstream_healthy",
+                    "1 when the upstream passes its active health check.",
+                ),
+                &["pod", "pool", "upstream"],
+            )?,
+            health_failures: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_health_check_failures_total",
+                    "Failed active health checks.",
+                ),
+                &["pod", "upstream"],
+            )?,
+            connect_failures: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_upstream_connect_failures_total",
+                    "Connections to an upstream that failed (then retried on the same Pod).",
+                ),
+                &["pod"],
+            )?,
+            cache_hits: IntCounter::new(
+                "podgate_classifier_cache_hits_total",
+                "Token verdicts answered from the classifier cache.",
+            )?,
+            cache_misses: IntCounter::new(
+                "podgate_classifier_cache_misses_total",
+                "Token verdicts computed (signature checked or token decoded).",
+            )?,
+        };
+        registry.register(Box::new(m.requests.clone()))?;
+        registry.register(Box::new(m.duration.clone()))?;
+        registry.register(Box::new(m.decision.clone()))?;
+        registry.register(Box::new(m.upstream_healthy.clone()))?;
+        registry.register(Box::new(m.health_failures.clone()))?;
+        registry.register(Box::new(m.connect_failures.clone()))?;
+        registry.register(Box::new(m.cache_hits.clone()))?;
+        registry.register(Box::new(m.cache_misses.clone()))?;
+        Ok(m)
+    }
+
+    /// Bring the mirrored classifier counters up to `hits`/`misses` (monotonic).
+    pub fn set_cache(&self, hits: u64, misses: u64) {
+        self.cache_hits
+            .inc_by(hits.saturating_sub(self.cache_hits.get()));
+        self.cache_misses
+            .inc_by(misses.saturating_sub(self.cache_misses.get()));
+    }
+}
+
+/// The process's metrics.
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    Metrics::new(prometheus::default_registry()).expect("metric names are unique and valid")
+});
+
+/// Everything in the default registry, in the Prometheus text format.
+pub fn render() -> String {
+    use prometheus::Encoder;
+    let mut out = Vec::new();
+    let families = prometheus::gather();
+    // Encoding into a Vec cannot fail for well-formed families.
+    let _ = prometheus::TextEncoder::new().encode(&families, &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `2xx`, `4xx`, … for a status (0, no response: `none`).
+pub fn status_class(status: u16) -> &'static str {
+    match status / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        5 => "5xx",
+        _ => "none",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_register_and_render() {
+        METRICS
+            .requests
+            .with_label_values(&["jobs-request", "2", "200", "json:token", "routable"])
+            .inc();
+        METRICS.set_cache(5, 2);
+        METRICS.set_cache(7, 2);
+        let text = render();
+        assert!(
+            text.contains(r#"podgate_proxy_requests_total{outcome="routable",pod="2",rule="jobs-request",source="json:token",status="200"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("podgate_classifier_cache_hits_total 7"),
+            "{text}"
+        );
+        assert_eq!(status_class(503), "5xx");
+        assert_eq!(status_class(0), "none");
+    }
+}

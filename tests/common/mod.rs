@@ -1,0 +1,436 @@
+//! Shared by the proxy's end-to-end tests: recording stub Pods, the real `podgate
+//! proxy` binary, and a raw HTTP/1.1 client that hides nothing.
+#![allow(dead_code, unreachable_pub)] // each test binary uses a different part
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use podgate_registry::testing::{eventually, free_port};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// What a stub Pod saw.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    /// Path and query, as on the request line.
+    pub path: String,
+    /// Lower-cased names; the last value of a repeated header.
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+/// A stub Pod upstream: records every request and answers `{"pod": N}`, except:
+///
+/// - the proxy's health checks (`user-agent: podgate-health-check`) are answered 200,
+///   or 503 while [`Stub::set_healthy`] is false, and not recorded;
+/// - a request with `x-test-long-poll: <secs>` is held like Workhorse holds
+///   `jobs/request`: until [`Stub::queue_job`] (201 with a job) or `secs` pass (204);
+/// - `upgrade: websocket` is answered 101 and then every byte is echoed.
+#[derive(Clone)]
+pub struct Stub {
+    pub addr: SocketAddr,
+    pub pod: u64,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    healthy: Arc<AtomicBool>,
+    jobs: Arc<Notify>,
+}
+
+impl Stub {
+    pub async fn start(pod: u64) -> Stub {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stub = Stub {
+            addr: listener.local_addr().unwrap(),
+            pod,
+            seen: Arc::default(),
+            healthy: Arc::new(AtomicBool::new(true)),
+            jobs: Arc::new(Notify::new()),
+        };
+        let s = stub.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let _ = s.serve(stream).await;
+                });
+            }
+        });
+        stub
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::SeqCst);
+    }
+
+    /// Wake one held long poll with a job (or the next one to arrive).
+    pub fn queue_job(&self) {
+        self.jobs.notify_one();
+    }
+
+    async fn serve(&self, stream: TcpStream) -> std::io::Result<()> {
+        let mut r = BufReader::new(stream);
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).await? == 0 {
+                return Ok(());
+            }
+            let mut parts = line.split_whitespace();
+            let method = parts.next().unwrap_or("").to_owned();
+            let path = parts.next().unwrap_or("").to_owned();
+            let mut headers = HashMap::new();
+            loop {
+                let mut h = String::new();
+                r.read_line(&mut h).await?;
+                let h = h.trim_end();
+                if h.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = h.split_once(':') {
+                    headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+                }
+            }
+            let body = read_body(&mut r, &headers).await?;
+            if headers.get("user-agent").map(String::as_str) == Some("podgate-health-check") {
+                let status = if self.healthy.load(Ordering::SeqCst) {
+                    "200 OK"
+                } else {
+                    "503 Service Unavailable"
+                };
+                let resp = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+                r.get_mut().write_all(resp.as_bytes()).await?;
+                continue;
+            }
+            let websocket = headers
+                .get("upgrade")
+                .is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
+            let hold = headers
+                .get("x-test-long-poll")
+                .and_then(|s| s.parse::<u64>().ok());
+            self.seen.lock().unwrap().push(Seen {
+                method,
+                path,
+                headers,
+                body,
+            });
+            if websocket {
+                r.get_mut()
+                    .write_all(
+                        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+                    )
+                    .await?;
+                let (mut rd, mut wr) = tokio::io::split(r);
+                tokio::io::copy(&mut rd, &mut wr).await?;
+                return Ok(());
+            }
+            let resp = match hold {
+                Some(secs) => {
+                    match tokio::time::timeout(Duration::from_secs(secs), self.jobs.notified())
+                        .await
+                    {
+                        Ok(()) => {
+                            let job = format!(r#"{{"id":1,"pod":{}}}"#, self.pod);
+                            format!(
+                                "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{job}",
+                                job.len()
+                            )
+                        }
+                        Err(_) => {
+                            "HTTP/1.1 204 No Content\r\nx-gitlab-last-update: t1\r\n\r\n".to_owned()
+                        }
+                    }
+                }
+                None => {
+                    let reply = format!("{{\"pod\":{}}}", self.pod);
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+                        reply.len()
+                    )
+                }
+            };
+            r.get_mut().write_all(resp.as_bytes()).await?;
+        }
+    }
+}
+
+async fn read_body(
+    r: &mut BufReader<TcpStream>,
+    headers: &HashMap<String, String>,
+) -> std::io::Result<Vec<u8>> {
+    let mut body = Vec::new();
+    if let Some(n) = headers
+        .get("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        body.resize(n, 0);
+        r.read_exact(&mut body).await?;
+    } else if headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
+        loop {
+            let mut size = String::new();
+            r.read_line(&mut size).await?;
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            let mut chunk = vec![0; n + 2];
+            r.read_exact(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    }
+    Ok(body)
+}
+
+/// The proxy process; killed on drop.
+pub struct Proxy {
+    pub child: Child,
+    pub port: u16,
+    pub admin: u16,
+    pub config: std::path::PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Write `listen`, `admin_listen` (free ports) and `config_body` to `proxy.toml` in
+/// `dir`, start `podgate proxy`, and return once it accepts connections.
+pub async fn start_proxy(config_body: &str, dir: tempfile::TempDir) -> Proxy {
+    let (port, admin) = (free_port(), free_port());
+    let config = format!(
+        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\ngrace_period_secs = 0\nupgrade_sock = \"{sock}\"\n{config_body}",
+        sock = dir.path().join("upgrade.sock").display()
+    );
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, config).unwrap();
+    let child = spawn_proxy(&path, false);
+    let proxy = Proxy {
+        child,
+        port,
+        admin,
+        config: path,
+        dir,
+    };
+    wait_accepting(port).await;
+    proxy
+}
+
+/// `podgate proxy --config path [--upgrade]`.
+pub fn spawn_proxy(path: &std::path::Path, upgrade: bool) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_podgate"));
+    cmd.args(["proxy", "--config", path.to_str().unwrap()]);
+    if upgrade {
+        cmd.arg("--upgrade");
+    }
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Until something accepts on `port` (a child binding its port sends no event we
+/// could await).
+pub async fn wait_accepting(port: u16) {
+    eventually(
+        Duration::from_secs(20),
+        "the proxy to accept connections",
+        || async {
+            TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+}
+
+/// A parsed response.
+pub struct Reply {
+    pub status: u16,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+/// Parse a whole HTTP/1.1 response (after `connection: close`), skipping interim
+/// `100 Continue` responses as HTTP clients do.
+pub fn parse_reply(raw: &[u8]) -> Reply {
+    let mut raw = raw;
+    loop {
+        let end = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a complete response head");
+        let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+        let rest = &raw[end + 4..];
+        let mut lines = head.lines();
+        let status: u16 = lines
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        if status == 100 {
+            raw = rest;
+            continue;
+        }
+        let headers: HashMap<String, String> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        let body = if headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v.contains("chunked"))
+        {
+            dechunk(rest)
+        } else {
+            rest.to_vec()
+        };
+        return Reply {
+            status,
+            headers,
+            body,
+        };
+    }
+}
+
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&raw[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&raw[eol + 2..eol + 2 + size]);
+        raw = &raw[eol + 2 + size + 2..];
+    }
+}
+
+/// Send one request (`head` without the final CRLF; `host`, `connection: close` and
+/// `content-length` are added) and read the whole reply.
+pub async fn request(port: u16, head: &str, body: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let req = format!(
+        "{head}\r\nhost: gitlab.example.com\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    parse_reply(&raw)
+}
+
+/// [`request`], with the body as text: (status, headers, body).
+pub async fn send(port: u16, head: &str, body: &[u8]) -> (u16, HashMap<String, String>, String) {
+    let r = request(port, head, body).await;
+    (
+        r.status,
+        r.headers,
+        String::from_utf8_lossy(&r.body).into_owned(),
+    )
+}
+
+/// Send a chunked request body in 1 MiB chunks; returns (status, body). Each chunk
+/// goes out with its framing in one write, the first together with the head, as
+/// buffered HTTP clients (Go's `net/http`, the runner's) send them.
+pub async fn send_chunked(port: u16, head: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut out = format!(
+        "{head}\r\nhost: gitlab.example.com\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for chunk in body.chunks(1 << 20) {
+        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        out.extend_from_slice(chunk);
+        out.extend_from_slice(b"\r\n");
+        s.write_all(&out).await.unwrap();
+        out.clear();
+    }
+    s.write_all(b"0\r\n\r\n").await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let r = parse_reply(&raw);
+    (r.status, String::from_utf8_lossy(&r.body).into_owned())
+}
+
+/// A GitLab v1 token with this prefix routable to `cell`.
+pub fn gitlab_token(prefix: &str, cell: u64) -> String {
+    let keys = podgate_tokens::gitlab::RoutingKeys {
+        cell: Some(cell),
+        organization: Some(1),
+        ..Default::default()
+    };
+    podgate_tokens::gitlab::encode(prefix, &keys, &podgate_tokens::gitlab::random_bytes()).unwrap()
+}
+
+/// A `glrt-` runner token routable to `cell`.
+pub fn v1(cell: u64) -> String {
+    gitlab_token("glrt-", cell)
+}
+
+/// An Ed25519 key pair: the public key written as `k1.pem` into `dir` (for the proxy's
+/// `keys`), and a function minting JWTs of `kind` for a Pod.
+pub fn jwt_minter(
+    dir: &std::path::Path,
+) -> impl Fn(podgate_tokens::TokenKind, u64) -> String + use<> {
+    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+    std::fs::write(dir.join("k1.pem"), key.public.as_ref().unwrap()).unwrap();
+    let signer = podgate_tokens::keys::keyset_from_generated("k1", &key).unwrap();
+    move |kind, pod| {
+        podgate_tokens::mint(
+            &podgate_tokens::MintRequest::new(kind, podgate_tokens::PodId::new(pod).unwrap(), 600),
+            signer.signing_key().unwrap(),
+            podgate_tokens::unix_now(),
+        )
+        .unwrap()
+    }
+}
+
+/// A 3-Pod inline topology (legacy Pod 1) over these stubs, plus `extra` lines.
+pub fn three_pods(legacy: &Stub, pod2: &Stub, pod3: &Stub, extra: &str) -> String {
+    format!(
+        r#"{extra}
+        [topology]
+        default_pod = 1
+        [[topology.pods]]
+        id = 1
+        name = "legacy"
+        web = ["{}"]
+        [[topology.pods]]
+        id = 2
+        name = "pod-2"
+        web = ["{}"]
+        [[topology.pods]]
+        id = 3
+        name = "pod-3"
+        web = ["{}"]
+        "#,
+        legacy.addr, pod2.addr, pod3.addr
+    )
+}
+
+/// GET a path on the admin listener: (status, body).
+pub async fn admin_get(proxy: &Proxy, path: &str) -> (u16, String) {
+    let (status, _, body) = send(proxy.admin, &format!("GET {path} HTTP/1.1"), b"").await;
+    (status, body)
+}
