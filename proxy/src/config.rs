@@ -5,8 +5,7 @@
 //! on_invalid = "reject"            # or "legacy" during migrations
 //! keys = ["/etc/podgate/keys"]     # JWT verification keys (PEM, JWKS, HS256 files)
 //! threads = 2
-//! grace_period_secs = 5           # keep accepting after SIGTERM
-//! shutdown_timeout_secs = 5       # then let in-flight requests finish
+//! grace_period_secs = 5           # in-flight requests' time after SIGTERM
 //! admin_listen = "127.0.0.1:9191" # /metrics, /healthz, /readyz
 //!
 //! [health]                         # active checks (defaults shown)
@@ -130,12 +129,10 @@ pub struct ProxyConfig {
     /// Worker threads.
     #[serde(default = "default_threads")]
     pub threads: usize,
-    /// Seconds to keep serving after SIGTERM before closing listeners.
+    /// On SIGTERM (and after an upgrade's handoff) the listener closes at once; requests
+    /// in flight then get this many seconds to finish before the process exits.
     #[serde(default = "default_grace")]
     pub grace_period_secs: u64,
-    /// Seconds in-flight requests get to finish once listeners are closed.
-    #[serde(default = "default_grace")]
-    pub shutdown_timeout_secs: u64,
     /// The admin listener (`/metrics`, `/healthz`, `/readyz`); `"off"` disables it.
     #[serde(default = "default_admin")]
     pub admin_listen: String,

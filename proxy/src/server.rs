@@ -26,10 +26,11 @@ pub struct RunOptions {
 
 /// Build everything and serve until a signal:
 ///
-/// - SIGTERM: keep accepting for `grace_period_secs`, then stop accepting and give
-///   in-flight requests `shutdown_timeout_secs` to finish, then exit.
+/// - SIGTERM: stop accepting, give requests in flight `grace_period_secs` to finish,
+///   exit.
 /// - SIGQUIT: hand the listening sockets to the process started with
-///   [`RunOptions::upgrade`], then finish in-flight requests as for SIGTERM.
+///   [`RunOptions::upgrade`], keep serving 5 s more while it starts (pingora's close
+///   timeout), then stop accepting and finish as for SIGTERM.
 /// - SIGINT: exit now.
 ///
 /// Returns only on a start-up error.
@@ -85,7 +86,9 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
     let conf = ServerConf {
         threads: config.threads,
         grace_period_seconds: Some(config.grace_period_secs),
-        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_secs),
+        // After the grace period, tasks still running are dropped; this only bounds
+        // how long the runtimes may take to wind down.
+        graceful_shutdown_timeout_seconds: Some(1),
         upgrade_sock: config.upgrade_sock.display().to_string(),
         ..ServerConf::default()
     };

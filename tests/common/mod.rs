@@ -211,8 +211,13 @@ impl Drop for Proxy {
 /// `dir`, start `podgate proxy`, and return once it accepts connections.
 pub async fn start_proxy(config_body: &str, dir: tempfile::TempDir) -> Proxy {
     let (port, admin) = (free_port(), free_port());
+    let grace = if config_body.contains("grace_period_secs") {
+        ""
+    } else {
+        "grace_period_secs = 0\n"
+    };
     let config = format!(
-        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\ngrace_period_secs = 0\nupgrade_sock = \"{sock}\"\n{config_body}",
+        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n{grace}upgrade_sock = \"{sock}\"\n{config_body}",
         sock = dir.path().join("upgrade.sock").display()
     );
     let path = dir.path().join("proxy.toml");
@@ -236,8 +241,17 @@ pub fn spawn_proxy(path: &std::path::Path, upgrade: bool) -> Child {
     if upgrade {
         cmd.arg("--upgrade");
     }
+    // PODGATE_TEST_LOG=debug shows the proxy's log while debugging a test.
+    let log = std::env::var("PODGATE_TEST_LOG").ok();
+    if let Some(filter) = &log {
+        cmd.env("PODGATE_LOG", filter);
+    }
     cmd.stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(if log.is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
         .spawn()
         .unwrap()
 }

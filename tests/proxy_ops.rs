@@ -1,0 +1,383 @@
+//! Running the proxy: admin endpoints and metrics, active health checks, TLS,
+//! graceful shutdown and the zero-downtime binary upgrade (socket handoff).
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{
+    Stub, admin_get, jwt_minter, send, spawn_proxy, start_proxy, three_pods, v1, wait_accepting,
+};
+use podgate_registry::testing::eventually;
+use tokio::net::TcpStream;
+
+fn signal(child: &std::process::Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+/// The value of the first metric line starting with `prefix` (labels included).
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_and_metrics_report_what_happened() {
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mint = jwt_minter(dir.path());
+    let keys = format!("keys = [\"{}\"]", dir.path().display());
+    let proxy = start_proxy(&three_pods(&legacy, &pod2, &pod3, &keys), dir).await;
+    assert_eq!(admin_get(&proxy, "/healthz").await, (200, "ok\n".into()));
+    let (status, body) = admin_get(&proxy, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("3 Pods"), "{body}");
+    assert_eq!(admin_get(&proxy, "/nope").await.0, 404);
+    // The admin endpoints are not on the proxy's own port.
+    assert_eq!(
+        send(proxy.port, "GET /metrics HTTP/1.1", b"").await.2,
+        r#"{"pod":1}"#
+    );
+
+    let t2 = mint(podgate_tokens::TokenKind::Runner, 2);
+    let body = format!(r#"{{"token":"{t2}"}}"#);
+    for _ in 0..3 {
+        let (status, _, _) = send(
+            proxy.port,
+            "POST /api/v4/jobs/request HTTP/1.1\r\ncontent-type: application/json",
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    let bad = v1(2).replacen("glrt-", "glrt-X", 1);
+    let (status, _, _) = send(
+        proxy.port,
+        &format!("POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {bad}"),
+        b"{}",
+    )
+    .await;
+    assert_eq!(status, 401);
+
+    let (status, text) = admin_get(&proxy, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric(
+            &text,
+            r#"podgate_proxy_requests_total{outcome="routable",pod="2",rule="jobs-request",source="json:token",status="200"}"#
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"podgate_proxy_requests_total{outcome="unauthorized",pod="0",rule="jobs-request",source="header:runner-token",status="401"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"podgate_proxy_request_duration_seconds_count{rule="jobs-request",status_class="2xx"}"#
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            r#"podgate_proxy_decision_duration_seconds_count{rule="jobs-request"}"#
+        ),
+        Some(4.0),
+        "{text}"
+    );
+    // The same JWT three times: its signature checked once, then the cached verdict.
+    assert_eq!(
+        metric(&text, "podgate_classifier_cache_hits_total"),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "podgate_classifier_cache_misses_total"),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_take_sick_upstreams_out_and_bring_them_back() {
+    let legacy = Stub::start(1).await;
+    let (a, b) = (Stub::start(2).await, Stub::start(22).await);
+    let config = format!(
+        r#"[health]
+        interval_ms = 100
+        timeout_ms = 100
+        rise = 1
+        fall = 1
+        [topology]
+        default_pod = 1
+        [[topology.pods]]
+        id = 1
+        name = "legacy"
+        web = ["{legacy}"]
+        [[topology.pods]]
+        id = 2
+        name = "pod-2"
+        web = ["{a}", "{b}"]
+        "#,
+        legacy = legacy.addr,
+        a = a.addr,
+        b = b.addr,
+    );
+    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let req = format!(
+        "POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {}",
+        v1(2)
+    );
+    let gauge = |upstream: &Stub| {
+        format!(
+            r#"podgate_proxy_upstream_healthy{{pod="2",pool="web",upstream="{}"}}"#,
+            upstream.addr
+        )
+    };
+    let wait_gauge = |upstream: Stub, value: f64| {
+        let name = gauge(&upstream);
+        let proxy = &proxy;
+        async move {
+            eventually(Duration::from_secs(10), "the health gauge", || async {
+                let (_, text) = admin_get(proxy, "/metrics").await;
+                (metric(&text, &name) == Some(value)).then_some(())
+            })
+            .await
+        }
+    };
+    wait_gauge(b.clone(), 1.0).await;
+
+    // b fails its check: all of Pod 2's traffic goes to a.
+    b.set_healthy(false);
+    wait_gauge(b.clone(), 0.0).await;
+    for _ in 0..6 {
+        assert_eq!(send(proxy.port, &req, b"{}").await.2, r#"{"pod":2}"#);
+    }
+    assert_eq!(a.seen().len(), 6);
+    assert!(b.seen().is_empty(), "an unhealthy upstream got traffic");
+
+    // Both fail: 503 with Retry-After, and nothing reaches another Pod.
+    a.set_healthy(false);
+    wait_gauge(a.clone(), 0.0).await;
+    let (status, headers, body) = send(proxy.port, &req, b"{}").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no_healthy_upstream"), "{body}");
+    assert_eq!(headers.get("retry-after").map(String::as_str), Some("5"));
+    assert!(legacy.seen().is_empty());
+
+    // b recovers: it takes the traffic.
+    b.set_healthy(true);
+    wait_gauge(b.clone(), 1.0).await;
+    assert_eq!(send(proxy.port, &req, b"{}").await.2, r#"{"pod":22}"#);
+    assert_eq!(a.seen().len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_listener_routes_like_the_plaintext_one() {
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl req");
+    let tls_port = podgate_registry::testing::free_port();
+    let extra = format!(
+        "[tls]\nlisten = \"127.0.0.1:{tls_port}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+        cert.display(),
+        key.display()
+    );
+    // `[tls]` is a table: it must follow the top-level keys, so it goes last.
+    let config = format!("{}\n{extra}", three_pods(&legacy, &pod2, &pod3, ""));
+    let _proxy = start_proxy(&config, dir).await;
+    wait_accepting(tls_port).await;
+
+    let token = v1(2);
+    let reply = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut connector = openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls())
+            .unwrap();
+        connector.set_ca_file(&cert).unwrap();
+        let connector = connector.build();
+        let tcp = std::net::TcpStream::connect(("127.0.0.1", tls_port)).unwrap();
+        let mut tls = connector.connect("localhost", tcp).unwrap();
+        let body = format!(r#"{{"token":"{token}"}}"#);
+        write!(
+            tls,
+            "POST /api/v4/jobs/request HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        let _ = tls.read_to_end(&mut raw);
+        common::parse_reply(&raw)
+    })
+    .await
+    .unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body, br#"{"pod":2}"#);
+    assert_eq!(pod2.seen().len(), 1);
+}
+
+/// SIGTERM: the listener closes at once, but a long poll already in flight is
+/// answered within the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish() {
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
+    let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 3");
+    let mut proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let port = proxy.port;
+    let token = v1(2);
+    let held = tokio::spawn(async move {
+        send(
+            port,
+            &format!(
+                "POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {token}\r\nx-test-long-poll: 60"
+            ),
+            b"{}",
+        )
+        .await
+    });
+    eventually(
+        Duration::from_secs(10),
+        "Pod 2 to hold the poll",
+        || async { (!pod2.seen().is_empty()).then_some(()) },
+    )
+    .await;
+    signal(&proxy.child, "-TERM");
+    eventually(Duration::from_secs(10), "the listener to close", || async {
+        TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        proxy.child.try_wait().unwrap().is_none(),
+        "exited with a request in flight"
+    );
+    pod2.queue_job();
+    let (status, _, body) = held.await.unwrap();
+    assert_eq!((status, body.as_str()), (201, r#"{"id":1,"pod":2}"#));
+    let mut child = std::mem::replace(&mut proxy.child, Command::new("true").spawn().unwrap());
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
+
+/// `podgate proxy --upgrade` takes the listening socket over from the running proxy
+/// (SIGQUIT hands it over): a client sending requests throughout sees no failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_upgrade_drops_no_request() {
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
+    let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 2");
+    let mut old = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let port = old.port;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let client = tokio::spawn({
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        let req = format!(
+            "POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {}",
+            v1(2)
+        );
+        async move {
+            while !stop.load(Ordering::SeqCst) {
+                match tokio::time::timeout(Duration::from_secs(10), send(port, &req, b"{}")).await {
+                    Ok((200, _, body)) if body == r#"{"pod":2}"# => {
+                        ok.fetch_add(1, Ordering::SeqCst)
+                    }
+                    _ => failed.fetch_add(1, Ordering::SeqCst),
+                };
+            }
+        }
+    });
+    eventually(
+        Duration::from_secs(10),
+        "traffic through the old proxy",
+        || async { (ok.load(Ordering::SeqCst) >= 20).then_some(()) },
+    )
+    .await;
+
+    let mut new = spawn_proxy(&old.config, true);
+    signal(&old.child, "-QUIT");
+    let mut old_child = std::mem::replace(&mut old.child, Command::new("true").spawn().unwrap());
+    let exit = tokio::task::spawn_blocking(move || old_child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "old proxy: {exit:?}");
+    // The old process is gone: whatever answers now is the new one.
+    let served_by_old = ok.load(Ordering::SeqCst);
+    eventually(
+        Duration::from_secs(10),
+        "traffic through the new proxy",
+        || async { (ok.load(Ordering::SeqCst) >= served_by_old + 20).then_some(()) },
+    )
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    client.await.unwrap();
+    assert!(
+        new.try_wait().unwrap().is_none(),
+        "the new proxy is running"
+    );
+    let _ = new.kill();
+    let _ = new.wait();
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "requests failed during the upgrade"
+    );
+    assert!(legacy.seen().is_empty());
+}
