@@ -4,6 +4,12 @@
 # podgate, and HAProxy and nginx as plain passthrough proxies. Prints req/s, p50, p99
 # and the ratios. Every proxy gets one worker thread; wrk one thread.
 #
+# Two passes per target:
+# - saturation: CONNS connections as fast as they go (req/s; latency there is mostly
+#   queueing behind a busy CPU, as 3 processes share 2 cores);
+# - one connection, one request at a time (the latency a proxy hop adds when nothing
+#   queues): "added p50" compares this pass with the direct one.
+#
 #   ./scripts/bench-proxy.sh                 # 10 s per run, 32 connections
 #   DURATION=30 CONNS=64 ./scripts/bench-proxy.sh
 set -euo pipefail
@@ -39,7 +45,7 @@ wait_port() {
   echo "nothing listens on $1" >&2
   return 1
 }
-UP=$(port); PG=$(port); HA=$(port); NX=$(port)
+UP=$(port); PG=$(port); HA=$(port); NX=$(port); ADMIN=$(port)
 
 # The upstream: nginx answering like a Pod's Workhorse, 200 with a small JSON body.
 cat > "$W/upstream.conf" <<EOF
@@ -99,6 +105,7 @@ JWT=$($PODGATE token mint --kind runner --pod 1 --ttl 1h --key "$W/keys/bench.pr
 V1=$($PODGATE token mint-gitlab --prefix glrt- --cell 1 --org 1)
 cat > "$W/proxy.toml" <<EOF
 listen = "127.0.0.1:$PG"
+admin_listen = "127.0.0.1:$ADMIN"
 threads = 1
 grace_period_secs = 0
 keys = ["$W/verify"]
@@ -126,9 +133,9 @@ lua v1 "$V1"
 # Latency "312.00us" / "1.20ms" / "2.00s" → microseconds.
 to_us() { awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n }'; }
 
-run() { # target port token → "rps p50 p99"
+run() { # target port token [conns] → "rps p50 p99"
   local out
-  out=$(wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$W/$3.lua" "http://127.0.0.1:$2/api/v4/jobs/request")
+  out=$(wrk -t1 -c"${4:-$CONNS}" -d"${DURATION}s" --latency -s "$W/$3.lua" "http://127.0.0.1:$2/api/v4/jobs/request")
   local rps p50 p99 non2xx
   rps=$(awk '/^Requests\/sec/ { print $2 }' <<<"$out")
   p50=$(to_us "$(awk '$1 == "50%" { print $2 }' <<<"$out")")
@@ -138,22 +145,26 @@ run() { # target port token → "rps p50 p99"
   echo "$rps $p50 $p99"
 }
 
-printf '%-8s %-10s %12s %10s %10s\n' token target req/s p50_us p99_us
-declare -A R
+printf '%-6s %-9s %10s %8s %8s   %9s %8s %8s\n' token target "req/s" p50_us p99_us "1conn_r/s" p50_us p99_us
+declare -A R L
 for tok in jwt v1; do
   for t in direct:$UP podgate:$PG haproxy:$HA nginx:$NX; do
     name=${t%%:*}; p=${t##*:}
     read -r rps p50 p99 < <(run "$name" "$p" "$tok")
+    read -r lrps lp50 lp99 < <(run "$name" "$p" "$tok" 1)
     R[$tok.$name]="$rps $p50 $p99"
-    printf '%-8s %-10s %12.0f %10.0f %10.0f\n' "$tok" "$name" "$rps" "$p50" "$p99"
+    L[$tok.$name]="$lrps $lp50 $lp99"
+    printf '%-6s %-9s %10.0f %8.0f %8.0f   %9.0f %8.0f %8.0f\n' "$tok" "$name" "$rps" "$p50" "$p99" "$lrps" "$lp50" "$lp99"
   done
 done
 echo
 for tok in jwt v1; do
-  read -r d_rps d_p50 _ <<<"${R[$tok.direct]}"
-  read -r g_rps g_p50 _ <<<"${R[$tok.podgate]}"
+  read -r g_rps _ _ <<<"${R[$tok.podgate]}"
   read -r h_rps _ _ <<<"${R[$tok.haproxy]}"
   read -r n_rps _ _ <<<"${R[$tok.nginx]}"
-  awk -v t="$tok" -v g="$g_rps" -v h="$h_rps" -v n="$n_rps" -v gp="$g_p50" -v dp="$d_p50" 'BEGIN {
-    printf "%-4s podgate/haproxy req/s %.2fx (goal >= 1.2x)   podgate/nginx %.2fx   podgate added p50 %.0f us (goal <= 100 us)\n", t, g / h, g / n, gp - dp }'
+  read -r _ d_p50 _ <<<"${L[$tok.direct]}"
+  read -r _ g_p50 _ <<<"${L[$tok.podgate]}"
+  read -r _ h_p50 _ <<<"${L[$tok.haproxy]}"
+  awk -v t="$tok" -v g="$g_rps" -v h="$h_rps" -v n="$n_rps" -v gp="$g_p50" -v dp="$d_p50" -v hp="$h_p50" 'BEGIN {
+    printf "%-4s podgate/haproxy req/s %.2fx (goal >= 1.2x), podgate/nginx %.2fx; added p50 at one connection: podgate %.0f us (goal <= 100 us), haproxy %.0f us\n", t, g / h, g / n, gp - dp, hp - dp }'
 done

@@ -23,8 +23,14 @@
 //! the first chunk is not looked for; the rest of the upload streams unbuffered.
 //! `Expect: 100-continue` is answered by the proxy when it reads a body.
 //!
-//! Still to come (issue 4): active health checks, metrics and `/healthz`, agent
-//! traffic over h2c and WebSocket, request ids, socket handoff on upgrade, TLS.
+//! ## Operations
+//!
+//! - [`health`]: active checks; an upstream failing `fall` checks in a row takes no
+//!   traffic until it passes `rise`.
+//! - [`metrics`] and [`admin`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`
+//!   on their own listener. The Grafana dashboard is `dashboards/podgate-proxy.json`.
+//! - [`server`]: signals. SIGTERM drains; SIGQUIT hands the listening sockets to a new
+//!   binary started with `--upgrade`.
 
 pub mod admin;
 pub mod config;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
+use pingora::listeners::{DEFAULT_L4_WRITE_BUFFER_SIZE, L4BufferSettings, ListenerConfig};
 use pingora::server::Server;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::services::listening::Service;
@@ -106,7 +107,11 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         options.h2c = true;
         app.server_options = Some(options);
     }
-    service.add_tcp(&config.listen);
+    // Per-connection read buffer: pingora's default is 64 KiB, held for as long as the
+    // connection lives (a long poll: minutes); see `read_buffer_bytes`.
+    service.add_listener(ListenerConfig::tcp(config.listen.as_str()).l4_buffer(
+        L4BufferSettings::new(config.read_buffer_bytes, DEFAULT_L4_WRITE_BUFFER_SIZE),
+    ));
     if let Some(tls) = &config.tls {
         let tls_error = |e: Box<pingora::Error>| Error::Invalid {
             origin: "tls".into(),

@@ -469,7 +469,14 @@ impl ProxyHttp for PodGate {
     /// upstream failures → 502. Nothing is written once a response has started.
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         let (code, message, retry_after) = match (e.esource(), e.etype()) {
-            (_, ErrorType::HTTPStatus(code)) => (*code, "error", false),
+            (_, ErrorType::HTTPStatus(code)) => (
+                *code,
+                http::StatusCode::from_u16(*code)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or("error"),
+                false,
+            ),
             (
                 ErrorSource::Upstream | ErrorSource::Internal,
                 ErrorType::ConnectTimedout
