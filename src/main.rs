@@ -42,6 +42,8 @@ enum Command {
     Token(cli::token::TokenCommand),
     /// The Pod topology and agent presence, in Redis or a topology file.
     Registry(cli::registry::RegistryArgs),
+    /// Simulate one GitLab Pod's runner API (with misroute detection).
+    PodSim(cli::pod_sim::PodSimArgs),
     /// Run the edge router.
     Proxy {
         /// The proxy configuration (TOML).
@@ -60,6 +62,7 @@ fn main() -> ExitCode {
     let result = match args.command {
         Command::Token(cmd) => cli::token::run(cmd),
         Command::Registry(args) => cli::registry::run(args),
+        Command::PodSim(args) => cli::pod_sim::run(args),
         Command::Proxy { config, upgrade } => podgate_proxy::config::ProxyConfig::load(&config)
             .and_then(|c| {
                 podgate_proxy::server::run(c, podgate_proxy::server::RunOptions { upgrade })

@@ -1,0 +1,265 @@
+//! `podgate pod-sim`: the runner API of one GitLab Pod, faithful enough for a GitLab
+//! Runner (see `shared/reference/runner-protocol.md`), plus the one number that proves
+//! the proxy right: `misrouted_requests_total`, every token that belongs to another Pod.
+//!
+//! - Registration issues runner tokens routable to this Pod (GitLab v1 `glrt-` with
+//!   `c=<pod>`, or JWTs); verify, unregister, managers and reset work on them.
+//! - Jobs are queued at `job_rate` per second (or by [`PodSim::enqueue`]);
+//!   `jobs/request` long-polls on the `X-GitLab-Last-Update` ticket, answers 201 with a
+//!   job shaped like GitLab's (its token and its dependencies' tokens routable here),
+//!   204 when the poll times out, and 409 on every `conflict_every`-th pick.
+//! - `PUT jobs/:id`, `PATCH jobs/:id/trace` (`Content-Range`, 416 on a gap), artifacts
+//!   upload (multipart, streamed to disk and hashed, never held in memory) and
+//!   download (streamed back).
+
+mod http;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use podgate_tokens::{KeySet, PodId};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use serde::Deserialize;
+use thiserror::Error;
+use tokio::net::TcpListener;
+
+pub use state::State;
+
+/// Simulator errors.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A configuration problem, naming the field.
+    #[error("pod-sim configuration: {0}")]
+    Config(String),
+    /// A token could not be issued.
+    #[error("issuing a token: {0}")]
+    Token(String),
+    /// Listening or storing artifacts failed.
+    #[error("pod-sim I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// How issued tokens are encoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum TokenFormat {
+    /// GitLab's routable token format (`glrt-…`, `glcbt-…` with `c=<pod>`).
+    #[default]
+    GitlabV1,
+    /// Signed JWTs with the routing claims.
+    Jwt,
+}
+
+/// One simulated Pod.
+#[derive(Clone, Debug)]
+pub struct PodSimConfig {
+    /// The Pod id its tokens route to.
+    pub pod_id: PodId,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Token encoding.
+    pub token_format: TokenFormat,
+    /// Keys (a signing key for `jwt`; verification keys to recognise other Pods' JWTs).
+    pub keys: KeySet,
+    /// The registration token; generated (routable here) when not given.
+    pub registration_token: Option<String>,
+    /// Jobs queued per second (0: only through [`PodSim::enqueue`]).
+    pub job_rate: f64,
+    /// How long `jobs/request` holds a poll with nothing to give.
+    pub long_poll: Duration,
+    /// Every n-th job pick answers 409 (0: never).
+    pub conflict_every: u64,
+    /// Largest artifact accepted (413 above).
+    pub max_artifact_bytes: u64,
+}
+
+impl PodSimConfig {
+    /// Defaults for Pod `pod_id` on `listen`.
+    pub fn new(pod_id: PodId, listen: SocketAddr) -> Self {
+        PodSimConfig {
+            pod_id,
+            listen,
+            token_format: TokenFormat::GitlabV1,
+            keys: KeySet::new(),
+            registration_token: None,
+            job_rate: 0.0,
+            long_poll: Duration::from_secs(50),
+            conflict_every: 0,
+            max_artifact_bytes: 1 << 30,
+        }
+    }
+
+    /// Every problem, each naming its field.
+    pub fn validate(&self) -> Result<(), Error> {
+        let mut bad = Vec::new();
+        if !(self.job_rate.is_finite() && self.job_rate >= 0.0) {
+            bad.push(format!("job_rate = {}: a rate >= 0", self.job_rate));
+        }
+        if self.long_poll.is_zero() {
+            bad.push("long_poll: must be positive".into());
+        }
+        if self.token_format == TokenFormat::Jwt && self.keys.signing_key().is_err() {
+            bad.push("token_format = jwt: needs a signing key".into());
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Config(bad.join("; ")))
+        }
+    }
+}
+
+/// The simulator's metrics, in a registry of its own (several Pods share a process
+/// in `podgate up`).
+pub struct SimMetrics {
+    registry: Registry,
+    /// `misrouted_requests_total`: tokens that belong to another Pod.
+    pub misrouted: IntCounter,
+    /// `podsim_requests_total{endpoint,status}`.
+    pub requests: IntCounterVec,
+    /// `podsim_jobs_queued`.
+    pub queued: IntGauge,
+    /// `podsim_artifact_bytes_total`: artifact bytes received.
+    pub artifact_bytes: IntCounter,
+}
+
+impl SimMetrics {
+    fn new(pod: PodId) -> Self {
+        let registry =
+            Registry::new_custom(None, Some([("pod".to_owned(), pod.to_string())].into()))
+                .expect("valid registry labels");
+        let misrouted = IntCounter::new(
+            "misrouted_requests_total",
+            "Requests whose token belongs to another Pod (answered 403).",
+        )
+        .expect("valid metric");
+        let requests = IntCounterVec::new(
+            Opts::new("podsim_requests_total", "Requests by endpoint and status."),
+            &["endpoint", "status"],
+        )
+        .expect("valid metric");
+        let queued = IntGauge::new("podsim_jobs_queued", "Jobs waiting for a runner.")
+            .expect("valid metric");
+        let artifact_bytes =
+            IntCounter::new("podsim_artifact_bytes_total", "Artifact bytes received.")
+                .expect("valid metric");
+        for m in [
+            Box::new(misrouted.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(requests.clone()),
+            Box::new(queued.clone()),
+            Box::new(artifact_bytes.clone()),
+        ] {
+            registry.register(m).expect("unique metric names");
+        }
+        SimMetrics {
+            registry,
+            misrouted,
+            requests,
+            queued,
+            artifact_bytes,
+        }
+    }
+
+    /// The Prometheus text format.
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        let _ = prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// A running simulated Pod. Dropping it stops it.
+pub struct PodSim {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// What the request handlers share.
+pub(crate) struct Shared {
+    pub(crate) state: State,
+    pub(crate) metrics: SimMetrics,
+    pub(crate) config: PodSimConfig,
+    /// Artifacts live here until the simulator stops.
+    pub(crate) artifacts: tempfile::TempDir,
+}
+
+impl PodSim {
+    /// Bind and serve.
+    pub async fn start(config: PodSimConfig) -> Result<PodSim, Error> {
+        config.validate()?;
+        let state = State::new(
+            config.pod_id,
+            config.token_format,
+            config.keys.clone(),
+            config.registration_token.clone(),
+            config.conflict_every,
+        )?;
+        let listener = TcpListener::bind(config.listen).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            state,
+            metrics: SimMetrics::new(config.pod_id),
+            artifacts: tempfile::Builder::new()
+                .prefix(&format!("podgate-pod-sim-{}-", config.pod_id))
+                .tempdir()?,
+            config,
+        });
+        let mut tasks = vec![tokio::spawn(http::serve(listener, shared.clone()))];
+        if shared.config.job_rate > 0.0 {
+            let s = shared.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut tick =
+                    tokio::time::interval(Duration::from_secs_f64(1.0 / s.config.job_rate));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                loop {
+                    tick.tick().await;
+                    if s.state.enqueue().is_ok() {
+                        s.metrics.queued.set(s.state.queued() as i64);
+                    }
+                }
+            }));
+        }
+        Ok(PodSim {
+            addr,
+            shared,
+            tasks,
+        })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its state.
+    pub fn state(&self) -> &State {
+        &self.shared.state
+    }
+
+    /// Its metrics.
+    pub fn metrics(&self) -> &SimMetrics {
+        &self.shared.metrics
+    }
+
+    /// Queue a job now: its id.
+    pub fn enqueue(&self) -> Result<u64, Error> {
+        let id = self.shared.state.enqueue()?;
+        self.shared
+            .metrics
+            .queued
+            .set(self.shared.state.queued() as i64);
+        Ok(id)
+    }
+}
+
+impl Drop for PodSim {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! The Pod's state: runners, the job queue, jobs and their traces and artifacts.
+//! No I/O besides the artifact files, so the rules are unit-tested here.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use podgate_tokens::{Classification, Classifier, KeySet, PodId, TokenKind};
+use tokio::sync::watch;
+
+use super::{Error, TokenFormat};
+
+/// Who a token belongs to, as this Pod sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner<T> {
+    /// Issued here: the runner or job it names.
+    Ours(T),
+    /// Routable to another Pod: the proxy sent it to the wrong place.
+    Misrouted(PodId),
+    /// Not a token this Pod issued (wrong, revoked, or unroutable).
+    Unknown,
+}
+
+/// A job's state, as `PUT jobs/:id` moves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// Queued, not yet picked.
+    Pending,
+    /// Given to a runner.
+    Running,
+    /// Finished well.
+    Success,
+    /// Finished badly.
+    Failed,
+}
+
+impl JobState {
+    /// GitLab's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Success => "success",
+            JobState::Failed => "failed",
+        }
+    }
+
+    /// Success or failed.
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Success | JobState::Failed)
+    }
+}
+
+/// An uploaded artifact archive, kept on disk.
+#[derive(Clone, Debug)]
+pub struct Artifact {
+    /// Where it is stored.
+    pub path: PathBuf,
+    /// Its size.
+    pub size: u64,
+    /// Its SHA-256, hex.
+    pub sha256: String,
+}
+
+/// A job.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Job id.
+    pub id: u64,
+    /// Its job token (routable to this Pod).
+    pub token: String,
+    /// Where it stands.
+    pub state: JobState,
+    /// The runner that took it.
+    pub runner: Option<u64>,
+    /// Bytes of trace received, in order.
+    pub trace_len: u64,
+    /// CRC-32 of the trace received.
+    pub trace_crc: u32,
+    /// Earlier jobs of the same pipeline whose artifacts this one downloads.
+    pub dependencies: Vec<u64>,
+    /// The uploaded artifact.
+    pub artifact: Option<Artifact>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    next_runner: u64,
+    /// Runner token → runner id.
+    runners: HashMap<String, u64>,
+    next_job: u64,
+    queue: VecDeque<u64>,
+    jobs: HashMap<u64, Job>,
+    job_tokens: HashMap<String, u64>,
+    /// How many job requests found a job (for simulated 409 races).
+    picks: u64,
+}
+
+/// What `jobs/request` answers.
+#[derive(Debug)]
+pub enum Pick {
+    /// A job for the runner (201).
+    Job(Job),
+    /// Simulated race: another runner took it (409); it stays queued.
+    Conflict,
+    /// Nothing queued (204 after the long poll).
+    Empty,
+}
+
+/// The Pod's state.
+pub struct State {
+    pod: PodId,
+    format: TokenFormat,
+    keys: KeySet,
+    classifier: Classifier,
+    registration_token: String,
+    conflict_every: u64,
+    inner: Mutex<Inner>,
+    /// The queue ticket (`X-GitLab-Last-Update`): bumped whenever a job is queued.
+    ticket: watch::Sender<u64>,
+}
+
+impl State {
+    /// A Pod `pod` issuing tokens in `format` (JWTs signed with `keys`' signing key).
+    pub fn new(
+        pod: PodId,
+        format: TokenFormat,
+        keys: KeySet,
+        registration_token: Option<String>,
+        conflict_every: u64,
+    ) -> Result<Self, Error> {
+        if format == TokenFormat::Jwt && keys.signing_key().is_err() {
+            return Err(Error::Config(
+                "token_format = jwt needs a signing key (--key)".into(),
+            ));
+        }
+        let classifier = Classifier::with_keys(keys.clone());
+        let mut state = State {
+            pod,
+            format,
+            keys,
+            classifier,
+            registration_token: String::new(),
+            conflict_every,
+            inner: Mutex::default(),
+            ticket: watch::channel(1).0,
+        };
+        state.registration_token = match registration_token {
+            Some(t) => t,
+            None => state.issue(TokenKind::Runner, "glrt-")?,
+        };
+        Ok(state)
+    }
+
+    /// This Pod's id.
+    pub fn pod(&self) -> PodId {
+        self.pod
+    }
+
+    /// The token `POST /runners` accepts.
+    pub fn registration_token(&self) -> &str {
+        &self.registration_token
+    }
+
+    /// The current queue ticket.
+    pub fn ticket(&self) -> u64 {
+        *self.ticket.borrow()
+    }
+
+    /// Watch the queue ticket (long polls wait on it).
+    pub fn watch_ticket(&self) -> watch::Receiver<u64> {
+        self.ticket.subscribe()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new token routable to this Pod.
+    fn issue(&self, kind: TokenKind, prefix: &str) -> Result<String, Error> {
+        match self.format {
+            TokenFormat::GitlabV1 => {
+                let keys = podgate_tokens::gitlab::RoutingKeys {
+                    cell: Some(self.pod.get()),
+                    organization: Some(1),
+                    ..Default::default()
+                };
+                podgate_tokens::gitlab::encode(
+                    prefix,
+                    &keys,
+                    &podgate_tokens::gitlab::random_bytes(),
+                )
+                .map_err(|e| Error::Token(e.to_string()))
+            }
+            TokenFormat::Jwt => {
+                let mut req = podgate_tokens::MintRequest::new(kind, self.pod, 24 * 3600);
+                req.prefix = Some(prefix.to_owned());
+                let key = self
+                    .keys
+                    .signing_key()
+                    .map_err(|e| Error::Token(e.to_string()))?;
+                podgate_tokens::mint(&req, key, podgate_tokens::unix_now())
+                    .map_err(|e| Error::Token(e.to_string()))
+            }
+        }
+    }
+
+    /// Whose is `token`: a lookup in `table`, else the Pod it routes to.
+    fn owner<T: Copy>(&self, token: &str, found: Option<T>) -> Owner<T> {
+        if let Some(x) = found {
+            return Owner::Ours(x);
+        }
+        match self.classifier.classify(token) {
+            Classification::Routable(id) if id.pod != self.pod => Owner::Misrouted(id.pod),
+            _ => Owner::Unknown,
+        }
+    }
+
+    /// Whether `token` is the registration token (or misrouted).
+    pub fn check_registration(&self, token: &str) -> Owner<()> {
+        let found = (token == self.registration_token).then_some(());
+        self.owner(token, found)
+    }
+
+    /// Register a runner: (id, token).
+    pub fn register(&self) -> Result<(u64, String), Error> {
+        let token = self.issue(TokenKind::Runner, "glrt-")?;
+        let mut inner = self.lock();
+        inner.next_runner += 1;
+        let id = inner.next_runner;
+        inner.runners.insert(token.clone(), id);
+        Ok((id, token))
+    }
+
+    /// The runner `token` authenticates.
+    pub fn runner(&self, token: &str) -> Owner<u64> {
+        let found = self.lock().runners.get(token).copied();
+        self.owner(token, found)
+    }
+
+    /// Forget a runner's token.
+    pub fn unregister(&self, token: &str) -> bool {
+        self.lock().runners.remove(token).is_some()
+    }
+
+    /// Replace a runner's token: the new token.
+    pub fn reset_token(&self, token: &str) -> Result<Option<String>, Error> {
+        let new = self.issue(TokenKind::Runner, "glrt-")?;
+        let mut inner = self.lock();
+        let Some(id) = inner.runners.remove(token) else {
+            return Ok(None);
+        };
+        inner.runners.insert(new.clone(), id);
+        Ok(Some(new))
+    }
+
+    /// Queue a job (its dependencies: up to two earlier jobs). Wakes long polls.
+    pub fn enqueue(&self) -> Result<u64, Error> {
+        let token = self.issue(TokenKind::Job, "glcbt-")?;
+        let id = {
+            let mut inner = self.lock();
+            inner.next_job += 1;
+            let id = inner.next_job;
+            let dependencies = (id.saturating_sub(2)..id).filter(|d| *d > 0).collect();
+            inner.job_tokens.insert(token.clone(), id);
+            inner.jobs.insert(
+                id,
+                Job {
+                    id,
+                    token,
+                    state: JobState::Pending,
+                    runner: None,
+                    trace_len: 0,
+                    trace_crc: 0,
+                    dependencies,
+                    artifact: None,
+                },
+            );
+            inner.queue.push_back(id);
+            id
+        };
+        self.ticket.send_modify(|t| *t += 1);
+        Ok(id)
+    }
+
+    /// Jobs waiting for a runner.
+    pub fn queued(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Give the next queued job to `runner`.
+    pub fn pick(&self, runner: u64) -> Pick {
+        let mut inner = self.lock();
+        if inner.queue.is_empty() {
+            return Pick::Empty;
+        }
+        inner.picks += 1;
+        if self.conflict_every > 0 && inner.picks.is_multiple_of(self.conflict_every) {
+            return Pick::Conflict;
+        }
+        let Some(id) = inner.queue.pop_front() else {
+            return Pick::Empty;
+        };
+        let job = inner.jobs.get_mut(&id).expect("queued jobs exist");
+        job.state = JobState::Running;
+        job.runner = Some(runner);
+        Pick::Job(job.clone())
+    }
+
+    /// The job `token` belongs to.
+    pub fn job_by_token(&self, token: &str) -> Owner<u64> {
+        let found = self.lock().job_tokens.get(token).copied();
+        self.owner(token, found)
+    }
+
+    /// A copy of job `id`.
+    pub fn job(&self, id: u64) -> Option<Job> {
+        self.lock().jobs.get(&id).cloned()
+    }
+
+    /// Tokens of job `id`'s dependencies, with their artifacts.
+    pub fn dependencies(&self, id: u64) -> Vec<Job> {
+        let inner = self.lock();
+        inner
+            .jobs
+            .get(&id)
+            .map(|j| {
+                j.dependencies
+                    .iter()
+                    .filter_map(|d| inner.jobs.get(d).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `PUT jobs/:id`: move job `id` to `state`. A final state with a trace size the
+    /// Pod has not received yet is accepted but not finished (202), as GitLab does
+    /// while the trace is still arriving.
+    pub fn update(&self, id: u64, state: JobState, trace_size: Option<u64>) -> Update {
+        let mut inner = self.lock();
+        let Some(job) = inner.jobs.get_mut(&id) else {
+            return Update::NotFound;
+        };
+        if job.state.is_final() {
+            return Update::Forbidden(job.state);
+        }
+        if state.is_final() && trace_size.is_some_and(|n| n != job.trace_len) {
+            return Update::Accepted;
+        }
+        job.state = state;
+        Update::Ok
+    }
+
+    /// `PATCH jobs/:id/trace` with bytes `start..=end` (inclusive), `data`.
+    pub fn append_trace(&self, id: u64, start: u64, data: &[u8]) -> Trace {
+        let mut inner = self.lock();
+        let Some(job) = inner.jobs.get_mut(&id) else {
+            return Trace::NotFound;
+        };
+        if job.state.is_final() {
+            return Trace::Forbidden(job.state);
+        }
+        if start != job.trace_len {
+            return Trace::RangeMismatch(job.trace_len);
+        }
+        let mut h = crc32fast::Hasher::new_with_initial(job.trace_crc);
+        h.update(data);
+        job.trace_crc = h.finalize();
+        job.trace_len += data.len() as u64;
+        Trace::Ok(job.trace_len)
+    }
+
+    /// Record job `id`'s uploaded artifact.
+    pub fn set_artifact(&self, id: u64, artifact: Artifact) -> bool {
+        match self.lock().jobs.get_mut(&id) {
+            Some(job) => {
+                job.artifact = Some(artifact);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What a job update did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Update {
+    /// Applied (200).
+    Ok,
+    /// Final state accepted, trace incomplete (202).
+    Accepted,
+    /// The job is already finished (403 + `Job-Status`).
+    Forbidden(JobState),
+    /// No such job (404).
+    NotFound,
+}
+
+/// What a trace patch did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Trace {
+    /// Appended; the trace is now this long (202 + `Range: 0-<len>`).
+    Ok(u64),
+    /// The patch does not start where the trace ends, which is here (416).
+    RangeMismatch(u64),
+    /// The job is finished (403 + `Job-Status`).
+    Forbidden(JobState),
+    /// No such job (404).
+    NotFound,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(n: u64) -> State {
+        State::new(
+            PodId::new(n).unwrap(),
+            TokenFormat::GitlabV1,
+            KeySet::new(),
+            None,
+            3,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn tokens_route_here_and_foreign_ones_are_misroutes() {
+        let (p2, p3) = (pod(2), pod(3));
+        assert_eq!(
+            p2.check_registration(p2.registration_token()),
+            Owner::Ours(())
+        );
+        let (id, token) = p2.register().unwrap();
+        assert_eq!(p2.runner(&token), Owner::Ours(id));
+        let (_, foreign) = p3.register().unwrap();
+        assert_eq!(
+            p2.runner(&foreign),
+            Owner::Misrouted(PodId::new(3).unwrap())
+        );
+        assert_eq!(p2.runner("glrt-not-a-token"), Owner::Unknown);
+        let new = p2.reset_token(&token).unwrap().unwrap();
+        assert_eq!(p2.runner(&token), Owner::Unknown);
+        assert_eq!(p2.runner(&new), Owner::Ours(id));
+        assert!(p2.unregister(&new));
+        assert_eq!(p2.runner(&new), Owner::Unknown);
+    }
+
+    #[test]
+    fn queue_tickets_conflicts_and_job_lifecycle() {
+        let p = pod(2);
+        let t0 = p.ticket();
+        assert!(matches!(p.pick(1), Pick::Empty));
+        let first = p.enqueue().unwrap();
+        for _ in 0..3 {
+            p.enqueue().unwrap();
+        }
+        assert_eq!(p.ticket(), t0 + 4);
+        // Every third pick is a simulated race; the job stays queued.
+        assert!(matches!(p.pick(1), Pick::Job(j) if j.id == first && j.state == JobState::Running));
+        assert!(matches!(p.pick(1), Pick::Job(_)));
+        assert!(matches!(p.pick(1), Pick::Conflict));
+        assert_eq!(p.queued(), 2);
+        let job = p.job(first).unwrap();
+        assert_eq!(p.job_by_token(&job.token), Owner::Ours(first));
+
+        assert_eq!(p.append_trace(first, 0, b"hello "), Trace::Ok(6));
+        assert_eq!(p.append_trace(first, 3, b"gap"), Trace::RangeMismatch(6));
+        assert_eq!(
+            p.update(first, JobState::Success, Some(11)),
+            Update::Accepted
+        );
+        assert_eq!(p.append_trace(first, 6, b"world"), Trace::Ok(11));
+        assert_eq!(p.update(first, JobState::Success, Some(11)), Update::Ok);
+        assert_eq!(
+            p.update(first, JobState::Running, None),
+            Update::Forbidden(JobState::Success)
+        );
+        assert_eq!(
+            p.append_trace(first, 11, b"x"),
+            Trace::Forbidden(JobState::Success)
+        );
+        assert_eq!(p.update(999, JobState::Running, None), Update::NotFound);
+        assert_eq!(
+            p.dependencies(3).iter().map(|j| j.id).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+    }
+}

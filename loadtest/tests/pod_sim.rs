@@ -1,0 +1,466 @@
+//! The Pod simulator driven directly through every endpoint of `runner-protocol.md`,
+//! checking statuses and headers against the protocol table: registration and its
+//! friends, long polls (204 with a ticket, 201 with a job, 409 races), job updates,
+//! trace patches (202 + Range, 416 on a gap, 400 without Content-Range), artifacts up
+//! and down (byte-equal), and 403 + `misrouted_requests_total` for a foreign token.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use podgate_loadtest::pod_sim::{PodSim, PodSimConfig};
+use podgate_tokens::PodId;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Reply {
+    status: u16,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+/// One request over a fresh HTTP/1.1 connection; `headers` are `name: value` lines.
+async fn call(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[&str],
+    body: &[u8],
+) -> Reply {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut head = format!(
+        "{method} {target} HTTP/1.1\r\nhost: pod\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: HashMap<String, String> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let mut body = raw[end + 4..].to_vec();
+    if headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
+        body = dechunk(&body);
+    }
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
+        let n =
+            usize::from_str_radix(std::str::from_utf8(&raw[..eol]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&raw[eol + 2..eol + 2 + n]);
+        raw = &raw[eol + 2 + n + 2..];
+    }
+    out
+}
+
+async fn post_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: Value,
+) -> Reply {
+    let mut h = vec!["content-type: application/json"];
+    h.extend_from_slice(headers);
+    call(addr, method, path, &h, body.to_string().as_bytes()).await
+}
+
+async fn sim(pod: u64) -> PodSim {
+    let mut config = PodSimConfig::new(PodId::new(pod).unwrap(), "127.0.0.1:0".parse().unwrap());
+    config.long_poll = Duration::from_secs(2);
+    config.conflict_every = 3;
+    PodSim::start(config).await.unwrap()
+}
+
+fn misroutes(sim: &PodSim) -> u64 {
+    sim.metrics().misrouted.get()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_runner_endpoint_answers_as_gitlab_does() {
+    let pod = sim(2).await;
+    let other = sim(3).await;
+    let a = pod.addr();
+    let reg = pod.state().registration_token().to_owned();
+
+    // POST runners: a bad registration token is 403; the right one issues a runner
+    // token routable to this Pod.
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/runners",
+        &[],
+        json!({"token": "glrt-wrong", "description": "r"}),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    let r = post_json(a, "POST", "/api/v4/runners", &[], json!({"token": reg, "description": "r1", "tag_list": "a,b", "run_untagged": true, "info": {"name": "gitlab-runner"}})).await;
+    assert_eq!(r.status, 201, "{:?}", r.json());
+    let runner = r.json()["token"].as_str().unwrap().to_owned();
+    assert!(r.json()["id"].as_u64().is_some() && r.json().get("token_expires_at").is_some());
+    match podgate_tokens::Classifier::with_keys(podgate_tokens::KeySet::new()).classify(&runner) {
+        podgate_tokens::Classification::Routable(id) => assert_eq!(id.pod.get(), 2),
+        c => panic!("runner token not routable: {c:?}"),
+    }
+
+    // verify: by body token (old runners) and by header.
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/runners/verify",
+        &[],
+        json!({"token": runner, "system_id": "s_1"}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["token"].as_str()),
+        (200, Some(runner.as_str()))
+    );
+    let hdr = format!("runner-token: {runner}");
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/runners/verify",
+        &[&hdr],
+        json!({"system_id": "s_1"}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/runners/verify",
+        &[],
+        json!({"token": "glrt-unknown"}),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+
+    // jobs/request: nothing queued and a current ticket → held, then 204 + ticket.
+    let ticket = pod.state().ticket().to_string();
+    let started = Instant::now();
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/jobs/request",
+        &[],
+        json!({"token": runner, "last_update": ticket, "info": {}}),
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "held for the long poll"
+    );
+    assert_eq!(r.header("x-gitlab-last-update"), Some(ticket.as_str()));
+    // A stale ticket is answered at once.
+    let started = Instant::now();
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/jobs/request",
+        &[],
+        json!({"token": runner, "last_update": "stale"}),
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // A held poll is woken by a queued job: 201 with a job shaped like GitLab's.
+    let poll = tokio::spawn({
+        let (runner, ticket) = (runner.clone(), ticket.clone());
+        async move {
+            post_json(
+                a,
+                "POST",
+                "/api/v4/jobs/request",
+                &[],
+                json!({"token": runner, "last_update": ticket}),
+            )
+            .await
+        }
+    });
+    tokio::task::yield_now().await;
+    let first = pod.enqueue().unwrap();
+    let r = poll.await.unwrap();
+    assert_eq!(r.status, 201, "{:?}", r.json());
+    let job = r.json();
+    assert_eq!(job["id"].as_u64(), Some(first));
+    for field in [
+        "token",
+        "job_info",
+        "git_info",
+        "runner_info",
+        "variables",
+        "steps",
+        "artifacts",
+        "dependencies",
+        "features",
+    ] {
+        assert!(job.get(field).is_some(), "job JSON lacks {field}");
+    }
+    let job_token = job["token"].as_str().unwrap().to_owned();
+    let job_hdr = format!("job-token: {job_token}");
+
+    // Second and third picks: the third is a simulated race (409), the job stays.
+    pod.enqueue().unwrap();
+    pod.enqueue().unwrap();
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/jobs/request",
+        &[&hdr],
+        json!({"last_update": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/jobs/request",
+        &[&hdr],
+        json!({"last_update": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 409);
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/jobs/request",
+        &[&hdr],
+        json!({"last_update": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let dependent = r.json();
+    assert_eq!(dependent["dependencies"].as_array().map(Vec::len), Some(2));
+
+    // PUT jobs/:id running → 200.
+    let path = format!("/api/v4/jobs/{first}");
+    let r = post_json(a, "PUT", &path, &[&job_hdr], json!({"state": "running"})).await;
+    assert_eq!(r.status, 200);
+    // Trace: 202 + Range; a gap → 416 + Range; no Content-Range → 400.
+    let trace = format!("/api/v4/jobs/{first}/trace");
+    let r = call(
+        a,
+        "PATCH",
+        &trace,
+        &[&job_hdr, "content-range: 0-5", "content-type: text/plain"],
+        b"hello\n",
+    )
+    .await;
+    assert_eq!((r.status, r.header("range")), (202, Some("0-6")));
+    assert_eq!(r.header("job-status"), Some("running"));
+    assert!(r.header("x-gitlab-trace-update-interval").is_some());
+    let r = call(
+        a,
+        "PATCH",
+        &trace,
+        &[&job_hdr, "content-range: 10-12"],
+        b"gap",
+    )
+    .await;
+    assert_eq!((r.status, r.header("range")), (416, Some("0-6")));
+    let r = call(a, "PATCH", &trace, &[&job_hdr], b"x").await;
+    assert_eq!(r.status, 400);
+    // Final update before the whole trace arrived: 202; then 200.
+    let r = post_json(
+        a,
+        "PUT",
+        &path,
+        &[],
+        json!({"token": job_token, "state": "success", "output": {"bytesize": 12}}),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    let r = call(
+        a,
+        "PATCH",
+        &trace,
+        &[&job_hdr, "content-range: 6-11"],
+        b"world\n",
+    )
+    .await;
+    assert_eq!((r.status, r.header("range")), (202, Some("0-12")));
+
+    // Artifacts: streamed up (old runner: token in the form), checksummed, and
+    // byte-equal down with a dependency's token.
+    let boundary = "sim-boundary";
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut form = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"token\"\r\n\r\n{job_token}\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"artifacts.zip\"\r\nContent-Type: application/zip\r\n\r\n"
+    )
+    .into_bytes();
+    form.extend_from_slice(&payload);
+    form.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let ct = format!("content-type: multipart/form-data; boundary={boundary}");
+    let up = format!("/api/v4/jobs/{first}/artifacts?artifact_format=zip&artifact_type=archive");
+    let r = call(a, "POST", &up, &[&ct], &form).await;
+    assert_eq!(r.status, 201, "{:?}", r.json());
+    assert_eq!(r.json()["size"].as_u64(), Some(form.len() as u64));
+    let dep_token = dependent["token"].as_str().unwrap();
+    let r = call(
+        a,
+        "GET",
+        &format!("/api/v4/jobs/{first}/artifacts?token={dep_token}"),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.body == form, "artifact changed on the way");
+    let r = call(
+        a,
+        "GET",
+        &format!("/api/v4/jobs/{first}/artifacts"),
+        &["job-token: glcbt-nope"],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, 403);
+
+    let r = post_json(
+        a,
+        "PUT",
+        &path,
+        &[&job_hdr],
+        json!({"state": "success", "output": {"bytesize": 12}}),
+    )
+    .await;
+    assert_eq!((r.status, r.header("job-status")), (200, Some("success")));
+    // A finished job: 403 + Job-Status.
+    let r = post_json(a, "PUT", &path, &[&job_hdr], json!({"state": "running"})).await;
+    assert_eq!((r.status, r.header("job-status")), (403, Some("success")));
+    let r = post_json(
+        a,
+        "PUT",
+        "/api/v4/jobs/99999",
+        &[&job_hdr],
+        json!({"state": "running"}),
+    )
+    .await;
+    assert_eq!(r.status, 404);
+
+    // reset_authentication_token: 201 with a new token; the old one is gone.
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/runners/reset_authentication_token",
+        &[],
+        json!({"token": runner}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let new = r.json()["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        post_json(
+            a,
+            "POST",
+            "/api/v4/runners/verify",
+            &[],
+            json!({"token": runner})
+        )
+        .await
+        .status,
+        403
+    );
+    // DELETE runners/managers and DELETE runners: 204, then the token is refused.
+    let r = post_json(
+        a,
+        "DELETE",
+        "/api/v4/runners/managers",
+        &[],
+        json!({"token": new, "system_id": "s_1"}),
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    let r = post_json(a, "DELETE", "/api/v4/runners", &[], json!({"token": new})).await;
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        post_json(a, "DELETE", "/api/v4/runners", &[], json!({"token": new}))
+            .await
+            .status,
+        403
+    );
+    assert_eq!(misroutes(&pod), 0, "no foreign token so far");
+
+    // A token of Pod 3 at Pod 2: 403 and counted, on every endpoint family.
+    let foreign = other.state().registration_token().to_owned();
+    let r = post_json(a, "POST", "/api/v4/runners", &[], json!({"token": foreign})).await;
+    assert_eq!(r.status, 403);
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/jobs/request",
+        &[&format!("runner-token: {foreign}")],
+        json!({}),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    let other_job = other.enqueue().unwrap();
+    let other_token = other.state().job(other_job).unwrap().token;
+    let r = call(
+        a,
+        "PATCH",
+        &trace,
+        &[&format!("job-token: {other_token}"), "content-range: 0-0"],
+        b"x",
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(misroutes(&pod), 3);
+    let metrics = String::from_utf8(call(a, "GET", "/metrics", &[], b"").await.body).unwrap();
+    assert!(
+        metrics.contains("misrouted_requests_total{pod=\"2\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "podsim_requests_total{endpoint=\"jobs_request\",status=\"409\",pod=\"2\"} 1"
+        ),
+        "{metrics}"
+    );
+}

@@ -1,0 +1,80 @@
+//! `podgate pod-sim`: one simulated GitLab Pod's runner API.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use podgate_loadtest::pod_sim::{PodSim, PodSimConfig, TokenFormat};
+use podgate_tokens::{KeySet, PodId};
+
+/// Flags of `podgate pod-sim`.
+#[derive(Debug, Args)]
+pub(crate) struct PodSimArgs {
+    /// The Pod id its tokens route to.
+    #[arg(long)]
+    pod_id: PodId,
+    /// Where to listen.
+    #[arg(long, default_value = "127.0.0.1:9001")]
+    listen: SocketAddr,
+    /// How issued runner and job tokens are encoded.
+    #[arg(long, value_enum, default_value = "gitlab-v1")]
+    token_format: TokenFormat,
+    /// Key files or directories: a private key to sign JWTs (`--token-format jwt`),
+    /// public keys to recognise other Pods' JWTs as misroutes.
+    #[arg(long = "key")]
+    keys: Vec<PathBuf>,
+    /// The registration token `POST /runners` accepts (default: a new `glrt-` token
+    /// routable to this Pod, printed at start).
+    #[arg(long, env = "PODGATE_REGISTRATION_TOKEN")]
+    registration_token: Option<String>,
+    /// Jobs queued per second.
+    #[arg(long, default_value_t = 1.0)]
+    job_rate: f64,
+    /// Longest hold of a `jobs/request` long poll, e.g. `50s`.
+    #[arg(long, default_value = "50s", value_parser = super::parse_duration_secs)]
+    long_poll: u64,
+    /// Answer every n-th job pick with 409 Conflict (0: never).
+    #[arg(long, default_value_t = 0)]
+    conflict_every: u64,
+}
+
+pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
+    let keys = if args.keys.is_empty() {
+        KeySet::new()
+    } else {
+        KeySet::load_all(&args.keys).context("loading --key")?
+    };
+    let mut config = PodSimConfig::new(args.pod_id, args.listen);
+    config.token_format = args.token_format;
+    config.keys = keys;
+    config.registration_token = args.registration_token;
+    config.job_rate = args.job_rate;
+    config.long_poll = Duration::from_secs(args.long_poll);
+    config.conflict_every = args.conflict_every;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let sim = PodSim::start(config).await?;
+        println!(
+            "pod-sim: Pod {} listening on http://{}",
+            args.pod_id,
+            sim.addr()
+        );
+        println!(
+            "pod-sim: registration token {}",
+            sim.state().registration_token()
+        );
+        println!("pod-sim: metrics on http://{}/metrics", sim.addr());
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        let misrouted = sim.metrics().misrouted.get();
+        println!("pod-sim: stopping; misrouted requests: {misrouted}");
+        Ok(ExitCode::SUCCESS)
+    })
+}
