@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job. For now: the token demo (every token format classified, with the
-# keys it generates). Installs what is missing first, builds in release mode.
+# The main job: `podgate up`. Three simulated Pods, the proxy in front of them and a
+# small runner fleet on loopback, with a live table of requests per Pod, per token
+# source, and misroutes. Ctrl-C stops everything. Installs what is missing first,
+# builds in release mode. Flags pass through: ./scripts/run.sh --no-fleet
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
@@ -9,4 +11,4 @@ podgate_ensure_rust
 podgate_ensure_system_packages
 
 cargo build --release --locked --bin podgate
-exec ./target/release/podgate token demo "$@"
+exec ./target/release/podgate up "$@"

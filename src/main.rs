@@ -42,6 +42,12 @@ enum Command {
     Token(cli::token::TokenCommand),
     /// The Pod topology and agent presence, in Redis or a topology file.
     Registry(cli::registry::RegistryArgs),
+    /// The whole routing path on one machine: 3 simulated Pods, the proxy, a runner
+    /// fleet, and a live table.
+    Up(cli::up::UpArgs),
+    /// Load generators (a simulated runner fleet).
+    #[command(subcommand)]
+    Loadtest(cli::loadtest::LoadtestCommand),
     /// Simulate one GitLab Pod's runner API (with misroute detection).
     PodSim(cli::pod_sim::PodSimArgs),
     /// Run the edge router.
@@ -63,6 +69,8 @@ fn main() -> ExitCode {
         Command::Token(cmd) => cli::token::run(cmd),
         Command::Registry(args) => cli::registry::run(args),
         Command::PodSim(args) => cli::pod_sim::run(args),
+        Command::Loadtest(cmd) => cli::loadtest::run(cmd),
+        Command::Up(args) => cli::up::run(args),
         Command::Proxy { config, upgrade } => podgate_proxy::config::ProxyConfig::load(&config)
             .and_then(|c| {
                 podgate_proxy::server::run(c, podgate_proxy::server::RunOptions { upgrade })

@@ -8,4 +8,5 @@
 //!
 //! Still to come (issue 5): the runner fleet, the open-loop HTTP mode and `podgate up`.
 
+pub mod fleet;
 pub mod pod_sim;

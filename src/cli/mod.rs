@@ -1,9 +1,11 @@
 //! Subcommand glue: argument types and output formatting only; the work happens in
 //! the library crates.
 
+pub(crate) mod loadtest;
 pub(crate) mod pod_sim;
 pub(crate) mod registry;
 pub(crate) mod token;
+pub(crate) mod up;
 
 /// Exit code for usage and configuration errors (clap uses the same).
 pub(crate) const EXIT_USAGE: u8 = 2;

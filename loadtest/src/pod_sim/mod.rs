@@ -162,6 +162,11 @@ impl SimMetrics {
         }
     }
 
+    /// Requests answered, all endpoints and statuses.
+    pub fn requests_total(&self) -> u64 {
+        sum_samples(&self.render(), "podsim_requests_total{", |_| true)
+    }
+
     /// The Prometheus text format.
     pub fn render(&self) -> String {
         use prometheus::Encoder;
@@ -169,6 +174,15 @@ impl SimMetrics {
         let _ = prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+/// The sum of the samples in Prometheus `text` whose line starts with `prefix` (a
+/// metric name and `{`) and whose labels satisfy `keep`.
+pub fn sum_samples(text: &str, prefix: &str, keep: impl Fn(&str) -> bool) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix) && keep(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 /// A running simulated Pod. Dropping it stops it.

@@ -1,0 +1,289 @@
+//! `podgate up`: the whole routing path on one machine. Three simulated Pods, the
+//! proxy in front of them, and a small runner fleet; a live table of requests per
+//! Pod, per token source, and misroutes. Ctrl-C stops everything.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use podgate_loadtest::fleet::{self, FleetConfig, Progress};
+use podgate_loadtest::pod_sim::{PodSim, PodSimConfig};
+use podgate_registry::{BackendConfig, Pod, PodState, Registry, RegistryConfig};
+use podgate_tokens::PodId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Flags of `podgate up`.
+#[derive(Debug, Args)]
+pub(crate) struct UpArgs {
+    /// Where the proxy listens.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The proxy's admin listener (/metrics, /healthz).
+    #[arg(long, default_value = "127.0.0.1:9191")]
+    admin: SocketAddr,
+    /// Keep the topology in this Redis instead of in memory.
+    #[arg(long)]
+    redis: Option<String>,
+    /// No runner fleet: point your own runner at the proxy.
+    #[arg(long)]
+    no_fleet: bool,
+    /// Runners in the fleet (half old, half new).
+    #[arg(long, default_value_t = 30)]
+    runners: usize,
+    /// Jobs queued per second on each Pod.
+    #[arg(long, default_value_t = 5.0)]
+    job_rate: f64,
+    /// Stop after this long (default: at Ctrl-C), e.g. 60s.
+    #[arg(long, value_parser = super::parse_duration_secs)]
+    duration: Option<u64>,
+    /// Write the fleet's report as JSON to this file at the end.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// The proxy child; stopped (SIGTERM, then killed) on drop.
+struct ProxyChild(Child);
+
+impl Drop for ProxyChild {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: podgate\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    Some(text.split_once("\r\n\r\n")?.1.to_owned())
+}
+
+/// `source="…"` of a metric line.
+fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+    let len = line[start..].find('"')?;
+    Some(&line[start..start + len])
+}
+
+fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
+    let mut out = String::from("  Pod  address              requests  misroutes\n");
+    for s in sims {
+        let _ = writeln!(
+            out,
+            "  {:<4} {:<20} {:>8}  {:>9}",
+            s.state().pod(),
+            s.addr(),
+            s.metrics().requests_total(),
+            s.metrics().misrouted.get()
+        );
+    }
+    let mut by_source: BTreeMap<String, u64> = BTreeMap::new();
+    for l in proxy_metrics
+        .lines()
+        .filter(|l| l.starts_with("podgate_proxy_requests_total{"))
+    {
+        if let (Some(src), Some(n)) = (
+            label(l, "source"),
+            l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
+        ) {
+            *by_source.entry(src.to_owned()).or_default() += n as u64;
+        }
+    }
+    out.push_str("  token source          requests through the proxy\n");
+    for (src, n) in by_source {
+        let _ = writeln!(out, "  {src:<21} {n:>8}");
+    }
+    let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();
+    let _ = writeln!(out, "  misroutes: {misroutes}");
+    out
+}
+
+pub(crate) fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(up(args))
+}
+
+async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let mut sims = Vec::new();
+    for id in 1..=3u64 {
+        let mut c = PodSimConfig::new(PodId::new(id).expect("non-zero"), "127.0.0.1:0".parse()?);
+        c.job_rate = args.job_rate;
+        c.long_poll = Duration::from_secs(20);
+        sims.push(PodSim::start(c).await?);
+    }
+    let pods: Vec<Pod> = sims
+        .iter()
+        .map(|s| Pod {
+            id: s.state().pod(),
+            name: format!("pod-{}", s.state().pod()),
+            web: vec![s.addr().to_string()],
+            kas: vec![],
+            state: PodState::Active,
+            weight: 1,
+            labels: BTreeMap::new(),
+            session_prefix: None,
+        })
+        .collect();
+
+    let dir = tempfile::tempdir().context("a directory for the proxy's configuration")?;
+    let mut config = format!(
+        "listen = \"{}\"\nadmin_listen = \"{}\"\ngrace_period_secs = 1\nupgrade_sock = \"{}\"\n",
+        args.listen,
+        args.admin,
+        dir.path().join("upgrade.sock").display()
+    );
+    match &args.redis {
+        Some(url) => {
+            let registry = Registry::connect(RegistryConfig {
+                backend: BackendConfig::Redis { url: url.clone() },
+                ..RegistryConfig::default()
+            })
+            .await
+            .with_context(|| format!("connecting to {url}"))?;
+            for p in &pods {
+                registry.put_pod(p.clone()).await?;
+            }
+            registry.set_default_pod(Some(pods[0].id)).await?;
+            config.push_str(&format!(
+                "[registry]\nbackend = {{ kind = \"redis\", url = \"{url}\" }}\n"
+            ));
+        }
+        None => {
+            config.push_str("[topology]\ndefault_pod = 1\n");
+            for p in &pods {
+                config.push_str(&format!(
+                    "[[topology.pods]]\nid = {}\nname = \"{}\"\nweb = [\"{}\"]\n",
+                    p.id, p.name, p.web[0]
+                ));
+            }
+        }
+    }
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, &config)?;
+    let exe = std::env::current_exe().context("finding the podgate binary")?;
+    let _proxy = ProxyChild(
+        Command::new(exe)
+            .args(["proxy", "--config"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the proxy")?,
+    );
+    let mut ready = false;
+    for _ in 0..200 {
+        if get(args.admin, "/readyz").await.is_some() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::ensure!(
+        ready,
+        "the proxy did not start on {} (admin {})",
+        args.listen,
+        args.admin
+    );
+
+    println!("podgate up");
+    println!(
+        "  proxy      http://{}   (admin http://{}/metrics)",
+        args.listen, args.admin
+    );
+    println!(
+        "  topology   {}",
+        args.redis.as_deref().unwrap_or("in memory")
+    );
+    for s in &sims {
+        println!(
+            "  Pod {}      http://{}   registration token {}",
+            s.state().pod(),
+            s.addr(),
+            s.state().registration_token()
+        );
+    }
+    println!(
+        "  register a runner: gitlab-runner register --url http://{} --token <a registration token>",
+        args.listen
+    );
+
+    let duration = Duration::from_secs(args.duration.unwrap_or(365 * 24 * 3600));
+    let stop = async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = tokio::time::sleep(duration) => {}
+        }
+    };
+    let progress = Arc::new(Progress::default());
+    let fleet = (!args.no_fleet).then(|| {
+        let config = FleetConfig {
+            target: format!("http://{}", args.listen),
+            registration_tokens: sims
+                .iter()
+                .map(|s| s.state().registration_token().to_owned())
+                .collect(),
+            runners: args.runners,
+            duration,
+            old_share: 0.5,
+            artifact_bytes: 16 * 1024,
+            trace_patches: 3,
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(fleet::run(config, progress.clone(), async move {
+            let _ = rx.await;
+        }));
+        (tx, handle)
+    });
+    if fleet.is_some() {
+        println!(
+            "  fleet      {} runners (half old: token in the body only)",
+            args.runners
+        );
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(3));
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = tick.tick() => {
+                let metrics = get(args.admin, "/metrics").await.unwrap_or_default();
+                println!("\n{}", table(&sims, &metrics));
+            }
+        }
+    }
+    let mut code = ExitCode::SUCCESS;
+    if let Some((tx, handle)) = fleet {
+        let _ = tx.send(());
+        let report = handle.await.context("the fleet task")??;
+        println!("\nrunner fleet report\n{}", report.table());
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&report.to_json())?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if report.misroutes > 0 || report.unexpected() > 0 {
+            code = ExitCode::from(1);
+        }
+    }
+    let metrics = get(args.admin, "/metrics").await.unwrap_or_default();
+    println!("\nfinal\n{}", table(&sims, &metrics));
+    let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();
+    if misroutes > 0 {
+        code = ExitCode::from(1);
+    }
+    Ok(code)
+}
