@@ -5,8 +5,13 @@
 //!
 //! - [`pod_sim`]: `podgate pod-sim`, the runner API of one Pod, with misroute
 //!   detection (`misrouted_requests_total`).
+//! - [`fleet`]: `podgate loadtest runners`, simulated runners (old and new) with a
+//!   per-endpoint HDR report.
+//! - [`open_loop`]: `podgate loadtest http`, constant-rate requests with latencies
+//!   corrected for coordinated omission.
 //!
-//! Still to come (issue 5): the runner fleet, the open-loop HTTP mode and `podgate up`.
+//! `podgate up` (in the binary) puts three simulators, the proxy and a fleet together.
 
 pub mod fleet;
+pub mod open_loop;
 pub mod pod_sim;

@@ -15,6 +15,37 @@ use podgate_loadtest::fleet::{self, FleetConfig, Progress};
 pub(crate) enum LoadtestCommand {
     /// Simulated GitLab Runners: register, long-poll, run jobs.
     Runners(RunnersArgs),
+    /// Constant-rate HTTP requests, latencies corrected for coordinated omission.
+    Http(HttpArgs),
+}
+
+/// Flags of `podgate loadtest http`.
+#[derive(Debug, Args)]
+pub(crate) struct HttpArgs {
+    /// The URL, e.g. http://127.0.0.1:8080/api/v4/jobs/request.
+    #[arg(long)]
+    url: String,
+    /// Requests per second.
+    #[arg(long)]
+    rate: f64,
+    /// How long, e.g. 30s.
+    #[arg(long, default_value = "30s", value_parser = super::parse_duration_secs)]
+    duration: u64,
+    /// HTTP method.
+    #[arg(long, default_value = "GET")]
+    method: http::Method,
+    /// A header, `name: value` (repeatable).
+    #[arg(long = "header")]
+    headers: Vec<String>,
+    /// The request body.
+    #[arg(long, default_value = "")]
+    body: String,
+    /// Most requests in flight at once.
+    #[arg(long, default_value_t = 4096)]
+    max_in_flight: usize,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// Flags of `podgate loadtest runners`.
@@ -86,8 +117,43 @@ pub(crate) fn progress_bar(
     })
 }
 
+fn http(args: HttpArgs) -> anyhow::Result<ExitCode> {
+    let headers = args
+        .headers
+        .iter()
+        .map(|h| {
+            h.split_once(':')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .with_context(|| format!("--header {h:?}: expected `name: value`"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let config = podgate_loadtest::open_loop::OpenLoopConfig {
+        url: args.url,
+        method: args.method,
+        headers,
+        body: args.body.into(),
+        rate: args.rate,
+        duration: Duration::from_secs(args.duration),
+        max_in_flight: args.max_in_flight,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let report = rt.block_on(podgate_loadtest::open_loop::run(config))?;
+    print!("{}", report.table());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report.to_json())?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) fn run(cmd: LoadtestCommand) -> anyhow::Result<ExitCode> {
-    let LoadtestCommand::Runners(args) = cmd;
+    let args = match cmd {
+        LoadtestCommand::Runners(args) => args,
+        LoadtestCommand::Http(args) => return http(args),
+    };
     let config = args.config();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -96,9 +162,7 @@ pub(crate) fn run(cmd: LoadtestCommand) -> anyhow::Result<ExitCode> {
     rt.block_on(async move {
         let progress = Arc::new(Progress::default());
         let bar = progress_bar(progress.clone(), config.duration);
-        let cancel = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
+        let cancel = super::shutdown_signal();
         let report = fleet::run(config, progress, cancel).await?;
         bar.abort();
         eprintln!();

@@ -12,6 +12,22 @@ pub(crate) const EXIT_USAGE: u8 = 2;
 /// Exit code for a token found invalid.
 pub(crate) const EXIT_INVALID: u8 = 1;
 
+/// Resolves at the first SIGINT (Ctrl-C) or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 /// Parse a duration such as `90`, `90s`, `15m`, `1h` or `7d` into seconds.
 pub(crate) fn parse_duration_secs(s: &str) -> Result<u64, String> {
     let s = s.trim();

@@ -70,9 +70,7 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
             sim.state().registration_token()
         );
         println!("pod-sim: metrics on http://{}/metrics", sim.addr());
-        tokio::signal::ctrl_c()
-            .await
-            .context("waiting for Ctrl-C")?;
+        super::shutdown_signal().await;
         let misrouted = sim.metrics().misrouted.get();
         println!("pod-sim: stopping; misrouted requests: {misrouted}");
         Ok(ExitCode::SUCCESS)

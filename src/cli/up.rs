@@ -225,7 +225,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let duration = Duration::from_secs(args.duration.unwrap_or(365 * 24 * 3600));
     let stop = async {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = super::shutdown_signal() => {}
             _ = tokio::time::sleep(duration) => {}
         }
     };

@@ -37,7 +37,7 @@ pub enum Error {
     #[error("issuing a token: {0}")]
     Token(String),
     /// Listening or storing artifacts failed.
-    #[error("pod-sim I/O: {0}")]
+    #[error("pod-sim I/O")]
     Io(#[from] std::io::Error),
 }
 

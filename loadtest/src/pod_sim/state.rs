@@ -446,6 +446,41 @@ mod tests {
     }
 
     #[test]
+    fn jwt_pods_issue_signed_tokens_routable_to_them() {
+        let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+        let keys = podgate_tokens::keys::keyset_from_generated("sim", &key).unwrap();
+        let p = State::new(
+            PodId::new(4).unwrap(),
+            TokenFormat::Jwt,
+            keys.clone(),
+            None,
+            0,
+        )
+        .unwrap();
+        let (id, token) = p.register().unwrap();
+        assert_eq!(p.runner(&token), Owner::Ours(id));
+        let job = p.enqueue().unwrap();
+        let job_token = p.job(job).unwrap().token;
+        for t in [&token, &job_token, &p.registration_token().to_owned()] {
+            match Classifier::with_keys(keys.clone()).classify(t) {
+                Classification::Routable(i) => assert_eq!(i.pod.get(), 4),
+                c => panic!("{t}: {c:?}"),
+            }
+        }
+        // Without a signing key a JWT Pod cannot start.
+        assert!(
+            State::new(
+                PodId::new(4).unwrap(),
+                TokenFormat::Jwt,
+                KeySet::new(),
+                None,
+                0
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
     fn queue_tickets_conflicts_and_job_lifecycle() {
         let p = pod(2);
         let t0 = p.ticket();

@@ -1,0 +1,3 @@
+//! Test support (feature `test-util`).
+
+pub mod kube;
