@@ -3,9 +3,19 @@
 //! kas and agentk: reverse tunnels from agents, the presence registry, kas-to-kas
 //! routing, the `KasApi`, the Graph API and the Workspaces reconciliation loop.
 //!
-//! Built so far (issue 6): [`testing::kube`] (feature `test-util`), an in-process
-//! Kubernetes API server that `kubectl` accepts, for testing agentk without a cluster.
-//! kas, agentk and the tunnels are still to come.
+//! Built so far (issue 6):
+//! - [`proto`]: the seed's `KasApi` / `KasInternal` protobufs (`agent/proto/kas.proto`).
+//! - [`auth`]: JWT authentication of the external (GitLab) and internal (kas ↔ kas)
+//!   listeners, each with its own secret.
+//! - [`kas`]: both listeners; connected agents answered from the presence registry.
+//! - `testing::kube` (feature `test-util`): an in-process Kubernetes API server that
+//!   `kubectl` accepts, for testing agentk without a cluster.
+//!
+//! Still to come: agentk, the reverse tunnels, `GetPods` through them, kas → kas
+//! routing, waiting for agents, observability listeners.
 
+pub mod auth;
+pub mod kas;
+pub mod proto;
 #[cfg(feature = "test-util")]
 pub mod testing;

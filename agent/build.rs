@@ -1,0 +1,8 @@
+//! Generate the kas protobuf types and gRPC stubs (needs `protoc`, Debian
+//! `protobuf-compiler`, which the README's commands install).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/kas.proto");
+    tonic_prost_build::configure().compile_protos(&["proto/kas.proto"], &["proto"])?;
+    Ok(())
+}

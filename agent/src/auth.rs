@@ -1,0 +1,214 @@
+//! JWT authentication of kas's gRPC endpoints.
+//!
+//! - *External* (GitLab → kas): HS256 with the shared GitLab ↔ kas secret, issuer
+//!   `gitlab`, audience `gitlab-kas`, as GitLab's kas expects.
+//! - *Internal* (kas → kas): HS256 with a secret only kas instances hold, issuer and
+//!   audience `kas-internal`, and a lifetime of at most [`INTERNAL_MAX_TTL_SECS`]. A
+//!   token signed with the external secret never opens it.
+//!
+//! Every failure is `Unauthenticated` with the same bare message: nothing tells a
+//! caller which check failed.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+
+/// Longest lifetime an internal token may have.
+pub const INTERNAL_MAX_TTL_SECS: u64 = 60;
+const INTERNAL: &str = "kas-internal";
+
+/// Secret problems (configuration).
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Too short to be a secret.
+    #[error("{0}: a secret must be at least 32 bytes")]
+    ShortSecret(&'static str),
+    /// Not base64.
+    #[error("{0}: not base64 ({1})")]
+    NotBase64(&'static str, String),
+    /// Minting failed.
+    #[error("minting a token: {0}")]
+    Mint(String),
+}
+
+/// Decode a secret file's contents: base64 (as GitLab writes `.gitlab_kas_secret`),
+/// at least 32 bytes. `field` names it in errors.
+pub fn decode_secret(field: &'static str, text: &str) -> Result<Vec<u8>, Error> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .map_err(|e| Error::NotBase64(field, e.to_string()))?;
+    if bytes.len() < 32 {
+        return Err(Error::ShortSecret(field));
+    }
+    Ok(bytes)
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    iss: String,
+    aud: String,
+    iat: u64,
+    exp: u64,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Checks the bearer JWT of every request on one listener.
+#[derive(Clone)]
+pub struct JwtAuth {
+    key: DecodingKey,
+    validation: Validation,
+    max_ttl: Option<u64>,
+}
+
+impl std::fmt::Debug for JwtAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtAuth").finish_non_exhaustive()
+    }
+}
+
+impl JwtAuth {
+    /// The external endpoint: issuer `issuer` (GitLab's is `gitlab`), audience
+    /// `gitlab-kas`.
+    pub fn external(secret: &[u8], issuer: &str) -> Result<Self, Error> {
+        Self::new(secret, issuer, "gitlab-kas", None, "external secret")
+    }
+
+    /// The internal endpoint.
+    pub fn internal(secret: &[u8]) -> Result<Self, Error> {
+        Self::new(
+            secret,
+            INTERNAL,
+            INTERNAL,
+            Some(INTERNAL_MAX_TTL_SECS),
+            "internal secret",
+        )
+    }
+
+    fn new(
+        secret: &[u8],
+        issuer: &str,
+        audience: &str,
+        max_ttl: Option<u64>,
+        field: &'static str,
+    ) -> Result<Self, Error> {
+        if secret.len() < 32 {
+            return Err(Error::ShortSecret(field));
+        }
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_issuer(&[issuer]);
+        validation.set_audience(&[audience]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        validation.leeway = 5;
+        Ok(JwtAuth {
+            key: DecodingKey::from_secret(secret),
+            validation,
+            max_ttl,
+        })
+    }
+
+    /// Check `authorization: Bearer <jwt>`.
+    pub fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        let denied = || Status::unauthenticated("unauthenticated");
+        let token = metadata
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .ok_or_else(denied)?;
+        let data = jsonwebtoken::decode::<Claims>(token.trim(), &self.key, &self.validation)
+            .map_err(|_| denied())?;
+        if let Some(max) = self.max_ttl
+            && data.claims.exp.saturating_sub(data.claims.iat) > max
+        {
+            return Err(denied());
+        }
+        Ok(())
+    }
+}
+
+/// A token for kas → kas calls, valid for `ttl_secs` (at most
+/// [`INTERNAL_MAX_TTL_SECS`]).
+pub fn mint_internal(secret: &[u8], ttl_secs: u64) -> Result<String, Error> {
+    mint(
+        secret,
+        INTERNAL,
+        INTERNAL,
+        ttl_secs.min(INTERNAL_MAX_TTL_SECS),
+    )
+}
+
+/// A token as GitLab sends to the external endpoint (for tests and tools).
+pub fn mint_external(secret: &[u8], issuer: &str, ttl_secs: u64) -> Result<String, Error> {
+    mint(secret, issuer, "gitlab-kas", ttl_secs)
+}
+
+fn mint(secret: &[u8], iss: &str, aud: &str, ttl_secs: u64) -> Result<String, Error> {
+    let now = now();
+    let claims = Claims {
+        iss: iss.to_owned(),
+        aud: aud.to_owned(),
+        iat: now,
+        exp: now + ttl_secs,
+    };
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret),
+    )
+    .map_err(|e| Error::Mint(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn md(token: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        m
+    }
+
+    #[test]
+    fn each_listener_takes_only_its_own_tokens() {
+        let (ext, int) = ([7u8; 32], [9u8; 32]);
+        let external = JwtAuth::external(&ext, "gitlab").unwrap();
+        let internal = JwtAuth::internal(&int).unwrap();
+        let gitlab = mint_external(&ext, "gitlab", 60).unwrap();
+        let kas = mint_internal(&int, 30).unwrap();
+        assert!(external.check(&md(&gitlab)).is_ok());
+        assert!(internal.check(&md(&kas)).is_ok());
+        for (auth, token) in [
+            (&internal, gitlab.clone()),
+            (&external, kas.clone()),
+            (&external, mint_external(&ext, "not-gitlab", 60).unwrap()),
+            (&external, mint_external(&[8u8; 32], "gitlab", 60).unwrap()),
+            (&internal, mint(&int, INTERNAL, INTERNAL, 3600).unwrap()),
+            (&internal, mint_internal(&ext, 30).unwrap()),
+        ] {
+            let e = auth.check(&md(&token)).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated);
+            assert_eq!(e.message(), "unauthenticated");
+        }
+        assert!(external.check(&MetadataMap::new()).is_err());
+        assert!(JwtAuth::external(&[1u8; 8], "gitlab").is_err());
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode([5u8; 32]);
+        assert_eq!(
+            decode_secret("external_secret", &format!("{b64}\n")).unwrap(),
+            vec![5u8; 32]
+        );
+        assert!(decode_secret("external_secret", "c2hvcnQ=").is_err());
+    }
+}

@@ -1,0 +1,239 @@
+//! kas: the external `KasApi` listener for GitLab and the internal `KasInternal`
+//! listener for other kas instances, each with its own address and its own JWT
+//! secret ([`crate::auth`]). Connected agents are answered from the presence
+//! registry (`pod-registry`).
+//!
+//! Built so far: both listeners, authentication, `ConnectedAgentsById` and
+//! `ConnectedAgentsForProject`. `GetPods` needs the reverse tunnels to agentk, which
+//! are not built yet: it answers `Unimplemented` (after authentication).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use podgate_registry::{AgentConnection, Registry};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+
+use crate::auth::{self, JwtAuth};
+use crate::proto::kas_api_server::{KasApi, KasApiServer};
+use crate::proto::kas_internal_server::{KasInternal, KasInternalServer};
+use crate::proto::{
+    ConnectedAgentInfo, ConnectedAgentsByIdRequest, ConnectedAgentsByIdResponse,
+    ConnectedAgentsForProjectRequest, ConnectedAgentsForProjectResponse, GetPodsRequest,
+    GetPodsResponse, KasAddress,
+};
+
+/// kas errors (start-up).
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A secret is unusable.
+    #[error(transparent)]
+    Auth(#[from] auth::Error),
+    /// A listener could not bind.
+    #[error("binding {what} {addr}: {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// Its address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A kas instance's configuration.
+#[derive(Clone, Debug)]
+pub struct KasConfig {
+    /// GitLab-facing listener.
+    pub external_listen: SocketAddr,
+    /// kas-facing listener.
+    pub internal_listen: SocketAddr,
+    /// The GitLab ↔ kas shared secret (≥ 32 bytes).
+    pub external_secret: Vec<u8>,
+    /// The kas ↔ kas secret (≥ 32 bytes).
+    pub internal_secret: Vec<u8>,
+    /// The issuer GitLab puts in its tokens (`gitlab`).
+    pub issuer: String,
+}
+
+/// A running kas. Dropping it stops its listeners.
+pub struct Kas {
+    external: SocketAddr,
+    internal: SocketAddr,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Kas {
+    /// Bind both listeners and serve.
+    pub async fn start(config: KasConfig, registry: Registry) -> Result<Kas, Error> {
+        let external_auth = Arc::new(JwtAuth::external(&config.external_secret, &config.issuer)?);
+        let internal_auth = Arc::new(JwtAuth::internal(&config.internal_secret)?);
+        let bind = |what, addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Bind { what, addr, source })
+        };
+        let ext = bind("external listener", config.external_listen).await?;
+        let int = bind("internal listener", config.internal_listen).await?;
+        let (external, internal) = (
+            ext.local_addr().map_err(|source| Error::Bind {
+                what: "external listener",
+                addr: config.external_listen,
+                source,
+            })?,
+            int.local_addr().map_err(|source| Error::Bind {
+                what: "internal listener",
+                addr: config.internal_listen,
+                source,
+            })?,
+        );
+        let api = Api { registry };
+        let ext_service = KasApiServer::with_interceptor(api, move |req: Request<()>| {
+            external_auth.check(req.metadata())?;
+            Ok(req)
+        });
+        let int_service = KasInternalServer::with_interceptor(Internal, move |req: Request<()>| {
+            internal_auth.check(req.metadata())?;
+            Ok(req)
+        });
+        let tasks = vec![
+            tokio::spawn(async move {
+                if let Err(e) = tonic::transport::Server::builder()
+                    .add_service(ext_service)
+                    .serve_with_incoming(TcpListenerStream::new(ext))
+                    .await
+                {
+                    tracing::error!(error = %e, "kas external listener stopped");
+                }
+            }),
+            tokio::spawn(async move {
+                if let Err(e) = tonic::transport::Server::builder()
+                    .add_service(int_service)
+                    .serve_with_incoming(TcpListenerStream::new(int))
+                    .await
+                {
+                    tracing::error!(error = %e, "kas internal listener stopped");
+                }
+            }),
+        ];
+        Ok(Kas {
+            external,
+            internal,
+            tasks,
+        })
+    }
+
+    /// The external listener's address.
+    pub fn external_addr(&self) -> SocketAddr {
+        self.external
+    }
+
+    /// The internal listener's address.
+    pub fn internal_addr(&self) -> SocketAddr {
+        self.internal
+    }
+}
+
+impl Drop for Kas {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// `ip:port` (or a host name) into the seed's `KasAddress`.
+fn kas_address(addr: &str) -> KasAddress {
+    match addr.rsplit_once(':') {
+        Some((ip, port)) => KasAddress {
+            ip: ip.trim_matches(|c| c == '[' || c == ']').to_owned(),
+            port: port.parse().unwrap_or(0),
+        },
+        None => KasAddress {
+            ip: addr.to_owned(),
+            port: 0,
+        },
+    }
+}
+
+fn info(c: AgentConnection) -> ConnectedAgentInfo {
+    ConnectedAgentInfo {
+        id: c.agent_id,
+        connection_id: c.connection_id,
+        version: c.version,
+        commit: c.commit,
+        pod_namespace: c.pod_namespace,
+        pod_name: c.pod_name,
+        connected_at_ms: i64::try_from(c.connected_at_ms).unwrap_or(i64::MAX),
+        kas_address: Some(kas_address(&c.kas.0)),
+        project_id: c.project_id,
+    }
+}
+
+fn registry_error(e: podgate_registry::Error) -> Status {
+    tracing::warn!(error = %e, "registry lookup failed");
+    Status::unavailable("agent registry unavailable")
+}
+
+struct Api {
+    registry: Registry,
+}
+
+#[tonic::async_trait]
+impl KasApi for Api {
+    async fn connected_agents_for_project(
+        &self,
+        request: Request<ConnectedAgentsForProjectRequest>,
+    ) -> Result<Response<ConnectedAgentsForProjectResponse>, Status> {
+        let project = request.into_inner().project_id;
+        let agents = self
+            .registry
+            .connections_by_project(project)
+            .await
+            .map_err(registry_error)?;
+        Ok(Response::new(ConnectedAgentsForProjectResponse {
+            agents: agents.into_iter().map(info).collect(),
+        }))
+    }
+
+    async fn connected_agents_by_id(
+        &self,
+        request: Request<ConnectedAgentsByIdRequest>,
+    ) -> Result<Response<ConnectedAgentsByIdResponse>, Status> {
+        let agent = request.into_inner().agent_id;
+        let agents = self
+            .registry
+            .connections_by_agent(agent)
+            .await
+            .map_err(registry_error)?;
+        Ok(Response::new(ConnectedAgentsByIdResponse {
+            agents: agents.into_iter().map(info).collect(),
+        }))
+    }
+
+    async fn get_pods(
+        &self,
+        _request: Request<GetPodsRequest>,
+    ) -> Result<Response<GetPodsResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetPods needs the reverse tunnels to agentk, which this kas does not have yet",
+        ))
+    }
+}
+
+struct Internal;
+
+#[tonic::async_trait]
+impl KasInternal for Internal {
+    async fn get_pods(
+        &self,
+        _request: Request<GetPodsRequest>,
+    ) -> Result<Response<GetPodsResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetPods needs the reverse tunnels to agentk, which this kas does not have yet",
+        ))
+    }
+}

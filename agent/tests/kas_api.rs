@@ -1,0 +1,187 @@
+//! kas's two gRPC listeners: each takes only its own JWT (missing, wrong, or the other
+//! listener's → `Unauthenticated` with no detail), and `ConnectedAgentsById` /
+//! `ConnectedAgentsForProject` list the replicas the presence registry holds.
+
+use podgate_agent::auth::{mint_external, mint_internal};
+use podgate_agent::kas::{Kas, KasConfig};
+use podgate_agent::proto::kas_api_client::KasApiClient;
+use podgate_agent::proto::kas_internal_client::KasInternalClient;
+use podgate_agent::proto::{
+    ConnectedAgentsByIdRequest, ConnectedAgentsForProjectRequest, GetPodsRequest,
+};
+use podgate_registry::{
+    AgentConnection, KasAddress, MemoryBackend, Registry, RegistryConfig, Topology,
+};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const EXTERNAL: [u8; 32] = *b"gitlab-kas-shared-secret-32bytes";
+const INTERNAL: [u8; 32] = *b"kas-to-kas-only-secret-32-bytes!";
+
+fn bearer<T>(mut req: tonic::Request<T>, token: &str) -> tonic::Request<T> {
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req
+}
+
+fn conn(agent: i64, connection: i64, project: i64, kas: &str) -> AgentConnection {
+    AgentConnection {
+        agent_id: agent,
+        connection_id: connection,
+        project_id: project,
+        version: "v17.6.0".into(),
+        commit: "abc".into(),
+        pod_namespace: "gitlab-agent".into(),
+        pod_name: format!("agentk-{connection}"),
+        connected_at_ms: 1_700_000_000_000,
+        kas: KasAddress::from(kas),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_listener_authenticates_and_connected_agents_come_from_the_registry() {
+    let registry = Registry::with_memory(
+        MemoryBackend::new(Topology::default()),
+        RegistryConfig::default(),
+    )
+    .await
+    .unwrap();
+    registry
+        .register_agent(conn(3, 31, 42, "10.0.0.2:8155"))
+        .await
+        .unwrap();
+    registry
+        .register_agent(conn(3, 32, 42, "10.0.0.3:8155"))
+        .await
+        .unwrap();
+    registry
+        .register_agent(conn(4, 41, 43, "10.0.0.3:8155"))
+        .await
+        .unwrap();
+    let kas = Kas::start(
+        KasConfig {
+            external_listen: "127.0.0.1:0".parse().unwrap(),
+            internal_listen: "127.0.0.1:0".parse().unwrap(),
+            external_secret: EXTERNAL.to_vec(),
+            internal_secret: INTERNAL.to_vec(),
+            issuer: "gitlab".into(),
+        },
+        registry,
+    )
+    .await
+    .unwrap();
+    let ext = Channel::from_shared(format!("http://{}", kas.external_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let int = Channel::from_shared(format!("http://{}", kas.internal_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut api = KasApiClient::new(ext);
+    let mut internal = KasInternalClient::new(int);
+
+    // External: GitLab's token works; nothing else does, and nothing says why.
+    let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
+    let by_id = |t: Option<&str>| {
+        let req = tonic::Request::new(ConnectedAgentsByIdRequest { agent_id: 3 });
+        match t {
+            Some(t) => bearer(req, t),
+            None => req,
+        }
+    };
+    let agents = api
+        .connected_agents_by_id(by_id(Some(&gitlab)))
+        .await
+        .unwrap()
+        .into_inner()
+        .agents;
+    let mut replicas: Vec<(i64, String, u32)> = agents
+        .iter()
+        .map(|a| {
+            let k = a.kas_address.clone().unwrap();
+            (a.connection_id, k.ip, k.port)
+        })
+        .collect();
+    replicas.sort();
+    assert_eq!(
+        replicas,
+        [
+            (31, "10.0.0.2".to_owned(), 8155),
+            (32, "10.0.0.3".to_owned(), 8155)
+        ],
+        "both replicas with their kas"
+    );
+    let project = api
+        .connected_agents_for_project(bearer(
+            tonic::Request::new(ConnectedAgentsForProjectRequest { project_id: 43 }),
+            &gitlab,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .agents;
+    assert_eq!(project.iter().map(|a| a.id).collect::<Vec<_>>(), [4]);
+
+    let internal_token = mint_internal(&INTERNAL, 30).unwrap();
+    for (what, token) in [
+        ("no token", None),
+        ("garbage", Some("not-a-jwt".to_owned())),
+        (
+            "wrong secret",
+            Some(mint_external(b"another-secret-of-32-bytes-long!", "gitlab", 60).unwrap()),
+        ),
+        (
+            "wrong issuer",
+            Some(mint_external(&EXTERNAL, "not-gitlab", 60).unwrap()),
+        ),
+        ("the internal token", Some(internal_token.clone())),
+    ] {
+        let e = api
+            .connected_agents_by_id(by_id(token.as_deref()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "external, {what}");
+        assert_eq!(
+            e.message(),
+            "unauthenticated",
+            "external, {what}: no detail leaks"
+        );
+    }
+
+    // Internal: the external secret never opens it.
+    let get_pods = |t: Option<&str>| {
+        let req = tonic::Request::new(GetPodsRequest {
+            agent_id: 3,
+            connection_id: 31,
+            namespace: String::new(),
+        });
+        match t {
+            Some(t) => bearer(req, t),
+            None => req,
+        }
+    };
+    for (what, token) in [
+        ("no token", None),
+        ("GitLab's token", Some(gitlab.clone())),
+        (
+            "an internal-shaped token signed with the external secret",
+            Some(mint_internal(&EXTERNAL, 30).unwrap()),
+        ),
+    ] {
+        let e = internal
+            .get_pods(get_pods(token.as_deref()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "internal, {what}");
+    }
+    // With its own token the call passes authentication (and reaches GetPods, which
+    // needs tunnels not built yet).
+    let e = internal
+        .get_pods(get_pods(Some(&internal_token)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+}
