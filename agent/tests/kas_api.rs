@@ -65,6 +65,9 @@ async fn each_listener_authenticates_and_connected_agents_come_from_the_registry
             external_secret: EXTERNAL.to_vec(),
             internal_secret: INTERNAL.to_vec(),
             issuer: "gitlab".into(),
+            agent_listen: "127.0.0.1:0".parse().unwrap(),
+            agent_keys: podgate_tokens::KeySet::new(),
+            advertise_internal: None,
         },
         registry,
     )
@@ -184,4 +187,136 @@ async fn each_listener_authenticates_and_connected_agents_come_from_the_registry
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);
+}
+
+/// An agentk replica's `GetConfiguration` stream is its presence: registered with a
+/// fresh connection id and this kas's address while open, gone when it closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
+    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+    use podgate_agent::proto::{AgentMeta, GetConfigurationRequest};
+    use podgate_registry::AgentEvent;
+    use podgate_tokens::{MintRequest, PodId, TokenKind};
+
+    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
+    let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
+    req.agent = Some(3);
+    req.project = Some(42);
+    let token = podgate_tokens::mint(
+        &req,
+        keys.signing_key().unwrap(),
+        podgate_tokens::unix_now(),
+    )
+    .unwrap();
+    let mut no_agent = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
+    no_agent.project = Some(42);
+    let token_without_agent = podgate_tokens::mint(
+        &no_agent,
+        keys.signing_key().unwrap(),
+        podgate_tokens::unix_now(),
+    )
+    .unwrap();
+
+    let registry = Registry::with_memory(
+        MemoryBackend::new(Topology::default()),
+        RegistryConfig::default(),
+    )
+    .await
+    .unwrap();
+    let mut events = registry.subscribe();
+    let kas = Kas::start(
+        KasConfig {
+            external_listen: "127.0.0.1:0".parse().unwrap(),
+            internal_listen: "127.0.0.1:0".parse().unwrap(),
+            external_secret: EXTERNAL.to_vec(),
+            internal_secret: INTERNAL.to_vec(),
+            issuer: "gitlab".into(),
+            agent_listen: "127.0.0.1:0".parse().unwrap(),
+            agent_keys: keys,
+            advertise_internal: None,
+        },
+        registry.clone(),
+    )
+    .await
+    .unwrap();
+    let kas_instances = registry.kas_instances().await.unwrap();
+    assert_eq!(kas_instances.len(), 1);
+    assert_eq!(kas_instances[0].address.0, kas.internal_addr().to_string());
+
+    let channel = Channel::from_shared(format!("http://{}", kas.agent_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut agentk = AgentConfigurationServiceClient::new(channel);
+    let request = |t: &str| {
+        bearer(
+            tonic::Request::new(GetConfigurationRequest {
+                agent_meta: Some(AgentMeta {
+                    version: "v17.6.0".into(),
+                    commit: "c0ffee".into(),
+                    pod_namespace: "gitlab-agent".into(),
+                    pod_name: "agentk-7d9f".into(),
+                }),
+            }),
+            t,
+        )
+    };
+    for bad in [
+        "nope",
+        token_without_agent.as_str(),
+        &token.replace('.', "x"),
+    ] {
+        let e = agentk.get_configuration(request(bad)).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated);
+        assert_eq!(e.message(), "unauthenticated");
+    }
+
+    let mut stream = agentk
+        .get_configuration(request(&token))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!((first.agent_id, first.project_id), (3, 42));
+    assert!(first.connection_id > 0);
+    match events.recv().await.unwrap() {
+        AgentEvent::Connected {
+            agent_id,
+            connection_id,
+            ..
+        } => assert_eq!((agent_id, connection_id), (3, first.connection_id)),
+        e => panic!("{e:?}"),
+    }
+    let conns = registry.connections_by_agent(3).await.unwrap();
+    assert_eq!(conns.len(), 1);
+    assert_eq!(
+        (conns[0].project_id, conns[0].pod_name.as_str()),
+        (42, "agentk-7d9f")
+    );
+    assert_eq!(conns[0].kas.0, kas.internal_addr().to_string());
+
+    // The replica goes away: its stream ends, its entry is removed (an event, no
+    // polling).
+    drop(stream);
+    drop(agentk);
+    loop {
+        match events.recv().await.unwrap() {
+            AgentEvent::Disconnected {
+                agent_id,
+                connection_id,
+                ..
+            } => {
+                assert_eq!((agent_id, connection_id), (3, first.connection_id));
+                break;
+            }
+            _ => continue,
+        }
+    }
+    assert!(registry.connections_by_agent(3).await.unwrap().is_empty());
+
+    // Shutdown removes this kas from the registry.
+    kas.shutdown().await.unwrap();
+    assert!(registry.kas_instances().await.unwrap().is_empty());
 }

@@ -3,20 +3,26 @@
 //! secret ([`crate::auth`]). Connected agents are answered from the presence
 //! registry (`pod-registry`).
 //!
-//! Built so far: both listeners, authentication, `ConnectedAgentsById` and
-//! `ConnectedAgentsForProject`. `GetPods` needs the reverse tunnels to agentk, which
-//! are not built yet: it answers `Unimplemented` (after authentication).
+//! Built so far: the three listeners, authentication, presence (each agentk
+//! `GetConfiguration` stream is a registered connection, see [`presence`]), the kas's
+//! own `KasInstanceInfo`, `ConnectedAgentsById` and `ConnectedAgentsForProject`.
+//! `GetPods` needs the reverse tunnels to agentk, which are not built yet: it answers
+//! `Unimplemented` (after authentication).
+
+pub mod presence;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use podgate_registry::{AgentConnection, Registry};
+use podgate_registry::{AgentConnection, KasInstance, Registry};
+use podgate_tokens::{Classifier, KeySet};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{self, JwtAuth};
+use crate::proto::agent_configuration_service_server::AgentConfigurationServiceServer;
 use crate::proto::kas_api_server::{KasApi, KasApiServer};
 use crate::proto::kas_internal_server::{KasInternal, KasInternalServer};
 use crate::proto::{
@@ -31,6 +37,9 @@ pub enum Error {
     /// A secret is unusable.
     #[error(transparent)]
     Auth(#[from] auth::Error),
+    /// The presence registry refused.
+    #[error("registry: {0}")]
+    Registry(#[source] podgate_registry::Error),
     /// A listener could not bind.
     #[error("binding {what} {addr}: {source}")]
     Bind {
@@ -57,12 +66,21 @@ pub struct KasConfig {
     pub internal_secret: Vec<u8>,
     /// The issuer GitLab puts in its tokens (`gitlab`).
     pub issuer: String,
+    /// agentk-facing listener.
+    pub agent_listen: SocketAddr,
+    /// Keys that verify agent tokens (JWT routable tokens).
+    pub agent_keys: KeySet,
+    /// The address other kas instances use to reach this one's internal listener
+    /// (default: the internal listener's bound address).
+    pub advertise_internal: Option<String>,
 }
 
 /// A running kas. Dropping it stops its listeners.
 pub struct Kas {
     external: SocketAddr,
     internal: SocketAddr,
+    agent: SocketAddr,
+    registry: Registry,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -78,6 +96,12 @@ impl Kas {
         };
         let ext = bind("external listener", config.external_listen).await?;
         let int = bind("internal listener", config.internal_listen).await?;
+        let agt = bind("agent listener", config.agent_listen).await?;
+        let agent = agt.local_addr().map_err(|source| Error::Bind {
+            what: "agent listener",
+            addr: config.agent_listen,
+            source,
+        })?;
         let (external, internal) = (
             ext.local_addr().map_err(|source| Error::Bind {
                 what: "external listener",
@@ -90,7 +114,30 @@ impl Kas {
                 source,
             })?,
         );
-        let api = Api { registry };
+        let advertised = config
+            .advertise_internal
+            .clone()
+            .unwrap_or_else(|| internal.to_string());
+        registry
+            .register_kas(KasInstance {
+                address: advertised.as_str().into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                commit: String::new(),
+                pod_id: None,
+                started_at_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+            })
+            .await
+            .map_err(Error::Registry)?;
+        let presence = presence::Presence {
+            registry: registry.clone(),
+            classifier: Arc::new(Classifier::with_keys(config.agent_keys.clone())),
+            kas: advertised.as_str().into(),
+        };
+        let api = Api {
+            registry: registry.clone(),
+        };
         let ext_service = KasApiServer::with_interceptor(api, move |req: Request<()>| {
             external_auth.check(req.metadata())?;
             Ok(req)
@@ -100,6 +147,15 @@ impl Kas {
             Ok(req)
         });
         let tasks = vec![
+            tokio::spawn(async move {
+                if let Err(e) = tonic::transport::Server::builder()
+                    .add_service(AgentConfigurationServiceServer::new(presence))
+                    .serve_with_incoming(TcpListenerStream::new(agt))
+                    .await
+                {
+                    tracing::error!(error = %e, "kas agent listener stopped");
+                }
+            }),
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
                     .add_service(ext_service)
@@ -122,8 +178,24 @@ impl Kas {
         Ok(Kas {
             external,
             internal,
+            agent,
+            registry,
             tasks,
         })
+    }
+
+    /// The agent listener's address.
+    pub fn agent_addr(&self) -> SocketAddr {
+        self.agent
+    }
+
+    /// Stop serving and remove this kas and its agents from the registry (the seed's
+    /// cleanup before terminating).
+    pub async fn shutdown(self) -> Result<(), Error> {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.registry.shutdown().await.map_err(Error::Registry)
     }
 
     /// The external listener's address.

@@ -1,0 +1,168 @@
+//! The agent listener's `GetConfiguration`: each open stream is one connected agentk
+//! replica. It gets a random connection id, is registered in the presence registry
+//! with the seed's `ConnectedAgentInfo`, and is unregistered when the stream ends
+//! (client gone, kas shutting down).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use podgate_registry::{AgentConnection, KasAddress, Registry};
+use podgate_tokens::{Classification, Classifier, TokenFormat, TokenKind};
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::proto::agent_configuration_service_server::AgentConfigurationService;
+use crate::proto::{AgentConfiguration, GetConfigurationRequest};
+
+/// Who an agent token says the caller is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentIdentity {
+    /// Agent id (`a`).
+    pub agent_id: i64,
+    /// Configuration project (`p`).
+    pub project_id: i64,
+}
+
+/// Authenticate an agent's bearer token: a signed (JWT) routable agent token with
+/// agent and project ids. Opaque tokens would need GitLab's `agent_info` endpoint,
+/// which is not wired yet: they are refused.
+pub fn authenticate(
+    classifier: &Classifier,
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<AgentIdentity, Status> {
+    let denied = || Status::unauthenticated("unauthenticated");
+    let token = metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .ok_or_else(denied)?;
+    match classifier.classify(token.trim()) {
+        Classification::Routable(id)
+            if id.kind == TokenKind::Agent && id.format == TokenFormat::Jwt =>
+        {
+            let agent_id = id
+                .agent
+                .and_then(|a| i64::try_from(a).ok())
+                .ok_or_else(denied)?;
+            let project_id = id
+                .project
+                .and_then(|p| i64::try_from(p).ok())
+                .ok_or_else(denied)?;
+            Ok(AgentIdentity {
+                agent_id,
+                project_id,
+            })
+        }
+        _ => Err(denied()),
+    }
+}
+
+pub(crate) struct Presence {
+    pub(crate) registry: Registry,
+    pub(crate) classifier: Arc<Classifier>,
+    /// This kas's internal address: where other kas instances reach its agents.
+    pub(crate) kas: KasAddress,
+}
+
+/// The configuration stream; unregisters its connection when dropped.
+pub struct ConfigStream {
+    rx: mpsc::Receiver<Result<AgentConfiguration, Status>>,
+    guard: Registered,
+}
+
+struct Registered {
+    registry: Registry,
+    agent_id: i64,
+    connection_id: i64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let (registry, agent, connection) =
+            (self.registry.clone(), self.agent_id, self.connection_id);
+        tracing::info!(
+            agent_id = agent,
+            connection_id = connection,
+            "agent disconnected"
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = registry.unregister_agent(agent, connection).await {
+                    tracing::warn!(agent_id = agent, connection_id = connection, error = %e, "unregistering the agent failed; it expires");
+                }
+            });
+        }
+    }
+}
+
+impl Stream for ConfigStream {
+    type Item = Result<AgentConfiguration, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let _ = &self.guard;
+        self.rx.poll_recv(cx)
+    }
+}
+
+fn random_connection_id() -> i64 {
+    use rand::Rng as _;
+    rand::thread_rng().gen_range(1..i64::MAX)
+}
+
+#[tonic::async_trait]
+impl AgentConfigurationService for Presence {
+    type GetConfigurationStream = ConfigStream;
+
+    async fn get_configuration(
+        &self,
+        request: Request<GetConfigurationRequest>,
+    ) -> Result<Response<ConfigStream>, Status> {
+        let who = authenticate(&self.classifier, request.metadata())?;
+        let meta = request.into_inner().agent_meta.unwrap_or_default();
+        let connection_id = random_connection_id();
+        let conn = AgentConnection {
+            agent_id: who.agent_id,
+            connection_id,
+            project_id: who.project_id,
+            version: meta.version,
+            commit: meta.commit,
+            pod_namespace: meta.pod_namespace,
+            pod_name: meta.pod_name,
+            connected_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            kas: self.kas.clone(),
+        };
+        self.registry.register_agent(conn).await.map_err(|e| {
+            tracing::warn!(error = %e, "registering an agent failed");
+            Status::unavailable("agent registry unavailable")
+        })?;
+        tracing::info!(agent_id = who.agent_id, connection_id, "agent connected");
+        let (tx, rx) = mpsc::channel(4);
+        let first = AgentConfiguration {
+            agent_id: who.agent_id,
+            project_id: who.project_id,
+            connection_id,
+            config_yaml: String::new(),
+        };
+        // Keep the sender alive as long as the stream: the stream stays open until the
+        // client goes away (or kas stops).
+        let _ = tx.send(Ok(first)).await;
+        tokio::spawn(async move {
+            tx.closed().await;
+        });
+        Ok(Response::new(ConfigStream {
+            rx,
+            guard: Registered {
+                registry: self.registry.clone(),
+                agent_id: who.agent_id,
+                connection_id,
+            },
+        }))
+    }
+}
