@@ -48,6 +48,8 @@ enum Command {
     /// Load generators (a simulated runner fleet).
     #[command(subcommand)]
     Loadtest(cli::loadtest::LoadtestCommand),
+    /// Run a kas instance (agent, GitLab and kas-to-kas listeners).
+    Kas(cli::kas::KasArgs),
     /// Simulate one GitLab Pod's runner API (with misroute detection).
     PodSim(cli::pod_sim::PodSimArgs),
     /// Run the edge router.
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Command::Token(cmd) => cli::token::run(cmd),
         Command::Registry(args) => cli::registry::run(args),
         Command::PodSim(args) => cli::pod_sim::run(args),
+        Command::Kas(args) => cli::kas::run(args),
         Command::Loadtest(cmd) => cli::loadtest::run(cmd),
         Command::Up(args) => cli::up::run(args),
         Command::Proxy { config, upgrade } => podgate_proxy::config::ProxyConfig::load(&config)

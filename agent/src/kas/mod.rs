@@ -9,6 +9,7 @@
 //! `GetPods` needs the reverse tunnels to agentk, which are not built yet: it answers
 //! `Unimplemented` (after authentication).
 
+pub mod config;
 pub mod presence;
 
 use std::net::SocketAddr;

@@ -1,0 +1,201 @@
+//! `kas.toml`: typed, defaulted, validated; every problem names its field.
+//!
+//! ```toml
+//! agent_listen = "0.0.0.0:8150"        # agentk
+//! external_listen = "0.0.0.0:8153"     # GitLab (KasApi)
+//! internal_listen = "0.0.0.0:8155"     # other kas (KasInternal)
+//! advertise_internal = "10.0.0.2:8155" # how other kas reach this one
+//! external_secret_file = "/etc/kas/.gitlab_kas_secret"   # base64, >= 32 bytes
+//! internal_secret_file = "/etc/kas/.kas_internal_secret" # base64, >= 32 bytes
+//! issuer = "gitlab"
+//! agent_keys = ["/etc/kas/agent-keys"] # verify agent JWTs
+//! [registry]
+//! backend = { kind = "redis", url = "redis://127.0.0.1:6379" }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use podgate_registry::RegistryConfig;
+use podgate_tokens::KeySet;
+use serde::Deserialize;
+
+use super::KasConfig;
+use crate::auth;
+
+/// Configuration problems.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Invalid; every problem listed.
+    #[error("invalid kas configuration in {origin}: {}", problems.join("; "))]
+    Invalid {
+        /// The file.
+        origin: String,
+        /// Each problem, naming its field.
+        problems: Vec<String>,
+    },
+}
+
+fn default_issuer() -> String {
+    "gitlab".into()
+}
+
+/// The file's contents.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KasFileConfig {
+    /// agentk-facing listener.
+    pub agent_listen: String,
+    /// GitLab-facing listener.
+    pub external_listen: String,
+    /// kas-facing listener.
+    pub internal_listen: String,
+    /// How other kas instances reach this one (default: `internal_listen`).
+    #[serde(default)]
+    pub advertise_internal: Option<String>,
+    /// The GitLab ↔ kas secret file (base64, ≥ 32 bytes).
+    pub external_secret_file: PathBuf,
+    /// The kas ↔ kas secret file (base64, ≥ 32 bytes).
+    pub internal_secret_file: PathBuf,
+    /// The JWT issuer GitLab uses.
+    #[serde(default = "default_issuer")]
+    pub issuer: String,
+    /// Files or directories of keys verifying agent tokens.
+    #[serde(default)]
+    pub agent_keys: Vec<PathBuf>,
+    /// The presence registry.
+    #[serde(default)]
+    pub registry: RegistryConfig,
+}
+
+impl KasFileConfig {
+    /// Read, parse and check `path`; secrets and keys are loaded.
+    pub fn load(path: &Path) -> Result<(KasConfig, RegistryConfig), Error> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let file: KasFileConfig = toml::from_str(&text).map_err(|e| Error::Invalid {
+            origin: origin.clone(),
+            problems: vec![e.to_string()],
+        })?;
+        file.validate(&origin)
+    }
+
+    /// Check every field (all problems at once) and build the runtime configuration.
+    pub fn validate(&self, origin: &str) -> Result<(KasConfig, RegistryConfig), Error> {
+        let mut bad = Vec::new();
+        let mut addr = |field: &str, v: &str| match v.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                bad.push(format!("{field} = {v:?}: expected ip:port"));
+                None
+            }
+        };
+        let agent = addr("agent_listen", &self.agent_listen);
+        let external = addr("external_listen", &self.external_listen);
+        let internal = addr("internal_listen", &self.internal_listen);
+        let mut secret = |field: &'static str, path: &Path| match std::fs::read_to_string(path) {
+            Ok(text) => match auth::decode_secret(field, &text) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    bad.push(format!("{field} = {}: {e}", path.display()));
+                    None
+                }
+            },
+            Err(e) => {
+                bad.push(format!("{field} = {}: {e}", path.display()));
+                None
+            }
+        };
+        let ext_secret = secret("external_secret_file", &self.external_secret_file);
+        let int_secret = secret("internal_secret_file", &self.internal_secret_file);
+        if ext_secret.is_some() && ext_secret == int_secret {
+            bad.push("internal_secret_file: must differ from external_secret_file".into());
+        }
+        if self.issuer.is_empty() {
+            bad.push("issuer: must not be empty".into());
+        }
+        let keys = if self.agent_keys.is_empty() {
+            Some(KeySet::new())
+        } else {
+            match KeySet::load_all(&self.agent_keys) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    bad.push(format!("agent_keys: {e}"));
+                    None
+                }
+            }
+        };
+        if let Err(podgate_registry::Error::Config { problems, .. }) = self.registry.validate() {
+            bad.extend(problems.into_iter().map(|p| format!("registry.{p}")));
+        }
+        match (agent, external, internal, ext_secret, int_secret, keys) {
+            (Some(agent), Some(external), Some(internal), Some(es), Some(is), Some(keys))
+                if bad.is_empty() =>
+            {
+                Ok((
+                    KasConfig {
+                        external_listen: external,
+                        internal_listen: internal,
+                        external_secret: es,
+                        internal_secret: is,
+                        issuer: self.issuer.clone(),
+                        agent_listen: agent,
+                        agent_keys: keys,
+                        advertise_internal: self.advertise_internal.clone(),
+                    },
+                    self.registry.clone(),
+                ))
+            }
+            _ => Err(Error::Invalid {
+                origin: origin.to_owned(),
+                problems: bad,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_field_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, "c2hvcnQ=").unwrap();
+        let file: KasFileConfig = toml::from_str(&format!(
+            r#"agent_listen = "nowhere"
+               external_listen = "127.0.0.1:1"
+               internal_listen = "127.0.0.1:x"
+               external_secret_file = "{s}"
+               internal_secret_file = "/does/not/exist"
+               issuer = """#,
+            s = short.display()
+        ))
+        .unwrap();
+        let err = file.validate("kas.toml").unwrap_err().to_string();
+        for field in [
+            "kas.toml",
+            "agent_listen",
+            "internal_listen",
+            "external_secret_file",
+            "internal_secret_file",
+            "issuer",
+        ] {
+            assert!(err.contains(field), "{field}: {err}");
+        }
+        assert!(!err.contains("external_listen"), "{err}");
+    }
+}
