@@ -119,15 +119,8 @@ impl JwtAuth {
     /// Check `authorization: Bearer <jwt>`.
     pub fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
         let denied = || Status::unauthenticated("unauthenticated");
-        let token = metadata
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
-            .ok_or_else(denied)?;
-        let data = jsonwebtoken::decode::<Claims>(token.trim(), &self.key, &self.validation)
+        let token = bearer(metadata).ok_or_else(denied)?;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map_err(|_| denied())?;
         if let Some(max) = self.max_ttl
             && data.claims.exp.saturating_sub(data.claims.iat) > max
@@ -136,6 +129,14 @@ impl JwtAuth {
         }
         Ok(())
     }
+}
+
+/// The token of `authorization: Bearer <token>`, if there is one.
+pub fn bearer(metadata: &MetadataMap) -> Option<&str> {
+    let v = metadata.get("authorization")?.to_str().ok()?;
+    v.strip_prefix("Bearer ")
+        .or_else(|| v.strip_prefix("bearer "))
+        .map(str::trim)
 }
 
 /// A token for kas → kas calls, valid for `ttl_secs` (at most

@@ -246,6 +246,9 @@ fn info(c: AgentConnection) -> ConnectedAgentInfo {
     }
 }
 
+const NO_TUNNELS: &str =
+    "GetPods needs the reverse tunnels to agentk, which this kas does not have yet";
+
 fn registry_error(e: podgate_registry::Error) -> Status {
     tracing::warn!(error = %e, "registry lookup failed");
     Status::unavailable("agent registry unavailable")
@@ -291,9 +294,7 @@ impl KasApi for Api {
         &self,
         _request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        Err(Status::unimplemented(
-            "GetPods needs the reverse tunnels to agentk, which this kas does not have yet",
-        ))
+        Err(Status::unimplemented(NO_TUNNELS))
     }
 }
 
@@ -305,8 +306,6 @@ impl KasInternal for Internal {
         &self,
         _request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        Err(Status::unimplemented(
-            "GetPods needs the reverse tunnels to agentk, which this kas does not have yet",
-        ))
+        Err(Status::unimplemented(NO_TUNNELS))
     }
 }

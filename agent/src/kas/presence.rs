@@ -33,15 +33,8 @@ pub fn authenticate(
     metadata: &tonic::metadata::MetadataMap,
 ) -> Result<AgentIdentity, Status> {
     let denied = || Status::unauthenticated("unauthenticated");
-    let token = metadata
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .ok_or_else(denied)?;
-    match classifier.classify(token.trim()) {
+    let token = crate::auth::bearer(metadata).ok_or_else(denied)?;
+    match classifier.classify(token) {
         Classification::Routable(id)
             if id.kind == TokenKind::Agent && id.format == TokenFormat::Jwt =>
         {
