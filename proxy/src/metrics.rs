@@ -135,16 +135,39 @@ pub fn render() -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
+/// The status classes, in [`status_class_index`] order.
+const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
+
+/// Index into [`CLASSES`] of a status (0, no response: `none`).
+pub fn status_class_index(status: u16) -> usize {
+    match status / 100 {
+        1..=5 => usize::from(status / 100) - 1,
+        _ => 5,
+    }
+}
+
+/// One rule's histogram children, resolved once so the request path does no label
+/// hashing for them.
+pub struct RuleHistograms {
+    /// `podgate_proxy_decision_duration_seconds{rule}`.
+    pub decision: prometheus::Histogram,
+    /// `podgate_proxy_request_duration_seconds{rule,status_class}`, by class index.
+    pub duration: [prometheus::Histogram; 6],
+}
+
+impl RuleHistograms {
+    /// The children for rule `rule`.
+    pub fn new(rule: &str) -> Self {
+        RuleHistograms {
+            decision: METRICS.decision.with_label_values(&[rule]),
+            duration: CLASSES.map(|c| METRICS.duration.with_label_values(&[rule, c])),
+        }
+    }
+}
+
 /// `2xx`, `4xx`, … for a status (0, no response: `none`).
 pub fn status_class(status: u16) -> &'static str {
-    match status / 100 {
-        1 => "1xx",
-        2 => "2xx",
-        3 => "3xx",
-        4 => "4xx",
-        5 => "5xx",
-        _ => "none",
-    }
+    CLASSES[status_class_index(status)]
 }
 
 #[cfg(test)]

@@ -69,6 +69,8 @@ pub struct PodGate {
     ids: RequestIds,
     /// `source_labels[rule][source]`: the metric label, rendered once.
     source_labels: Vec<Vec<String>>,
+    /// Per rule, the histogram children, looked up once rather than per request.
+    histograms: Vec<metrics::RuleHistograms>,
 }
 
 /// Request ids for requests that come without one: a random per-process prefix and a
@@ -125,7 +127,12 @@ impl PodGate {
             .iter()
             .map(|r| r.sources.iter().map(ToString::to_string).collect())
             .collect();
+        let histograms = rules
+            .iter()
+            .map(|r| metrics::RuleHistograms::new(&r.name))
+            .collect();
         PodGate {
+            histograms,
             source_labels,
             rules: Arc::new(rules),
             classifier,
@@ -387,9 +394,8 @@ impl ProxyHttp for PodGate {
             }
             o => o,
         };
-        METRICS
+        self.histograms[idx]
             .decision
-            .with_label_values(&[rule.name.as_str()])
             .observe(started.elapsed().as_secs_f64());
         ctx.outcome = Some(outcome);
         match &ctx.outcome {
@@ -563,10 +569,9 @@ impl ProxyHttp for PodGate {
             ])
             .inc();
         let elapsed = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        METRICS
-            .duration
-            .with_label_values(&[rule, metrics::status_class(status)])
-            .observe(elapsed);
+        if let Some(h) = ctx.rule.and_then(|i| self.histograms.get(i)) {
+            h.duration[metrics::status_class_index(status)].observe(elapsed);
+        }
         let request_id = ctx.request_id.as_str();
         let head = session.req_header();
         let (method, path) = (head.method.as_str(), head.uri.path());
@@ -594,19 +599,34 @@ impl ProxyHttp for PodGate {
     }
 }
 
-/// Decimal formatting of label values without allocating.
+/// Decimal formatting of label values on the stack, without allocating.
 mod itoa_buf {
-    use std::fmt::Write;
-
     /// Room for any `u64`.
     #[derive(Default)]
-    pub(super) struct Buf(String);
+    pub(super) struct Buf([u8; 20]);
 
     impl Buf {
-        pub(super) fn format(&mut self, n: u64) -> &str {
-            self.0.clear();
-            let _ = write!(self.0, "{n}");
-            &self.0
+        pub(super) fn format(&mut self, mut n: u64) -> &str {
+            let mut i = self.0.len();
+            loop {
+                i -= 1;
+                self.0[i] = b'0' + (n % 10) as u8;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+            std::str::from_utf8(&self.0[i..]).unwrap_or("0")
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn formats_like_display() {
+            for n in [0, 7, 10, 401, 503, 65_535, u64::MAX] {
+                assert_eq!(super::Buf::default().format(n), n.to_string());
+            }
         }
     }
 }
