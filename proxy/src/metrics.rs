@@ -135,10 +135,10 @@ pub fn render() -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// The status classes, in [`status_class_index`] order.
+/// The status classes, in `status_class_index` order.
 const CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "none"];
 
-/// Index into [`CLASSES`] of a status (0, no response: `none`).
+/// Index into the status classes (`1xx` … `5xx`, then `none` for 0, no response).
 pub fn status_class_index(status: u16) -> usize {
     match status / 100 {
         1..=5 => usize::from(status / 100) - 1,
