@@ -7,13 +7,16 @@
 //! - [`proto`]: the seed's `KasApi` / `KasInternal` protobufs (`agent/proto/kas.proto`).
 //! - [`auth`]: JWT authentication of the external (GitLab) and internal (kas ↔ kas)
 //!   listeners, each with its own secret.
-//! - [`kas`]: both listeners; connected agents answered from the presence registry.
+//! - [`kas`]: the agent, external and internal listeners; presence; connected agents
+//!   from the registry; `GetPods` through a reverse tunnel this kas holds.
+//! - [`agentk`]: agentk's tunnel loop (a pool of idle tunnels, back-off).
 //! - `testing::kube` (feature `test-util`): an in-process Kubernetes API server that
 //!   `kubectl` accepts, for testing agentk without a cluster.
 //!
-//! Still to come: agentk, the reverse tunnels, `GetPods` through them, kas → kas
-//! routing, waiting for agents, observability listeners.
+//! Still to come: the agentk program (kube-rs), kas → kas routing, waiting for agents,
+//! observability listeners.
 
+pub mod agentk;
 pub mod auth;
 pub mod kas;
 pub mod proto;

@@ -180,13 +180,13 @@ async fn each_listener_authenticates_and_connected_agents_come_from_the_registry
             .unwrap_err();
         assert_eq!(e.code(), Code::Unauthenticated, "internal, {what}");
     }
-    // With its own token the call passes authentication (and reaches GetPods, which
-    // needs tunnels not built yet).
+    // With its own token the call passes authentication and reaches GetPods, which
+    // finds no tunnel to agent 3 on this kas.
     let e = internal
         .get_pods(get_pods(Some(&internal_token)))
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
+    assert_eq!(e.code(), Code::Unavailable);
 }
 
 /// An agentk replica's `GetConfiguration` stream is its presence: registered with a
@@ -319,4 +319,134 @@ async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
     // Shutdown removes this kas from the registry.
     kas.shutdown().await.unwrap();
     assert!(registry.kas_instances().await.unwrap().is_empty());
+}
+
+/// agentk keeps a pool of idle tunnels; GitLab's `GetPods` is answered through one of
+/// them, by the replica asked for, and the pool is replenished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_pods_is_answered_through_a_reverse_tunnel() {
+    use std::sync::Arc;
+
+    use podgate_agent::agentk::{Handler, serve_tunnels};
+    use podgate_agent::proto::{GetPodsResponse, Pod};
+    use podgate_tokens::{MintRequest, PodId, TokenKind};
+    use prost::Message as _;
+
+    struct Pods(&'static str);
+    impl Handler for Pods {
+        async fn handle(&self, method: String, payload: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+            assert_eq!(method, "GetPods");
+            let req = GetPodsRequest::decode(payload.as_slice()).unwrap();
+            let namespace = if req.namespace.is_empty() {
+                "default".to_owned()
+            } else {
+                req.namespace
+            };
+            let pods = ["web-1", "db-1"]
+                .iter()
+                .map(|n| Pod {
+                    namespace: namespace.clone(),
+                    name: format!("{}-{n}", self.0),
+                })
+                .collect();
+            Ok(GetPodsResponse {
+                pods,
+                connection_id: 0,
+            }
+            .encode_to_vec())
+        }
+    }
+
+    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
+    let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
+    req.agent = Some(3);
+    req.project = Some(42);
+    let token = podgate_tokens::mint(
+        &req,
+        keys.signing_key().unwrap(),
+        podgate_tokens::unix_now(),
+    )
+    .unwrap();
+    let registry = Registry::with_memory(
+        MemoryBackend::new(Topology::default()),
+        RegistryConfig::default(),
+    )
+    .await
+    .unwrap();
+    let kas = Kas::start(
+        KasConfig {
+            external_listen: "127.0.0.1:0".parse().unwrap(),
+            internal_listen: "127.0.0.1:0".parse().unwrap(),
+            external_secret: EXTERNAL.to_vec(),
+            internal_secret: INTERNAL.to_vec(),
+            issuer: "gitlab".into(),
+            agent_listen: "127.0.0.1:0".parse().unwrap(),
+            agent_keys: keys,
+            advertise_internal: None,
+        },
+        registry,
+    )
+    .await
+    .unwrap();
+    let agent_channel = Channel::from_shared(format!("http://{}", kas.agent_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // Two replicas, each with a pool of 2 idle tunnels.
+    let replicas = [(31, "a"), (32, "b")].map(|(conn, tag)| {
+        tokio::spawn(serve_tunnels(
+            agent_channel.clone(),
+            token.clone(),
+            conn,
+            2,
+            Arc::new(Pods(tag)),
+        ))
+    });
+    kas.tunnels().wait_idle(3, 31, 2).await;
+    kas.tunnels().wait_idle(3, 32, 2).await;
+
+    let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
+    let ext = Channel::from_shared(format!("http://{}", kas.external_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut api = KasApiClient::new(ext);
+    let call = |agent_id: i64, connection_id: i64, namespace: &str| {
+        bearer(
+            tonic::Request::new(GetPodsRequest {
+                agent_id,
+                connection_id,
+                namespace: namespace.into(),
+            }),
+            &gitlab,
+        )
+    };
+    // The replica asked for answers.
+    let resp = api
+        .get_pods(call(3, 32, "prod"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.connection_id, 32);
+    let names: Vec<String> = resp
+        .pods
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    assert_eq!(names, ["prod/b-web-1", "prod/b-db-1"]);
+    // Any replica when none is named.
+    let resp = api.get_pods(call(3, 0, "")).await.unwrap().into_inner();
+    assert!([31, 32].contains(&resp.connection_id));
+    // Used tunnels are replaced: the pools are full again.
+    kas.tunnels().wait_idle(3, 31, 2).await;
+    kas.tunnels().wait_idle(3, 32, 2).await;
+    // An agent this kas holds no tunnel to: Unavailable (kas-to-kas routing is to come).
+    let e = api.get_pods(call(99, 0, "")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    for r in replicas {
+        r.abort();
+    }
 }

@@ -5,12 +5,14 @@
 //!
 //! Built so far: the three listeners, authentication, presence (each agentk
 //! `GetConfiguration` stream is a registered connection, see [`presence`]), the kas's
-//! own `KasInstanceInfo`, `ConnectedAgentsById` and `ConnectedAgentsForProject`.
-//! `GetPods` needs the reverse tunnels to agentk, which are not built yet: it answers
-//! `Unimplemented` (after authentication).
+//! own `KasInstanceInfo`, `ConnectedAgentsById`, `ConnectedAgentsForProject`, and
+//! `GetPods` through a reverse tunnel this kas holds ([`tunnel`]). Without a local
+//! tunnel it answers `Unavailable`: kas → kas routing and waiting for the agent are
+//! still to come.
 
 pub mod config;
 pub mod presence;
+pub mod tunnel;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use crate::auth::{self, JwtAuth};
 use crate::proto::agent_configuration_service_server::AgentConfigurationServiceServer;
 use crate::proto::kas_api_server::{KasApi, KasApiServer};
 use crate::proto::kas_internal_server::{KasInternal, KasInternalServer};
+use crate::proto::reverse_tunnel_server::ReverseTunnelServer;
 use crate::proto::{
     ConnectedAgentInfo, ConnectedAgentsByIdRequest, ConnectedAgentsByIdResponse,
     ConnectedAgentsForProjectRequest, ConnectedAgentsForProjectResponse, GetPodsRequest,
@@ -82,6 +85,7 @@ pub struct Kas {
     internal: SocketAddr,
     agent: SocketAddr,
     registry: Registry,
+    tunnels: Arc<tunnel::Tunnels>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -131,26 +135,38 @@ impl Kas {
             })
             .await
             .map_err(Error::Registry)?;
+        let classifier = Arc::new(Classifier::with_keys(config.agent_keys.clone()));
+        let tunnels = Arc::new(tunnel::Tunnels::default());
         let presence = presence::Presence {
             registry: registry.clone(),
-            classifier: Arc::new(Classifier::with_keys(config.agent_keys.clone())),
+            classifier: classifier.clone(),
             kas: advertised.as_str().into(),
+        };
+        let tunnel_service = tunnel::TunnelService {
+            tunnels: tunnels.clone(),
+            classifier,
         };
         let api = Api {
             registry: registry.clone(),
+            tunnels: tunnels.clone(),
+        };
+        let internal_api = Internal {
+            tunnels: tunnels.clone(),
         };
         let ext_service = KasApiServer::with_interceptor(api, move |req: Request<()>| {
             external_auth.check(req.metadata())?;
             Ok(req)
         });
-        let int_service = KasInternalServer::with_interceptor(Internal, move |req: Request<()>| {
-            internal_auth.check(req.metadata())?;
-            Ok(req)
-        });
+        let int_service =
+            KasInternalServer::with_interceptor(internal_api, move |req: Request<()>| {
+                internal_auth.check(req.metadata())?;
+                Ok(req)
+            });
         let tasks = vec![
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
                     .add_service(AgentConfigurationServiceServer::new(presence))
+                    .add_service(ReverseTunnelServer::new(tunnel_service))
                     .serve_with_incoming(TcpListenerStream::new(agt))
                     .await
                 {
@@ -181,6 +197,7 @@ impl Kas {
             internal,
             agent,
             registry,
+            tunnels,
             tasks,
         })
     }
@@ -188,6 +205,11 @@ impl Kas {
     /// The agent listener's address.
     pub fn agent_addr(&self) -> SocketAddr {
         self.agent
+    }
+
+    /// This kas's tunnels.
+    pub fn tunnels(&self) -> &tunnel::Tunnels {
+        &self.tunnels
     }
 
     /// Stop serving and remove this kas and its agents from the registry (the seed's
@@ -247,7 +269,7 @@ fn info(c: AgentConnection) -> ConnectedAgentInfo {
 }
 
 const NO_TUNNELS: &str =
-    "GetPods needs the reverse tunnels to agentk, which this kas does not have yet";
+    "this kas holds no tunnel to the agent (kas-to-kas routing is not built yet)";
 
 fn registry_error(e: podgate_registry::Error) -> Status {
     tracing::warn!(error = %e, "registry lookup failed");
@@ -256,6 +278,29 @@ fn registry_error(e: podgate_registry::Error) -> Status {
 
 struct Api {
     registry: Registry,
+    tunnels: Arc<tunnel::Tunnels>,
+}
+
+/// `GetPods` through a tunnel this kas holds to the agent: `None` when it holds none.
+async fn get_pods_local(
+    tunnels: &tunnel::Tunnels,
+    req: &GetPodsRequest,
+) -> Option<Result<GetPodsResponse, Status>> {
+    use prost::Message as _;
+    let result = tunnels
+        .call(
+            req.agent_id,
+            req.connection_id,
+            "GetPods",
+            req.encode_to_vec(),
+        )
+        .await?;
+    Some(result.and_then(|(connection_id, payload)| {
+        let mut resp = GetPodsResponse::decode(payload.as_slice())
+            .map_err(|_| Status::internal("agentk sent an undecodable GetPods response"))?;
+        resp.connection_id = connection_id;
+        Ok(resp)
+    }))
 }
 
 #[tonic::async_trait]
@@ -292,20 +337,28 @@ impl KasApi for Api {
 
     async fn get_pods(
         &self,
-        _request: Request<GetPodsRequest>,
+        request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        Err(Status::unimplemented(NO_TUNNELS))
+        match get_pods_local(&self.tunnels, request.get_ref()).await {
+            Some(r) => r.map(Response::new),
+            None => Err(Status::unavailable(NO_TUNNELS)),
+        }
     }
 }
 
-struct Internal;
+struct Internal {
+    tunnels: Arc<tunnel::Tunnels>,
+}
 
 #[tonic::async_trait]
 impl KasInternal for Internal {
     async fn get_pods(
         &self,
-        _request: Request<GetPodsRequest>,
+        request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        Err(Status::unimplemented(NO_TUNNELS))
+        match get_pods_local(&self.tunnels, request.get_ref()).await {
+            Some(r) => r.map(Response::new),
+            None => Err(Status::unavailable(NO_TUNNELS)),
+        }
     }
 }
