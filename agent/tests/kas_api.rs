@@ -68,6 +68,7 @@ async fn each_listener_authenticates_and_connected_agents_come_from_the_registry
             agent_listen: "127.0.0.1:0".parse().unwrap(),
             agent_keys: podgate_tokens::KeySet::new(),
             advertise_internal: None,
+            max_wait: std::time::Duration::from_secs(5),
         },
         registry,
     )
@@ -235,6 +236,7 @@ async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
             agent_listen: "127.0.0.1:0".parse().unwrap(),
             agent_keys: keys,
             advertise_internal: None,
+            max_wait: std::time::Duration::from_secs(5),
         },
         registry.clone(),
     )
@@ -384,6 +386,8 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
             agent_listen: "127.0.0.1:0".parse().unwrap(),
             agent_keys: keys,
             advertise_internal: None,
+            // An agent that never connects is given up on after this.
+            max_wait: std::time::Duration::from_millis(200),
         },
         registry,
     )
@@ -443,10 +447,154 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     // Used tunnels are replaced: the pools are full again.
     kas.tunnels().wait_idle(3, 31, 2).await;
     kas.tunnels().wait_idle(3, 32, 2).await;
-    // An agent this kas holds no tunnel to: Unavailable (kas-to-kas routing is to come).
+    // An agent connected nowhere: Unavailable once max_wait has passed.
     let e = api.get_pods(call(99, 0, "")).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable);
     for r in replicas {
         r.abort();
     }
+}
+
+/// kas → kas: GitLab asks kas1 for an agent whose replica (and tunnels) are on kas2;
+/// kas1 finds kas2 in the registry and calls its internal endpoint. A request for an
+/// agent that connects later waits for it (woken by the registry's event) and is then
+/// answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agents() {
+    use std::sync::Arc;
+
+    use podgate_agent::agentk::{Handler, serve_tunnels};
+    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+    use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse, Pod};
+    use podgate_tokens::{MintRequest, PodId, TokenKind};
+    use prost::Message as _;
+
+    struct Named(String);
+    impl Handler for Named {
+        async fn handle(
+            &self,
+            _method: String,
+            _payload: Vec<u8>,
+        ) -> Result<Vec<u8>, tonic::Status> {
+            Ok(GetPodsResponse {
+                pods: vec![Pod {
+                    namespace: "default".into(),
+                    name: self.0.clone(),
+                }],
+                connection_id: 0,
+            }
+            .encode_to_vec())
+        }
+    }
+
+    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
+    let agent_token = |agent: u64| {
+        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
+        req.agent = Some(agent);
+        req.project = Some(42);
+        podgate_tokens::mint(
+            &req,
+            keys.signing_key().unwrap(),
+            podgate_tokens::unix_now(),
+        )
+        .unwrap()
+    };
+    let backend = MemoryBackend::new(Topology::default());
+    let mut kases = Vec::new();
+    for _ in 0..2 {
+        let registry = Registry::with_memory(backend.clone(), RegistryConfig::default())
+            .await
+            .unwrap();
+        kases.push(
+            Kas::start(
+                KasConfig {
+                    external_listen: "127.0.0.1:0".parse().unwrap(),
+                    internal_listen: "127.0.0.1:0".parse().unwrap(),
+                    external_secret: EXTERNAL.to_vec(),
+                    internal_secret: INTERNAL.to_vec(),
+                    issuer: "gitlab".into(),
+                    agent_listen: "127.0.0.1:0".parse().unwrap(),
+                    agent_keys: keys.clone(),
+                    advertise_internal: None,
+                    max_wait: std::time::Duration::from_secs(30),
+                },
+                registry,
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let (kas1, kas2) = (&kases[0], &kases[1]);
+    let kas2_agents = Channel::from_shared(format!("http://{}", kas2.agent_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // An agentk replica on kas2: its presence stream and its tunnels.
+    let connect = |agent: u64| {
+        let (channel, token) = (kas2_agents.clone(), agent_token(agent));
+        async move {
+            let mut req = tonic::Request::new(GetConfigurationRequest::default());
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {token}").parse().unwrap());
+            let mut stream = AgentConfigurationServiceClient::new(channel.clone())
+                .get_configuration(req)
+                .await
+                .unwrap()
+                .into_inner();
+            let conn = stream.message().await.unwrap().unwrap().connection_id;
+            let tunnels = tokio::spawn(serve_tunnels(
+                channel,
+                token,
+                conn,
+                2,
+                Arc::new(Named(format!("agent-{agent}"))),
+            ));
+            (conn, stream, tunnels)
+        }
+    };
+    let (conn3, _presence3, tunnels3) = connect(3).await;
+    kas2.tunnels().wait_idle(3, conn3, 2).await;
+
+    let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
+    let ext1 = Channel::from_shared(format!("http://{}", kas1.external_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut api = KasApiClient::new(ext1);
+    let call = move |agent_id: i64| {
+        bearer(
+            tonic::Request::new(GetPodsRequest {
+                agent_id,
+                connection_id: 0,
+                namespace: String::new(),
+            }),
+            &gitlab.clone(),
+        )
+    };
+    assert_eq!(
+        kas1.tunnels().idle(3, 0),
+        0,
+        "kas1 holds no tunnel to agent 3"
+    );
+    let resp = api.get_pods(call(3)).await.unwrap().into_inner();
+    assert_eq!(resp.connection_id, conn3, "answered by the replica on kas2");
+    assert_eq!(resp.pods[0].name, "agent-3");
+
+    // Agent 5 is not connected anywhere: the request waits, and completes once it
+    // connects (to kas2).
+    let mut waiting_api = api.clone();
+    let waiting = tokio::spawn(async move { waiting_api.get_pods(call(5)).await });
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished());
+    let (conn5, _presence5, tunnels5) = connect(5).await;
+    let resp = waiting.await.unwrap().unwrap().into_inner();
+    assert_eq!(
+        (resp.connection_id, resp.pods[0].name.as_str()),
+        (conn5, "agent-5")
+    );
+    tunnels3.abort();
+    tunnels5.abort();
 }

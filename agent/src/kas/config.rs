@@ -75,6 +75,13 @@ pub struct KasFileConfig {
     /// The presence registry.
     #[serde(default)]
     pub registry: RegistryConfig,
+    /// Longest a GitLab request waits for its agent to connect anywhere.
+    #[serde(default = "default_max_wait", with = "humantime_serde")]
+    pub max_wait: std::time::Duration,
+}
+
+fn default_max_wait() -> std::time::Duration {
+    std::time::Duration::from_secs(60)
 }
 
 impl KasFileConfig {
@@ -154,6 +161,7 @@ impl KasFileConfig {
                         agent_listen: agent,
                         agent_keys: keys,
                         advertise_internal: self.advertise_internal.clone(),
+                        max_wait: self.max_wait,
                     },
                     self.registry.clone(),
                 ))

@@ -6,9 +6,10 @@
 //! Built so far: the three listeners, authentication, presence (each agentk
 //! `GetConfiguration` stream is a registered connection, see [`presence`]), the kas's
 //! own `KasInstanceInfo`, `ConnectedAgentsById`, `ConnectedAgentsForProject`, and
-//! `GetPods` through a reverse tunnel this kas holds ([`tunnel`]). Without a local
-//! tunnel it answers `Unavailable`: kas → kas routing and waiting for the agent are
-//! still to come.
+//! `GetPods` routed as the seed says: through a reverse tunnel this kas holds
+//! ([`tunnel`]), else through the internal endpoint of the kas the registry names
+//! (re-routed if that kas lost the agent), else waiting until the agent connects
+//! anywhere (woken by the registry's event) or `max_wait` passes.
 
 pub mod config;
 pub mod presence;
@@ -77,6 +78,8 @@ pub struct KasConfig {
     /// The address other kas instances use to reach this one's internal listener
     /// (default: the internal listener's bound address).
     pub advertise_internal: Option<String>,
+    /// Longest a GitLab request waits for its agent to connect anywhere.
+    pub max_wait: std::time::Duration,
 }
 
 /// A running kas. Dropping it stops its listeners.
@@ -149,6 +152,12 @@ impl Kas {
         let api = Api {
             registry: registry.clone(),
             tunnels: tunnels.clone(),
+            router: Router {
+                me: advertised.clone(),
+                internal_secret: config.internal_secret.clone(),
+                channels: std::sync::Mutex::default(),
+            },
+            max_wait: config.max_wait,
         };
         let internal_api = Internal {
             tunnels: tunnels.clone(),
@@ -268,8 +277,7 @@ fn info(c: AgentConnection) -> ConnectedAgentInfo {
     }
 }
 
-const NO_TUNNELS: &str =
-    "this kas holds no tunnel to the agent (kas-to-kas routing is not built yet)";
+const NO_TUNNELS: &str = "this kas holds no tunnel to the agent";
 
 fn registry_error(e: podgate_registry::Error) -> Status {
     tracing::warn!(error = %e, "registry lookup failed");
@@ -279,6 +287,46 @@ fn registry_error(e: podgate_registry::Error) -> Status {
 struct Api {
     registry: Registry,
     tunnels: Arc<tunnel::Tunnels>,
+    router: Router,
+    max_wait: std::time::Duration,
+}
+
+/// kas → kas calls: to the internal listener of the kas the registry names, with a
+/// short-lived internal token. The receiving kas only follows the instruction.
+struct Router {
+    me: String,
+    internal_secret: Vec<u8>,
+    channels: std::sync::Mutex<std::collections::HashMap<String, tonic::transport::Channel>>,
+}
+
+impl Router {
+    fn channel(&self, kas: &str) -> Result<tonic::transport::Channel, Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = channels.get(kas) {
+            return Ok(c.clone());
+        }
+        let c = tonic::transport::Channel::from_shared(format!("http://{kas}"))
+            .map_err(|_| Status::internal("a kas address in the registry is not a URI"))?
+            .connect_lazy();
+        channels.insert(kas.to_owned(), c.clone());
+        Ok(c)
+    }
+
+    async fn get_pods(&self, kas: &str, req: GetPodsRequest) -> Result<GetPodsResponse, Status> {
+        let token = auth::mint_internal(&self.internal_secret, 30)
+            .map_err(|_| Status::internal("minting an internal token"))?;
+        let mut request = Request::new(req);
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|_| Status::internal("token is not a header value"))?,
+        );
+        crate::proto::kas_internal_client::KasInternalClient::new(self.channel(kas)?)
+            .get_pods(request)
+            .await
+            .map(Response::into_inner)
+    }
 }
 
 /// `GetPods` through a tunnel this kas holds to the agent: `None` when it holds none.
@@ -335,13 +383,54 @@ impl KasApi for Api {
         }))
     }
 
+    /// A local tunnel if this kas holds one; else the kas the registry names for the
+    /// agent (re-routed when that kas lost it); else wait, woken by the registry's
+    /// connect event, until the agent connects anywhere or `max_wait` passes.
     async fn get_pods(
         &self,
         request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        match get_pods_local(&self.tunnels, request.get_ref()).await {
-            Some(r) => r.map(Response::new),
-            None => Err(Status::unavailable(NO_TUNNELS)),
+        let req = request.into_inner();
+        let deadline = tokio::time::Instant::now() + self.max_wait;
+        let mut events = self.registry.subscribe();
+        loop {
+            if let Some(r) = get_pods_local(&self.tunnels, &req).await {
+                return r.map(Response::new);
+            }
+            let conns = self
+                .registry
+                .wait_for_agent(req.agent_id, deadline)
+                .await
+                .map_err(|_| Status::unavailable("the agent is not connected"))?;
+            let mut held_here = false;
+            for c in conns
+                .iter()
+                .filter(|c| req.connection_id == 0 || c.connection_id == req.connection_id)
+            {
+                if c.kas.0 == self.router.me {
+                    held_here = true;
+                    continue;
+                }
+                let instruction = GetPodsRequest {
+                    connection_id: c.connection_id,
+                    ..req.clone()
+                };
+                match self.router.get_pods(&c.kas.0, instruction).await {
+                    Ok(resp) => return Ok(Response::new(resp)),
+                    // That kas lost the agent (or is gone): try the next.
+                    Err(e) if matches!(e.code(), tonic::Code::Unavailable) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            // Nothing answered yet: wait for the next change (a tunnel here, or an
+            // agent event anywhere), never past the deadline.
+            tokio::select! {
+                _ = self.tunnels.wait_idle(req.agent_id, req.connection_id, 1), if held_here => {}
+                _ = events.recv() => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(Status::unavailable("the agent is not connected"));
+                }
+            }
         }
     }
 }
