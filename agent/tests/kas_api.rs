@@ -24,6 +24,43 @@ fn bearer<T>(mut req: tonic::Request<T>, token: &str) -> tonic::Request<T> {
     req
 }
 
+/// A kas on free loopback ports with the test secrets, verifying agents with `keys`.
+/// `max_wait`: how long a request waits for an agent connected nowhere.
+fn kas_config(keys: podgate_tokens::KeySet, max_wait: std::time::Duration) -> KasConfig {
+    KasConfig {
+        external_listen: "127.0.0.1:0".parse().unwrap(),
+        internal_listen: "127.0.0.1:0".parse().unwrap(),
+        external_secret: EXTERNAL.to_vec(),
+        internal_secret: INTERNAL.to_vec(),
+        issuer: "gitlab".into(),
+        agent_listen: "127.0.0.1:0".parse().unwrap(),
+        agent_keys: keys,
+        advertise_internal: None,
+        max_wait,
+    }
+}
+
+/// An agent-token signing key, and a minter of agent tokens (agent `a`, project 42;
+/// `None` for a token without an agent id).
+fn agent_tokens() -> (podgate_tokens::KeySet, impl Fn(Option<u64>) -> String) {
+    use podgate_tokens::{MintRequest, PodId, TokenKind};
+    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
+    let signer = keys.clone();
+    let mint = move |agent: Option<u64>| {
+        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
+        req.agent = agent;
+        req.project = Some(42);
+        podgate_tokens::mint(
+            &req,
+            signer.signing_key().unwrap(),
+            podgate_tokens::unix_now(),
+        )
+        .unwrap()
+    };
+    (keys, mint)
+}
+
 fn conn(agent: i64, connection: i64, project: i64, kas: &str) -> AgentConnection {
     AgentConnection {
         agent_id: agent,
@@ -59,17 +96,10 @@ async fn each_listener_authenticates_and_connected_agents_come_from_the_registry
         .await
         .unwrap();
     let kas = Kas::start(
-        KasConfig {
-            external_listen: "127.0.0.1:0".parse().unwrap(),
-            internal_listen: "127.0.0.1:0".parse().unwrap(),
-            external_secret: EXTERNAL.to_vec(),
-            internal_secret: INTERNAL.to_vec(),
-            issuer: "gitlab".into(),
-            agent_listen: "127.0.0.1:0".parse().unwrap(),
-            agent_keys: podgate_tokens::KeySet::new(),
-            advertise_internal: None,
-            max_wait: std::time::Duration::from_secs(5),
-        },
+        kas_config(
+            podgate_tokens::KeySet::new(),
+            std::time::Duration::from_secs(5),
+        ),
         registry,
     )
     .await
@@ -197,27 +227,10 @@ async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
     use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
     use podgate_agent::proto::{AgentMeta, GetConfigurationRequest};
     use podgate_registry::AgentEvent;
-    use podgate_tokens::{MintRequest, PodId, TokenKind};
 
-    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
-    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
-    let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
-    req.agent = Some(3);
-    req.project = Some(42);
-    let token = podgate_tokens::mint(
-        &req,
-        keys.signing_key().unwrap(),
-        podgate_tokens::unix_now(),
-    )
-    .unwrap();
-    let mut no_agent = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
-    no_agent.project = Some(42);
-    let token_without_agent = podgate_tokens::mint(
-        &no_agent,
-        keys.signing_key().unwrap(),
-        podgate_tokens::unix_now(),
-    )
-    .unwrap();
+    let (keys, mint) = agent_tokens();
+    let token = mint(Some(3));
+    let token_without_agent = mint(None);
 
     let registry = Registry::with_memory(
         MemoryBackend::new(Topology::default()),
@@ -227,17 +240,7 @@ async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
     .unwrap();
     let mut events = registry.subscribe();
     let kas = Kas::start(
-        KasConfig {
-            external_listen: "127.0.0.1:0".parse().unwrap(),
-            internal_listen: "127.0.0.1:0".parse().unwrap(),
-            external_secret: EXTERNAL.to_vec(),
-            internal_secret: INTERNAL.to_vec(),
-            issuer: "gitlab".into(),
-            agent_listen: "127.0.0.1:0".parse().unwrap(),
-            agent_keys: keys,
-            advertise_internal: None,
-            max_wait: std::time::Duration::from_secs(5),
-        },
+        kas_config(keys, std::time::Duration::from_secs(5)),
         registry.clone(),
     )
     .await
@@ -331,7 +334,6 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
 
     use podgate_agent::agentk::{Handler, serve_tunnels};
     use podgate_agent::proto::{GetPodsResponse, Pod};
-    use podgate_tokens::{MintRequest, PodId, TokenKind};
     use prost::Message as _;
 
     struct Pods(&'static str);
@@ -359,17 +361,8 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
         }
     }
 
-    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
-    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
-    let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
-    req.agent = Some(3);
-    req.project = Some(42);
-    let token = podgate_tokens::mint(
-        &req,
-        keys.signing_key().unwrap(),
-        podgate_tokens::unix_now(),
-    )
-    .unwrap();
+    let (keys, mint) = agent_tokens();
+    let token = mint(Some(3));
     let registry = Registry::with_memory(
         MemoryBackend::new(Topology::default()),
         RegistryConfig::default(),
@@ -377,18 +370,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     .await
     .unwrap();
     let kas = Kas::start(
-        KasConfig {
-            external_listen: "127.0.0.1:0".parse().unwrap(),
-            internal_listen: "127.0.0.1:0".parse().unwrap(),
-            external_secret: EXTERNAL.to_vec(),
-            internal_secret: INTERNAL.to_vec(),
-            issuer: "gitlab".into(),
-            agent_listen: "127.0.0.1:0".parse().unwrap(),
-            agent_keys: keys,
-            advertise_internal: None,
-            // An agent that never connects is given up on after this.
-            max_wait: std::time::Duration::from_millis(200),
-        },
+        kas_config(keys, std::time::Duration::from_millis(200)),
         registry,
     )
     .await
@@ -466,7 +448,6 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
     use podgate_agent::agentk::{Handler, serve_tunnels};
     use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
     use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse, Pod};
-    use podgate_tokens::{MintRequest, PodId, TokenKind};
     use prost::Message as _;
 
     struct Named(String);
@@ -487,19 +468,8 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
         }
     }
 
-    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
-    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
-    let agent_token = |agent: u64| {
-        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
-        req.agent = Some(agent);
-        req.project = Some(42);
-        podgate_tokens::mint(
-            &req,
-            keys.signing_key().unwrap(),
-            podgate_tokens::unix_now(),
-        )
-        .unwrap()
-    };
+    let (keys, mint) = agent_tokens();
+    let agent_token = |agent: u64| mint(Some(agent));
     let backend = MemoryBackend::new(Topology::default());
     let mut kases = Vec::new();
     for _ in 0..2 {
@@ -508,17 +478,7 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
             .unwrap();
         kases.push(
             Kas::start(
-                KasConfig {
-                    external_listen: "127.0.0.1:0".parse().unwrap(),
-                    internal_listen: "127.0.0.1:0".parse().unwrap(),
-                    external_secret: EXTERNAL.to_vec(),
-                    internal_secret: INTERNAL.to_vec(),
-                    issuer: "gitlab".into(),
-                    agent_listen: "127.0.0.1:0".parse().unwrap(),
-                    agent_keys: keys.clone(),
-                    advertise_internal: None,
-                    max_wait: std::time::Duration::from_secs(30),
-                },
+                kas_config(keys.clone(), std::time::Duration::from_secs(30)),
                 registry,
             )
             .await
