@@ -161,6 +161,9 @@ impl Kas {
         };
         let internal_api = Internal {
             tunnels: tunnels.clone(),
+            registry: registry.clone(),
+            me: advertised.clone(),
+            max_wait: config.max_wait,
         };
         let ext_service = KasApiServer::with_interceptor(api, move |req: Request<()>| {
             external_auth.check(req.metadata())?;
@@ -437,6 +440,9 @@ impl KasApi for Api {
 
 struct Internal {
     tunnels: Arc<tunnel::Tunnels>,
+    registry: Registry,
+    me: String,
+    max_wait: std::time::Duration,
 }
 
 #[tonic::async_trait]
@@ -445,9 +451,34 @@ impl KasInternal for Internal {
         &self,
         request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        match get_pods_local(&self.tunnels, request.get_ref()).await {
-            Some(r) => r.map(Response::new),
-            None => Err(Status::unavailable(NO_TUNNELS)),
+        let req = request.into_inner();
+        let deadline = tokio::time::Instant::now() + self.max_wait;
+        loop {
+            if let Some(r) = get_pods_local(&self.tunnels, &req).await {
+                return r.map(Response::new);
+            }
+            // The replica may be ours with its tunnels busy or not open yet (they
+            // follow its GetConfiguration stream): wait for one. A replica that is not
+            // ours is answered at once, so the caller re-routes.
+            let ours = self
+                .registry
+                .connections_by_agent(req.agent_id)
+                .await
+                .unwrap_or_default()
+                .iter()
+                .any(|c| {
+                    c.kas.0 == self.me
+                        && (req.connection_id == 0 || c.connection_id == req.connection_id)
+                });
+            if !ours {
+                return Err(Status::unavailable(NO_TUNNELS));
+            }
+            tokio::select! {
+                _ = self.tunnels.wait_idle(req.agent_id, req.connection_id, 1) => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(Status::unavailable(NO_TUNNELS));
+                }
+            }
         }
     }
 }
