@@ -50,6 +50,9 @@ enum Command {
     Loadtest(cli::loadtest::LoadtestCommand),
     /// Run a kas instance (agent, GitLab and kas-to-kas listeners).
     Kas(cli::kas::KasArgs),
+    /// Run one agentk replica: connect to kas, keep reverse tunnels, answer with the
+    /// Kubernetes API.
+    Agentk(cli::agentk::AgentkArgs),
     /// Simulate one GitLab Pod's runner API (with misroute detection).
     PodSim(cli::pod_sim::PodSimArgs),
     /// Run the edge router.
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::Registry(args) => cli::registry::run(args),
         Command::PodSim(args) => cli::pod_sim::run(args),
         Command::Kas(args) => cli::kas::run(args),
+        Command::Agentk(args) => cli::agentk::run(args),
         Command::Loadtest(cmd) => cli::loadtest::run(cmd),
         Command::Up(args) => cli::up::run(args),
         Command::Proxy { config, upgrade } => podgate_proxy::config::ProxyConfig::load(&config)

@@ -20,12 +20,13 @@ async fn kas_serves_registers_itself_and_cleans_up_on_sigterm() {
     let external = [1u8; 32];
     std::fs::write(dir.path().join("ext"), b64(&external)).unwrap();
     std::fs::write(dir.path().join("int"), b64(&[2u8; 32])).unwrap();
-    let (agent, ext, int) = (free_port(), free_port(), free_port());
+    let (agent, ext, int, obs) = (free_port(), free_port(), free_port(), free_port());
     let config = dir.path().join("kas.toml");
     std::fs::write(
         &config,
         format!(
             "agent_listen = \"127.0.0.1:{agent}\"\nexternal_listen = \"127.0.0.1:{ext}\"\ninternal_listen = \"127.0.0.1:{int}\"\n\
+             observability_listen = \"127.0.0.1:{obs}\"\n\
              external_secret_file = \"{d}/ext\"\ninternal_secret_file = \"{d}/int\"\n\
              [registry]\nbackend = {{ kind = \"redis\", url = \"{url}\" }}\n",
             d = dir.path().display(),

@@ -155,6 +155,12 @@ pub fn mint_external(secret: &[u8], issuer: &str, ttl_secs: u64) -> Result<Strin
     mint(secret, issuer, "gitlab-kas", ttl_secs)
 }
 
+/// The `Gitlab-Kas-Api-Request` JWT kas sends with its calls to GitLab's internal
+/// API (issuer `gitlab-kas`, audience `gitlab`, signed with the shared secret).
+pub fn mint_kas_api_request(secret: &[u8]) -> Result<String, Error> {
+    mint(secret, "gitlab-kas", "gitlab", 60)
+}
+
 fn mint(secret: &[u8], iss: &str, aud: &str, ttl_secs: u64) -> Result<String, Error> {
     let now = now();
     let claims = Claims {

@@ -20,6 +20,8 @@
 pub mod agentk;
 pub mod auth;
 pub mod kas;
+pub mod obs;
 pub mod proto;
 #[cfg(feature = "test-util")]
 pub mod testing;
+pub mod transport;

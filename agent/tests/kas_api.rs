@@ -37,6 +37,8 @@ fn kas_config(keys: podgate_tokens::KeySet, max_wait: std::time::Duration) -> Ka
         agent_keys: keys,
         advertise_internal: None,
         max_wait,
+        observability_listen: Some("127.0.0.1:0".parse().unwrap()),
+        agent_info: None,
     }
 }
 
@@ -332,32 +334,50 @@ async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
 async fn get_pods_is_answered_through_a_reverse_tunnel() {
     use std::sync::Arc;
 
-    use podgate_agent::agentk::{Handler, serve_tunnels};
+    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use podgate_agent::proto::{GetPodsResponse, Pod};
     use prost::Message as _;
 
-    struct Pods(&'static str);
+    /// Answers GetPods with two pods named after the replica; "Count" streams the
+    /// numbers 1, 2, ... until the tunnel is ended, then says so on `stopped`.
+    struct Pods(&'static str, Arc<tokio::sync::Notify>);
+    struct Stopped(Arc<tokio::sync::Notify>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.notify_one();
+        }
+    }
     impl Handler for Pods {
-        async fn handle(&self, method: String, payload: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
-            assert_eq!(method, "GetPods");
-            let req = GetPodsRequest::decode(payload.as_slice()).unwrap();
-            let namespace = if req.namespace.is_empty() {
-                "default".to_owned()
-            } else {
-                req.namespace
-            };
-            let pods = ["web-1", "db-1"]
-                .iter()
-                .map(|n| Pod {
-                    namespace: namespace.clone(),
-                    name: format!("{}-{n}", self.0),
-                })
-                .collect();
-            Ok(GetPodsResponse {
-                pods,
-                connection_id: 0,
+        fn handle(&self, method: String, payload: Vec<u8>) -> Responses {
+            if method == "Count" {
+                let stopped = Stopped(self.1.clone());
+                return Box::pin(futures_util::stream::unfold(
+                    (0u32, stopped),
+                    |(n, s)| async move { Some((Ok((n + 1).to_be_bytes().to_vec()), (n + 1, s))) },
+                ));
             }
-            .encode_to_vec())
+            let tag = self.0;
+            unary(async move {
+                assert_eq!(method, "GetPods");
+                let req = GetPodsRequest::decode(payload.as_slice()).unwrap();
+                let namespace = if req.namespace.is_empty() {
+                    "default".to_owned()
+                } else {
+                    req.namespace
+                };
+                let pods = ["web-1", "db-1"]
+                    .iter()
+                    .map(|n| Pod {
+                        namespace: namespace.clone(),
+                        name: format!("{tag}-{n}"),
+                    })
+                    .collect();
+                Ok(GetPodsResponse {
+                    pods,
+                    connection_id: 0,
+                }
+                .encode_to_vec())
+            })
         }
     }
 
@@ -381,13 +401,14 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
         .await
         .unwrap();
     // Two replicas, each with a pool of 2 idle tunnels.
+    let stopped = Arc::new(tokio::sync::Notify::new());
     let replicas = [(31, "a"), (32, "b")].map(|(conn, tag)| {
         tokio::spawn(serve_tunnels(
             agent_channel.clone(),
             token.clone(),
             conn,
-            2,
-            Arc::new(Pods(tag)),
+            TunnelPool::new(2),
+            Arc::new(Pods(tag, stopped.clone())),
         ))
     });
     kas.tunnels().wait_idle(3, 31, 2).await;
@@ -429,9 +450,42 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     // Used tunnels are replaced: the pools are full again.
     kas.tunnels().wait_idle(3, 31, 2).await;
     kas.tunnels().wait_idle(3, 32, 2).await;
-    // An agent connected nowhere: Unavailable once max_wait has passed.
+    // An agent connected nowhere: DeadlineExceeded once max_wait has passed.
     let e = api.get_pods(call(99, 0, "")).await.unwrap_err();
-    assert_eq!(e.code(), Code::Unavailable);
+    assert_eq!(e.code(), Code::DeadlineExceeded);
+    assert_eq!(kas.metrics().routing_timeouts.get(), 1);
+    assert_eq!(kas.metrics().routing_waits.get(), 1);
+
+    // A streaming response: many messages, in order, through one tunnel; ending it
+    // early (the caller went away) cancels the handler at agentk.
+    let mut counting = kas
+        .tunnels()
+        .open(3, 31, "Count", Vec::new())
+        .await
+        .unwrap();
+    for want in 1u32..=1000 {
+        let got = counting.message().await.unwrap().unwrap();
+        assert_eq!(got, want.to_be_bytes());
+    }
+    assert_eq!(kas.metrics().tunnels_busy.get(), 1);
+    drop(counting);
+    stopped.notified().await;
+    assert_eq!(kas.metrics().tunnels_busy.get(), 0);
+    kas.tunnels().wait_idle(3, 31, 2).await;
+    // The observability listener shows the tunnels and the routing.
+    let metrics = http_get(kas.observability_addr().unwrap(), "/metrics").await;
+    assert!(
+        metrics.contains("podgate_kas_tunnels{state=\"idle\"} 4"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("podgate_kas_routing_duration_seconds_count{outcome=\"local\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("podgate_kas_routing_timeouts_total 1"),
+        "{metrics}"
+    );
     for r in replicas {
         r.abort();
     }
@@ -445,26 +499,25 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
 async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agents() {
     use std::sync::Arc;
 
-    use podgate_agent::agentk::{Handler, serve_tunnels};
+    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
     use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse, Pod};
     use prost::Message as _;
 
     struct Named(String);
     impl Handler for Named {
-        async fn handle(
-            &self,
-            _method: String,
-            _payload: Vec<u8>,
-        ) -> Result<Vec<u8>, tonic::Status> {
-            Ok(GetPodsResponse {
-                pods: vec![Pod {
-                    namespace: "default".into(),
-                    name: self.0.clone(),
-                }],
-                connection_id: 0,
-            }
-            .encode_to_vec())
+        fn handle(&self, _method: String, _payload: Vec<u8>) -> Responses {
+            let name = self.0.clone();
+            unary(async move {
+                Ok(GetPodsResponse {
+                    pods: vec![Pod {
+                        namespace: "default".into(),
+                        name,
+                    }],
+                    connection_id: 0,
+                }
+                .encode_to_vec())
+            })
         }
     }
 
@@ -508,7 +561,7 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
                 channel,
                 token,
                 conn,
-                2,
+                TunnelPool::new(2),
                 Arc::new(Named(format!("agent-{agent}"))),
             ));
             (conn, stream, tunnels)
@@ -557,4 +610,16 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
     );
     tunnels3.abort();
     tunnels5.abort();
+}
+
+/// `GET path` on a plain HTTP/1.1 listener; the whole response.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
 }

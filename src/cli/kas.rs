@@ -34,6 +34,9 @@ pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
             kas.external_addr(),
             kas.internal_addr()
         );
+        if let Some(addr) = kas.observability_addr() {
+            println!("kas: observability (/metrics, /healthz, /readyz) on {addr}");
+        }
         super::shutdown_signal().await;
         println!("kas: shutting down; removing this kas and its agents from the registry");
         kas.shutdown().await?;

@@ -1,6 +1,7 @@
 //! Subcommand glue: argument types and output formatting only; the work happens in
 //! the library crates.
 
+pub(crate) mod agentk;
 pub(crate) mod kas;
 pub(crate) mod loadtest;
 pub(crate) mod pod_sim;

@@ -9,6 +9,12 @@
 //! internal_secret_file = "/etc/kas/.kas_internal_secret" # base64, >= 32 bytes
 //! issuer = "gitlab"
 //! agent_keys = ["/etc/kas/agent-keys"] # verify agent JWTs
+//! observability_listen = "0.0.0.0:8151" # /metrics, /healthz, /readyz ("off": none)
+//! max_wait = "60s"                     # longest a request waits for its agent
+//! [agent_info]                         # optional: opaque agent tokens, asked of GitLab
+//! url = "http://gitlab-webservice:8080"
+//! positive_ttl = "5m"
+//! negative_ttl = "1m"
 //! [registry]
 //! backend = { kind = "redis", url = "redis://127.0.0.1:6379" }
 //! ```
@@ -21,6 +27,7 @@ use podgate_tokens::KeySet;
 use serde::Deserialize;
 
 use super::KasConfig;
+use super::agent_auth::AgentInfoConfig;
 use crate::auth;
 
 /// Configuration problems.
@@ -78,6 +85,45 @@ pub struct KasFileConfig {
     /// Longest a GitLab request waits for its agent to connect anywhere.
     #[serde(default = "default_max_wait", with = "humantime_serde")]
     pub max_wait: std::time::Duration,
+    /// The observability listener, `ip:port` or `"off"`.
+    #[serde(default = "default_observability")]
+    pub observability_listen: String,
+    /// GitLab's `agent_info` endpoint, for opaque agent tokens.
+    #[serde(default)]
+    pub agent_info: Option<AgentInfoFile>,
+}
+
+/// `[agent_info]`: GitLab's internal API, asked about opaque agent tokens.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentInfoFile {
+    /// GitLab's base URL (`http://host:port`).
+    pub url: String,
+    /// How long a yes is cached.
+    #[serde(default = "default_positive_ttl", with = "humantime_serde")]
+    pub positive_ttl: std::time::Duration,
+    /// How long a no is cached.
+    #[serde(default = "default_negative_ttl", with = "humantime_serde")]
+    pub negative_ttl: std::time::Duration,
+    /// How long one lookup may take.
+    #[serde(default = "default_lookup_timeout", with = "humantime_serde")]
+    pub timeout: std::time::Duration,
+}
+
+fn default_observability() -> String {
+    "127.0.0.1:8151".into()
+}
+
+fn default_positive_ttl() -> std::time::Duration {
+    std::time::Duration::from_secs(300)
+}
+
+fn default_negative_ttl() -> std::time::Duration {
+    std::time::Duration::from_secs(60)
+}
+
+fn default_lookup_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(5)
 }
 
 fn default_max_wait() -> std::time::Duration {
@@ -112,6 +158,11 @@ impl KasFileConfig {
         let agent = addr("agent_listen", &self.agent_listen);
         let external = addr("external_listen", &self.external_listen);
         let internal = addr("internal_listen", &self.internal_listen);
+        let observability = if self.observability_listen == "off" {
+            Some(None)
+        } else {
+            addr("observability_listen", &self.observability_listen).map(Some)
+        };
         let mut secret = |field: &'static str, path: &Path| match std::fs::read_to_string(path) {
             Ok(text) => match auth::decode_secret(field, &text) {
                 Ok(s) => Some(s),
@@ -144,13 +195,54 @@ impl KasFileConfig {
                 }
             }
         };
+        if self.max_wait.is_zero() {
+            bad.push("max_wait: must be positive".into());
+        }
+        if let Some(info) = &self.agent_info {
+            if !info.url.starts_with("http://") {
+                bad.push(format!(
+                    "agent_info.url = {:?}: must be http://host:port",
+                    info.url
+                ));
+            }
+            for (field, d) in [
+                ("agent_info.positive_ttl", info.positive_ttl),
+                ("agent_info.negative_ttl", info.negative_ttl),
+                ("agent_info.timeout", info.timeout),
+            ] {
+                if d.is_zero() {
+                    bad.push(format!("{field}: must be positive"));
+                }
+            }
+        }
         if let Err(podgate_registry::Error::Config { problems, .. }) = self.registry.validate() {
             bad.extend(problems.into_iter().map(|p| format!("registry.{p}")));
         }
-        match (agent, external, internal, ext_secret, int_secret, keys) {
-            (Some(agent), Some(external), Some(internal), Some(es), Some(is), Some(keys))
-                if bad.is_empty() =>
-            {
+        match (
+            agent,
+            external,
+            internal,
+            ext_secret,
+            int_secret,
+            keys,
+            observability,
+        ) {
+            (
+                Some(agent),
+                Some(external),
+                Some(internal),
+                Some(es),
+                Some(is),
+                Some(keys),
+                Some(observability),
+            ) if bad.is_empty() => {
+                let agent_info = self.agent_info.as_ref().map(|i| AgentInfoConfig {
+                    url: i.url.clone(),
+                    secret: es.clone(),
+                    positive_ttl: i.positive_ttl,
+                    negative_ttl: i.negative_ttl,
+                    timeout: i.timeout,
+                });
                 Ok((
                     KasConfig {
                         external_listen: external,
@@ -162,6 +254,8 @@ impl KasFileConfig {
                         agent_keys: keys,
                         advertise_internal: self.advertise_internal.clone(),
                         max_wait: self.max_wait,
+                        observability_listen: observability,
+                        agent_info,
                     },
                     self.registry.clone(),
                 ))
@@ -189,7 +283,12 @@ mod tests {
                internal_listen = "127.0.0.1:x"
                external_secret_file = "{s}"
                internal_secret_file = "/does/not/exist"
-               issuer = """#,
+               issuer = ""
+               observability_listen = "everywhere"
+               max_wait = "0s"
+               [agent_info]
+               url = "gitlab.example.com"
+               negative_ttl = "0s""#,
             s = short.display()
         ))
         .unwrap();
@@ -201,9 +300,14 @@ mod tests {
             "external_secret_file",
             "internal_secret_file",
             "issuer",
+            "observability_listen",
+            "max_wait",
+            "agent_info.url",
+            "agent_info.negative_ttl",
         ] {
             assert!(err.contains(field), "{field}: {err}");
         }
         assert!(!err.contains("external_listen"), "{err}");
+        assert!(!err.contains("positive_ttl"), "{err}");
     }
 }

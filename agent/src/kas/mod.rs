@@ -11,7 +11,9 @@
 //! (re-routed if that kas lost the agent), else waiting until the agent connects
 //! anywhere (woken by the registry's event) or `max_wait` passes.
 
+pub mod agent_auth;
 pub mod config;
+pub mod metrics;
 pub mod presence;
 pub mod tunnel;
 
@@ -25,6 +27,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
+use self::metrics::{KasMetrics, Outcome};
 use crate::auth::{self, JwtAuth};
 use crate::proto::agent_configuration_service_server::AgentConfigurationServiceServer;
 use crate::proto::kas_api_server::{KasApi, KasApiServer};
@@ -80,6 +83,10 @@ pub struct KasConfig {
     pub advertise_internal: Option<String>,
     /// Longest a GitLab request waits for its agent to connect anywhere.
     pub max_wait: std::time::Duration,
+    /// The observability listener (`/metrics`, `/healthz`, `/readyz`), if any.
+    pub observability_listen: Option<SocketAddr>,
+    /// GitLab's `agent_info` endpoint for opaque agent tokens, if any.
+    pub agent_info: Option<agent_auth::AgentInfoConfig>,
 }
 
 /// A running kas. Dropping it stops its listeners.
@@ -87,8 +94,10 @@ pub struct Kas {
     external: SocketAddr,
     internal: SocketAddr,
     agent: SocketAddr,
+    observability: Option<SocketAddr>,
     registry: Registry,
     tunnels: Arc<tunnel::Tunnels>,
+    metrics: Arc<KasMetrics>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -105,6 +114,11 @@ impl Kas {
         let ext = bind("external listener", config.external_listen).await?;
         let int = bind("internal listener", config.internal_listen).await?;
         let agt = bind("agent listener", config.agent_listen).await?;
+        let obs = match config.observability_listen {
+            Some(addr) => Some(bind("observability listener", addr).await?),
+            None => None,
+        };
+        let observability = obs.as_ref().and_then(|l| l.local_addr().ok());
         let agent = agt.local_addr().map_err(|source| Error::Bind {
             what: "agent listener",
             addr: config.agent_listen,
@@ -138,16 +152,24 @@ impl Kas {
             })
             .await
             .map_err(Error::Registry)?;
+        let metrics = Arc::new(KasMetrics::new());
         let classifier = Arc::new(Classifier::with_keys(config.agent_keys.clone()));
-        let tunnels = Arc::new(tunnel::Tunnels::default());
+        let agent_auth = Arc::new(agent_auth::AgentAuth::new(
+            classifier,
+            config.agent_info.clone(),
+            metrics.registry(),
+        ));
+        let tunnels = Arc::new(tunnel::Tunnels::new(metrics.clone()));
         let presence = presence::Presence {
             registry: registry.clone(),
-            classifier: classifier.clone(),
+            auth: agent_auth.clone(),
+            tunnels: tunnels.clone(),
+            metrics: metrics.clone(),
             kas: advertised.as_str().into(),
         };
         let tunnel_service = tunnel::TunnelService {
             tunnels: tunnels.clone(),
-            classifier,
+            auth: agent_auth,
         };
         let api = Api {
             registry: registry.clone(),
@@ -158,6 +180,7 @@ impl Kas {
                 channels: std::sync::Mutex::default(),
             },
             max_wait: config.max_wait,
+            metrics: metrics.clone(),
         };
         let internal_api = Internal {
             tunnels: tunnels.clone(),
@@ -174,12 +197,14 @@ impl Kas {
                 internal_auth.check(req.metadata())?;
                 Ok(req)
             });
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
+                    .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+                    .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
                     .add_service(AgentConfigurationServiceServer::new(presence))
                     .add_service(ReverseTunnelServer::new(tunnel_service))
-                    .serve_with_incoming(TcpListenerStream::new(agt))
+                    .serve_with_incoming(crate::transport::agent_incoming(agt))
                     .await
                 {
                     tracing::error!(error = %e, "kas agent listener stopped");
@@ -204,12 +229,21 @@ impl Kas {
                 }
             }),
         ];
+        if let Some(obs) = obs {
+            let report = Arc::new(Report {
+                metrics: metrics.clone(),
+                registry: registry.clone(),
+            });
+            tasks.push(tokio::spawn(crate::obs::serve(obs, report)));
+        }
         Ok(Kas {
             external,
             internal,
             agent,
+            observability,
             registry,
             tunnels,
+            metrics,
             tasks,
         })
     }
@@ -222,6 +256,16 @@ impl Kas {
     /// This kas's tunnels.
     pub fn tunnels(&self) -> &tunnel::Tunnels {
         &self.tunnels
+    }
+
+    /// This kas's metrics.
+    pub fn metrics(&self) -> &KasMetrics {
+        &self.metrics
+    }
+
+    /// The observability listener's address, if it has one.
+    pub fn observability_addr(&self) -> Option<SocketAddr> {
+        self.observability
     }
 
     /// Stop serving and remove this kas and its agents from the registry (the seed's
@@ -248,6 +292,28 @@ impl Drop for Kas {
     fn drop(&mut self) {
         for t in &self.tasks {
             t.abort();
+        }
+    }
+}
+
+/// What kas's observability listener reports.
+struct Report {
+    metrics: Arc<KasMetrics>,
+    registry: Registry,
+}
+
+impl crate::obs::Report for Report {
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    /// Ready while the presence registry answers: without it kas can neither
+    /// register agents nor route to other kas instances.
+    fn ready(&self) -> Result<(), String> {
+        if self.registry.backend_up() {
+            Ok(())
+        } else {
+            Err("the presence registry (Redis) does not answer".into())
         }
     }
 }
@@ -282,8 +348,11 @@ fn info(c: AgentConnection) -> ConnectedAgentInfo {
 
 const NO_TUNNELS: &str = "this kas holds no tunnel to the agent";
 
-fn registry_error(e: podgate_registry::Error) -> Status {
-    tracing::warn!(error = %e, "registry lookup failed");
+const NOT_CONNECTED: &str = "agent connection not found: is the agent up to date and connected?";
+
+fn registry_error(metrics: &KasMetrics, op: &'static str, e: podgate_registry::Error) -> Status {
+    metrics.registry_error(op);
+    tracing::warn!(error = %e, op, "registry lookup failed");
     Status::unavailable("agent registry unavailable")
 }
 
@@ -292,6 +361,24 @@ struct Api {
     tunnels: Arc<tunnel::Tunnels>,
     router: Router,
     max_wait: std::time::Duration,
+    metrics: Arc<KasMetrics>,
+}
+
+/// Counts a request as waiting for its agent while it lives.
+struct Waiting<'a>(&'a KasMetrics);
+
+impl<'a> Waiting<'a> {
+    fn new(metrics: &'a KasMetrics) -> Self {
+        metrics.routing_waits.inc();
+        metrics.routing_waiting.inc();
+        Waiting(metrics)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.routing_waiting.dec();
+    }
 }
 
 /// kas → kas calls: to the internal listener of the kas the registry names, with a
@@ -365,7 +452,7 @@ impl KasApi for Api {
             .registry
             .connections_by_project(project)
             .await
-            .map_err(registry_error)?;
+            .map_err(|e| registry_error(&self.metrics, "connections_by_project", e))?;
         Ok(Response::new(ConnectedAgentsForProjectResponse {
             agents: agents.into_iter().map(info).collect(),
         }))
@@ -380,7 +467,7 @@ impl KasApi for Api {
             .registry
             .connections_by_agent(agent)
             .await
-            .map_err(registry_error)?;
+            .map_err(|e| registry_error(&self.metrics, "connections_by_agent", e))?;
         Ok(Response::new(ConnectedAgentsByIdResponse {
             agents: agents.into_iter().map(info).collect(),
         }))
@@ -393,18 +480,55 @@ impl KasApi for Api {
         &self,
         request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        let req = request.into_inner();
+        let started = std::time::Instant::now();
+        let (result, outcome) = self.route_get_pods(request.into_inner()).await;
+        self.metrics
+            .routed(outcome, started.elapsed().as_secs_f64());
+        result.map(Response::new)
+    }
+}
+
+impl Api {
+    async fn route_get_pods(
+        &self,
+        req: GetPodsRequest,
+    ) -> (Result<GetPodsResponse, Status>, Outcome) {
         let deadline = tokio::time::Instant::now() + self.max_wait;
         let mut events = self.registry.subscribe();
+        let mut waiting = None;
         loop {
             if let Some(r) = get_pods_local(&self.tunnels, &req).await {
-                return r.map(Response::new);
+                let outcome = if r.is_ok() {
+                    Outcome::Local
+                } else {
+                    Outcome::Error
+                };
+                return (r, outcome);
             }
-            let conns = self
-                .registry
-                .wait_for_agent(req.agent_id, deadline)
-                .await
-                .map_err(|_| Status::unavailable("the agent is not connected"))?;
+            let conns = match self.registry.connections_by_agent(req.agent_id).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.metrics.registry_error("connections_by_agent");
+                    tracing::warn!(error = %e, "registry lookup failed; waiting for an event");
+                    Vec::new()
+                }
+            };
+            let conns = if conns.is_empty() {
+                // Connected nowhere: wait for the connect event (no polling).
+                waiting.get_or_insert_with(|| Waiting::new(&self.metrics));
+                match self.registry.wait_for_agent(req.agent_id, deadline).await {
+                    Ok(c) => c,
+                    Err(_) => {
+                        self.metrics.routing_timeouts.inc();
+                        return (
+                            Err(Status::deadline_exceeded(NOT_CONNECTED)),
+                            Outcome::Timeout,
+                        );
+                    }
+                }
+            } else {
+                conns
+            };
             let mut held_here = false;
             for c in conns
                 .iter()
@@ -419,19 +543,24 @@ impl KasApi for Api {
                     ..req.clone()
                 };
                 match self.router.get_pods(&c.kas.0, instruction).await {
-                    Ok(resp) => return Ok(Response::new(resp)),
+                    Ok(resp) => return (Ok(resp), Outcome::Kas),
                     // That kas lost the agent (or is gone): try the next.
-                    Err(e) if matches!(e.code(), tonic::Code::Unavailable) => continue,
-                    Err(e) => return Err(e),
+                    Err(e) if matches!(e.code(), tonic::Code::Unavailable) => {
+                        self.metrics.reroutes.inc();
+                        continue;
+                    }
+                    Err(e) => return (Err(e), Outcome::Error),
                 }
             }
             // Nothing answered yet: wait for the next change (a tunnel here, or an
             // agent event anywhere), never past the deadline.
+            waiting.get_or_insert_with(|| Waiting::new(&self.metrics));
             tokio::select! {
                 _ = self.tunnels.wait_idle(req.agent_id, req.connection_id, 1), if held_here => {}
                 _ = events.recv() => {}
                 _ = tokio::time::sleep_until(deadline) => {
-                    return Err(Status::unavailable("the agent is not connected"));
+                    self.metrics.routing_timeouts.inc();
+                    return (Err(Status::deadline_exceeded(NOT_CONNECTED)), Outcome::Timeout);
                 }
             }
         }

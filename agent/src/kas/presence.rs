@@ -8,56 +8,21 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use podgate_registry::{AgentConnection, KasAddress, Registry};
-use podgate_tokens::{Classification, Classifier, TokenFormat, TokenKind};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use super::agent_auth::AgentAuth;
+use super::metrics::KasMetrics;
+use super::tunnel::Tunnels;
 use crate::proto::agent_configuration_service_server::AgentConfigurationService;
 use crate::proto::{AgentConfiguration, GetConfigurationRequest};
 
-/// Who an agent token says the caller is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AgentIdentity {
-    /// Agent id (`a`).
-    pub agent_id: i64,
-    /// Configuration project (`p`).
-    pub project_id: i64,
-}
-
-/// Authenticate an agent's bearer token: a signed (JWT) routable agent token with
-/// agent and project ids. Opaque tokens would need GitLab's `agent_info` endpoint,
-/// which is not wired yet: they are refused.
-pub fn authenticate(
-    classifier: &Classifier,
-    metadata: &tonic::metadata::MetadataMap,
-) -> Result<AgentIdentity, Status> {
-    let denied = || Status::unauthenticated("unauthenticated");
-    let token = crate::auth::bearer(metadata).ok_or_else(denied)?;
-    match classifier.classify(token) {
-        Classification::Routable(id)
-            if id.kind == TokenKind::Agent && id.format == TokenFormat::Jwt =>
-        {
-            let agent_id = id
-                .agent
-                .and_then(|a| i64::try_from(a).ok())
-                .ok_or_else(denied)?;
-            let project_id = id
-                .project
-                .and_then(|p| i64::try_from(p).ok())
-                .ok_or_else(denied)?;
-            Ok(AgentIdentity {
-                agent_id,
-                project_id,
-            })
-        }
-        _ => Err(denied()),
-    }
-}
-
 pub(crate) struct Presence {
     pub(crate) registry: Registry,
-    pub(crate) classifier: Arc<Classifier>,
+    pub(crate) auth: Arc<AgentAuth>,
+    pub(crate) tunnels: Arc<Tunnels>,
+    pub(crate) metrics: Arc<KasMetrics>,
     /// This kas's internal address: where other kas instances reach its agents.
     pub(crate) kas: KasAddress,
 }
@@ -70,6 +35,8 @@ pub struct ConfigStream {
 
 struct Registered {
     registry: Registry,
+    tunnels: Arc<Tunnels>,
+    metrics: Arc<KasMetrics>,
     agent_id: i64,
     connection_id: i64,
 }
@@ -78,14 +45,18 @@ impl Drop for Registered {
     fn drop(&mut self) {
         let (registry, agent, connection) =
             (self.registry.clone(), self.agent_id, self.connection_id);
+        self.metrics.connected_agents.dec();
+        self.tunnels.forget(agent, connection);
         tracing::info!(
             agent_id = agent,
             connection_id = connection,
             "agent disconnected"
         );
+        let metrics = self.metrics.clone();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if let Err(e) = registry.unregister_agent(agent, connection).await {
+                    metrics.registry_error("unregister_agent");
                     tracing::warn!(agent_id = agent, connection_id = connection, error = %e, "unregistering the agent failed; it expires");
                 }
             });
@@ -115,7 +86,7 @@ impl AgentConfigurationService for Presence {
         &self,
         request: Request<GetConfigurationRequest>,
     ) -> Result<Response<ConfigStream>, Status> {
-        let who = authenticate(&self.classifier, request.metadata())?;
+        let who = self.auth.authenticate(request.metadata()).await?;
         let meta = request.into_inner().agent_meta.unwrap_or_default();
         let connection_id = random_connection_id();
         let conn = AgentConnection {
@@ -132,10 +103,12 @@ impl AgentConfigurationService for Presence {
             kas: self.kas.clone(),
         };
         self.registry.register_agent(conn).await.map_err(|e| {
+            self.metrics.registry_error("register_agent");
             tracing::warn!(error = %e, "registering an agent failed");
             Status::unavailable("agent registry unavailable")
         })?;
         tracing::info!(agent_id = who.agent_id, connection_id, "agent connected");
+        self.metrics.connected_agents.inc();
         let (tx, rx) = mpsc::channel(4);
         let first = AgentConfiguration {
             agent_id: who.agent_id,
@@ -153,6 +126,8 @@ impl AgentConfigurationService for Presence {
             rx,
             guard: Registered {
                 registry: self.registry.clone(),
+                tunnels: self.tunnels.clone(),
+                metrics: self.metrics.clone(),
                 agent_id: who.agent_id,
                 connection_id,
             },

@@ -5,12 +5,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use podgate_tokens::Classifier;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::presence::authenticate;
+use super::agent_auth::AgentAuth;
+use super::metrics::KasMetrics;
 use crate::proto::reverse_tunnel_server::ReverseTunnel;
 use crate::proto::{TunnelDown, TunnelRequest, TunnelUp, tunnel_up};
 
@@ -22,13 +22,22 @@ struct Idle {
 }
 
 /// This kas's idle tunnels, by agent.
-#[derive(Default)]
 pub struct Tunnels {
     idle: Mutex<HashMap<i64, VecDeque<Idle>>>,
     arrived: Notify,
+    metrics: Arc<KasMetrics>,
 }
 
 impl Tunnels {
+    /// No tunnels yet; counted in `metrics`.
+    pub fn new(metrics: Arc<KasMetrics>) -> Tunnels {
+        Tunnels {
+            idle: Mutex::default(),
+            arrived: Notify::new(),
+            metrics,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, VecDeque<Idle>>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -45,22 +54,50 @@ impl Tunnels {
     fn take(&self, agent_id: i64, connection_id: i64) -> Option<Idle> {
         let mut idle = self.lock();
         let q = idle.get_mut(&agent_id)?;
-        let i = q
+        let mut found = None;
+        while let Some(i) = q
             .iter()
-            .position(|t| connection_id == 0 || t.connection_id == connection_id)?;
-        q.remove(i)
+            .position(|t| connection_id == 0 || t.connection_id == connection_id)
+        {
+            let Some(t) = q.remove(i) else { break };
+            self.metrics.tunnels_idle.dec();
+            // A tunnel whose Open call agentk ended is skipped.
+            if !t.down.is_closed() {
+                found = Some(t);
+                break;
+            }
+        }
+        if q.is_empty() {
+            idle.remove(&agent_id);
+        }
+        found
+    }
+
+    /// Drop the idle tunnels of replica `connection_id` of `agent_id` (its
+    /// configuration stream ended: the replica is gone).
+    pub fn forget(&self, agent_id: i64, connection_id: i64) {
+        let mut idle = self.lock();
+        if let Some(q) = idle.get_mut(&agent_id) {
+            let before = q.len();
+            q.retain(|t| t.connection_id != connection_id);
+            self.metrics.tunnels_idle.sub((before - q.len()) as i64);
+            if q.is_empty() {
+                idle.remove(&agent_id);
+            }
+        }
     }
 
     /// Send `method(payload)` to agent `agent_id` (replica `connection_id`, or any when
-    /// 0) through an idle tunnel: `None` when this kas holds no usable tunnel to it.
-    /// A tunnel that turns out dead is dropped and the next one tried.
-    pub async fn call(
+    /// 0) through an idle tunnel and return its response as it comes: `None` when this
+    /// kas holds no usable tunnel to it. A tunnel that fails before any response comes
+    /// up it (agentk went away while it was idle) is dropped and the next one tried.
+    pub async fn open(
         &self,
         agent_id: i64,
         connection_id: i64,
         method: &str,
         payload: Vec<u8>,
-    ) -> Option<Result<(i64, Vec<u8>), Status>> {
+    ) -> Option<ResponseStream> {
         while let Some(mut t) = self.take(agent_id, connection_id) {
             let request = TunnelDown {
                 request: Some(TunnelRequest {
@@ -71,20 +108,47 @@ impl Tunnels {
             if t.down.send(Ok(request)).await.is_err() {
                 continue;
             }
-            match t.up.message().await {
-                Ok(Some(TunnelUp {
-                    msg: Some(tunnel_up::Msg::Response(r)),
-                })) => {
-                    return Some(if r.code == 0 {
-                        Ok((t.connection_id, r.payload))
-                    } else {
-                        Err(Status::new(tonic::Code::from(r.code), r.message))
-                    });
-                }
+            let first = match t.up.message().await {
+                Ok(Some(TunnelUp { msg: Some(m) })) => m,
                 _ => continue,
-            }
+            };
+            return Some(ResponseStream {
+                connection_id: t.connection_id,
+                first: Some(first),
+                up: t.up,
+                _down: t.down,
+                _busy: Busy::new(self.metrics.clone()),
+                done: false,
+            });
         }
         None
+    }
+
+    /// A unary call through a tunnel (see [`Tunnels::open`]): the replica that
+    /// answered and its one response message.
+    pub async fn call(
+        &self,
+        agent_id: i64,
+        connection_id: i64,
+        method: &str,
+        payload: Vec<u8>,
+    ) -> Option<Result<(i64, Vec<u8>), Status>> {
+        let mut response = self.open(agent_id, connection_id, method, payload).await?;
+        Some(
+            async {
+                let message = response
+                    .message()
+                    .await?
+                    .ok_or_else(|| Status::internal("agentk sent no response message"))?;
+                if response.message().await?.is_some() {
+                    return Err(Status::internal(
+                        "agentk sent more than one response message",
+                    ));
+                }
+                Ok((response.connection_id(), message))
+            }
+            .await,
+        )
     }
 
     /// Wait until at least `n` idle tunnels to `agent_id` (replica `connection_id`, or
@@ -105,7 +169,7 @@ impl Tunnels {
 
 pub(crate) struct TunnelService {
     pub(crate) tunnels: Arc<Tunnels>,
-    pub(crate) classifier: Arc<Classifier>,
+    pub(crate) auth: Arc<AgentAuth>,
 }
 
 #[tonic::async_trait]
@@ -116,7 +180,7 @@ impl ReverseTunnel for TunnelService {
         &self,
         request: Request<Streaming<TunnelUp>>,
     ) -> Result<Response<Self::OpenStream>, Status> {
-        let who = authenticate(&self.classifier, request.metadata())?;
+        let who = self.auth.authenticate(request.metadata()).await?;
         let mut up = request.into_inner();
         let connection_id = match up.message().await {
             Ok(Some(TunnelUp {
@@ -134,7 +198,82 @@ impl ReverseTunnel for TunnelService {
                 down,
                 up,
             });
+        self.tunnels.metrics.tunnels_idle.inc();
         self.tunnels.arrived.notify_waiters();
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Counts a tunnel as busy while its response is being read.
+struct Busy(Arc<KasMetrics>);
+
+impl Busy {
+    fn new(metrics: Arc<KasMetrics>) -> Busy {
+        metrics.tunnels_busy.inc();
+        Busy(metrics)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.tunnels_busy.dec();
+    }
+}
+
+/// A response coming up a tunnel: its messages, then its status. Dropping it ends
+/// the tunnel, which cancels the request at agentk.
+pub struct ResponseStream {
+    connection_id: i64,
+    first: Option<tunnel_up::Msg>,
+    up: Streaming<TunnelUp>,
+    _down: mpsc::Sender<Result<TunnelDown, Status>>,
+    _busy: Busy,
+    done: bool,
+}
+
+impl ResponseStream {
+    /// The agentk replica answering.
+    pub fn connection_id(&self) -> i64 {
+        self.connection_id
+    }
+
+    /// The next response message; `None` once agentk ended the response with OK;
+    /// an error for any other status, or when the tunnel broke mid-response.
+    pub async fn message(&mut self) -> Result<Option<Vec<u8>>, Status> {
+        if self.done {
+            return Ok(None);
+        }
+        let msg = match self.first.take() {
+            Some(m) => m,
+            None => match self.up.message().await {
+                Ok(Some(TunnelUp { msg: Some(m) })) => m,
+                Ok(_) => {
+                    self.done = true;
+                    return Err(Status::unavailable("the tunnel ended mid-response"));
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Err(Status::unavailable(format!(
+                        "the tunnel broke mid-response: {}",
+                        e.message()
+                    )));
+                }
+            },
+        };
+        match msg {
+            tunnel_up::Msg::Message(m) => Ok(Some(m.payload)),
+            tunnel_up::Msg::Status(s) => {
+                self.done = true;
+                if s.code == 0 {
+                    Ok(None)
+                } else {
+                    Err(Status::new(tonic::Code::from(s.code), s.message))
+                }
+            }
+            tunnel_up::Msg::Hello(_) => {
+                self.done = true;
+                Err(Status::internal("agentk sent a second hello"))
+            }
+        }
     }
 }

@@ -134,9 +134,13 @@ impl KubeTestServer {
         }
         let s = shared.clone();
         let task = tokio::spawn(async move {
+            // Connections live in this set: stopping the server ends them too, as a
+            // real API server going away would.
+            let mut connections = tokio::task::JoinSet::new();
             while let Ok((stream, _)) = listener.accept().await {
+                while connections.try_join_next().is_some() {}
                 let s = s.clone();
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let svc = service_fn(move |req| {
                         let s = s.clone();
                         async move { Ok::<_, Infallible>(s.handle(req).await) }

@@ -1,0 +1,244 @@
+//! Who an agentk is, from its token. Signed (JWT) routable agent tokens carry the
+//! agent and project ids and are verified here, locally. Any other well-formed token
+//! (an opaque `glagent-` token) is asked of GitLab's internal `agent_info` endpoint
+//! when one is configured, as GitLab's kas does, and the answer is cached: a yes for
+//! 5 minutes, a no for 1 minute, both configurable. GitLab being unreachable is not a
+//! no: that caller gets `Unavailable` and nothing is cached.
+//!
+//! Every refusal is the same `Unauthenticated("unauthenticated")`: nothing tells a
+//! caller which check failed. Tokens are never logged or kept: the cache is keyed by
+//! a SHA-256 of the token.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use podgate_tokens::{Classification, Classifier, TokenFormat, TokenKind};
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+use tonic::Status;
+
+/// Who an agent token says the caller is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentIdentity {
+    /// Agent id.
+    pub agent_id: i64,
+    /// Configuration project.
+    pub project_id: i64,
+}
+
+/// GitLab's `agent_info` endpoint, for opaque agent tokens.
+#[derive(Clone, Debug)]
+pub struct AgentInfoConfig {
+    /// GitLab's base URL (`http://host:port`); kas calls
+    /// `{url}/api/v4/internal/kubernetes/agent_info`.
+    pub url: String,
+    /// The GitLab ↔ kas shared secret: signs the `Gitlab-Kas-Api-Request` JWT.
+    pub secret: Vec<u8>,
+    /// How long a yes is cached (5 min).
+    pub positive_ttl: Duration,
+    /// How long a no is cached (1 min).
+    pub negative_ttl: Duration,
+    /// How long one lookup may take.
+    pub timeout: Duration,
+}
+
+/// SHA-256 of a token → until when, and the answer (`None`: refused).
+type Cache = HashMap<[u8; 32], (Instant, Option<AgentIdentity>)>;
+
+/// Cache entries kept at most; expired ones go first when it is full.
+const CACHE_CAP: usize = 100_000;
+
+struct AgentInfo {
+    config: AgentInfoConfig,
+    client: Client<HttpConnector, Empty<Bytes>>,
+    cache: Mutex<Cache>,
+    lookups: prometheus::IntCounterVec,
+}
+
+#[derive(Deserialize)]
+struct AgentInfoResponse {
+    agent_id: i64,
+    project_id: i64,
+}
+
+/// Agent authentication: local JWT verification, and the optional `agent_info`
+/// backend.
+pub struct AgentAuth {
+    classifier: Arc<Classifier>,
+    backend: Option<AgentInfo>,
+}
+
+fn denied() -> Status {
+    Status::unauthenticated("unauthenticated")
+}
+
+impl AgentAuth {
+    /// Verify JWT agent tokens with `classifier`'s keys; ask `agent_info` (if any)
+    /// about other tokens. `registry` gets the backend's lookup counter.
+    pub fn new(
+        classifier: Arc<Classifier>,
+        agent_info: Option<AgentInfoConfig>,
+        registry: &prometheus::Registry,
+    ) -> AgentAuth {
+        let backend = agent_info.map(|config| {
+            let lookups = prometheus::IntCounterVec::new(
+                prometheus::Opts::new(
+                    "podgate_kas_agent_info_lookups_total",
+                    "Opaque agent tokens checked, by result (cached_yes, cached_no, yes, no, error)",
+                ),
+                &["result"],
+            )
+            .expect("valid metric");
+            let _ = registry.register(Box::new(lookups.clone()));
+            AgentInfo {
+                config,
+                client: Client::builder(TokioExecutor::new()).build_http(),
+                cache: Mutex::default(),
+                lookups,
+            }
+        });
+        AgentAuth {
+            classifier,
+            backend,
+        }
+    }
+
+    /// Who the bearer token in `metadata` belongs to.
+    pub async fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<AgentIdentity, Status> {
+        let token = crate::auth::bearer(metadata).ok_or_else(denied)?;
+        match self.classifier.classify(token) {
+            Classification::Routable(id)
+                if id.kind == TokenKind::Agent && id.format == TokenFormat::Jwt =>
+            {
+                let agent_id = id
+                    .agent
+                    .and_then(|a| i64::try_from(a).ok())
+                    .ok_or_else(denied)?;
+                let project_id = id
+                    .project
+                    .and_then(|p| i64::try_from(p).ok())
+                    .ok_or_else(denied)?;
+                Ok(AgentIdentity {
+                    agent_id,
+                    project_id,
+                })
+            }
+            // Forged or malformed: never worth asking GitLab.
+            Classification::Invalid { .. } => Err(denied()),
+            _ => match &self.backend {
+                Some(b) => b.lookup(token).await,
+                None => Err(denied()),
+            },
+        }
+    }
+}
+
+impl AgentInfo {
+    fn cached(&self, key: &[u8; 32]) -> Option<Option<AgentIdentity>> {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let (until, answer) = cache.get(key)?;
+        (Instant::now() < *until).then_some(*answer)
+    }
+
+    fn remember(&self, key: [u8; 32], answer: Option<AgentIdentity>) {
+        let ttl = if answer.is_some() {
+            self.config.positive_ttl
+        } else {
+            self.config.negative_ttl
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_CAP {
+            let now = Instant::now();
+            cache.retain(|_, (until, _)| *until > now);
+            if cache.len() >= CACHE_CAP {
+                cache.clear();
+            }
+        }
+        cache.insert(key, (Instant::now() + ttl, answer));
+    }
+
+    async fn lookup(&self, token: &str) -> Result<AgentIdentity, Status> {
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Some(answer) = self.cached(&key) {
+            let result = if answer.is_some() {
+                "cached_yes"
+            } else {
+                "cached_no"
+            };
+            self.lookups.with_label_values(&[result]).inc();
+            return answer.ok_or_else(denied);
+        }
+        match tokio::time::timeout(self.config.timeout, self.ask(token)).await {
+            Ok(Ok(answer)) => {
+                self.remember(key, answer);
+                let result = if answer.is_some() { "yes" } else { "no" };
+                self.lookups.with_label_values(&[result]).inc();
+                answer.ok_or_else(denied)
+            }
+            Ok(Err(why)) => {
+                self.lookups.with_label_values(&["error"]).inc();
+                tracing::warn!(
+                    token = %podgate_tokens::fingerprint(token),
+                    error = %why,
+                    "agent_info lookup failed"
+                );
+                Err(Status::unavailable("agent authentication unavailable"))
+            }
+            Err(_) => {
+                self.lookups.with_label_values(&["error"]).inc();
+                tracing::warn!(
+                    token = %podgate_tokens::fingerprint(token),
+                    "agent_info lookup timed out"
+                );
+                Err(Status::unavailable("agent authentication unavailable"))
+            }
+        }
+    }
+
+    /// `Ok(Some)` yes, `Ok(None)` no (401, 403, 404), `Err` when GitLab did not say.
+    async fn ask(&self, token: &str) -> Result<Option<AgentIdentity>, String> {
+        let api_jwt =
+            crate::auth::mint_kas_api_request(&self.config.secret).map_err(|e| e.to_string())?;
+        let request = http::Request::get(format!(
+            "{}/api/v4/internal/kubernetes/agent_info",
+            self.config.url.trim_end_matches('/')
+        ))
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header("Gitlab-Kas-Api-Request", api_jwt)
+        .body(Empty::new())
+        .map_err(|e| e.to_string())?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        if matches!(status.as_u16(), 401 | 403 | 404) {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(format!("GitLab answered {status}"));
+        }
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        let info: AgentInfoResponse =
+            serde_json::from_slice(&body).map_err(|e| format!("agent_info body: {e}"))?;
+        Ok(Some(AgentIdentity {
+            agent_id: info.agent_id,
+            project_id: info.project_id,
+        }))
+    }
+}

@@ -1,0 +1,187 @@
+//! kas's metrics, in a registry of its own per instance (several kas instances can
+//! share a process in tests), served with the process-wide registry (the presence
+//! registry's backend metrics) on the observability listener.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// How a routed request ended (`outcome` label of the routing histogram).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Served through a tunnel this kas holds.
+    Local,
+    /// Served through another kas's internal endpoint.
+    Kas,
+    /// The agent did not connect before the deadline.
+    Timeout,
+    /// Any other failure (the agent answered an error, a kas failed).
+    Error,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Local => "local",
+            Outcome::Kas => "kas",
+            Outcome::Timeout => "timeout",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// One kas instance's metrics.
+pub struct KasMetrics {
+    registry: Registry,
+    /// agentk replicas connected to this kas (open configuration streams).
+    pub connected_agents: IntGauge,
+    /// Idle reverse tunnels held.
+    pub tunnels_idle: IntGauge,
+    /// Tunnels carrying a request now.
+    pub tunnels_busy: IntGauge,
+    routing: HistogramVec,
+    routing_children: [Histogram; 4],
+    /// External requests that had to wait for their agent to connect.
+    pub routing_waits: IntCounter,
+    /// External requests waiting for their agent now.
+    pub routing_waiting: IntGauge,
+    /// External requests that gave up waiting (deadline passed).
+    pub routing_timeouts: IntCounter,
+    /// kas → kas calls answered `Unavailable` (that kas lost the agent): re-routed.
+    pub reroutes: IntCounter,
+    registry_errors: IntCounterVec,
+}
+
+impl Default for KasMetrics {
+    fn default() -> Self {
+        KasMetrics::new()
+    }
+}
+
+impl KasMetrics {
+    /// A fresh set of metrics in a registry of their own.
+    pub fn new() -> KasMetrics {
+        let registry = Registry::new();
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("registers once");
+            g
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("registers once");
+            c
+        };
+        let connected_agents = gauge(
+            "podgate_kas_connected_agents",
+            "agentk replicas connected to this kas (open configuration streams)",
+        );
+        let tunnels = IntGaugeVec::new(
+            Opts::new("podgate_kas_tunnels", "Reverse tunnels held, by state"),
+            &["state"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(tunnels.clone()))
+            .expect("registers once");
+        let routing = HistogramVec::new(
+            HistogramOpts::new(
+                "podgate_kas_routing_duration_seconds",
+                "External requests to agents, from arrival to answer, by outcome",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ]),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(routing.clone()))
+            .expect("registers once");
+        let routing_children = [
+            Outcome::Local,
+            Outcome::Kas,
+            Outcome::Timeout,
+            Outcome::Error,
+        ]
+        .map(|o| routing.with_label_values(&[o.label()]));
+        let registry_errors = IntCounterVec::new(
+            Opts::new(
+                "podgate_kas_registry_errors_total",
+                "Presence registry (Redis) calls by kas that failed, by operation",
+            ),
+            &["op"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(registry_errors.clone()))
+            .expect("registers once");
+        KasMetrics {
+            connected_agents,
+            tunnels_idle: tunnels.with_label_values(&["idle"]),
+            tunnels_busy: tunnels.with_label_values(&["busy"]),
+            routing,
+            routing_children,
+            routing_waits: counter(
+                "podgate_kas_routing_waits_total",
+                "External requests that waited for their agent to connect",
+            ),
+            routing_waiting: gauge(
+                "podgate_kas_routing_waiting",
+                "External requests waiting for their agent to connect now",
+            ),
+            routing_timeouts: counter(
+                "podgate_kas_routing_timeouts_total",
+                "External requests whose agent did not connect before the deadline",
+            ),
+            reroutes: counter(
+                "podgate_kas_reroutes_total",
+                "kas -> kas calls answered Unavailable (that kas lost the agent) and re-routed",
+            ),
+            registry_errors,
+            registry,
+        }
+    }
+
+    /// Record one routed request.
+    pub fn routed(&self, outcome: Outcome, seconds: f64) {
+        let i = match outcome {
+            Outcome::Local => 0,
+            Outcome::Kas => 1,
+            Outcome::Timeout => 2,
+            Outcome::Error => 3,
+        };
+        self.routing_children[i].observe(seconds);
+    }
+
+    /// Count a failed registry call.
+    pub fn registry_error(&self, op: &'static str) {
+        self.registry_errors.with_label_values(&[op]).inc();
+    }
+
+    /// This instance's own registry (for components that add metrics to it).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The routing histogram (for tests and benchmarks).
+    pub fn routing(&self) -> &HistogramVec {
+        &self.routing
+    }
+
+    /// This instance's metrics and the process-wide ones, in the text format.
+    pub fn render(&self) -> String {
+        let mut families = self.registry.gather();
+        families.extend(prometheus::gather());
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed families.
+        let _ = TextEncoder::new().encode(&families, &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

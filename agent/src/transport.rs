@@ -1,0 +1,293 @@
+//! How agentk reaches kas's agent listener: gRPC over HTTP/2 in cleartext (h2c), or
+//! the same HTTP/2 connection carried in a WebSocket's binary messages, for networks
+//! that only pass HTTP/1.1 (as GitLab's kas does). The agent listener takes both on
+//! one port: an HTTP/2 connection starts with its preface (`PRI`), a WebSocket with
+//! its `GET` handshake.
+//!
+//! URLs: `grpc://host:port` (or `http://`) for h2c; `ws://host:port/path` for the
+//! WebSocket. Both work through the podgate proxy, which routes them by the agent
+//! token (`Authorization: Bearer`, sent on the WebSocket handshake too).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use futures_util::{Sink, Stream};
+use hyper_util::rt::TokioIo;
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+use tonic::transport::server::Connected;
+use tonic::transport::{Channel, Endpoint};
+
+/// Transport errors.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The kas URL is not one agentk can use.
+    #[error("kas URL {url:?}: {why}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+}
+
+/// A WebSocket used as a byte stream: writes become binary messages, reads
+/// concatenate the binary messages received.
+pub struct WsIo<S> {
+    ws: WebSocketStream<S>,
+    pending: Bytes,
+}
+
+impl<S> WsIo<S> {
+    /// Wrap an open WebSocket.
+    pub fn new(ws: WebSocketStream<S>) -> Self {
+        WsIo {
+            ws,
+            pending: Bytes::new(),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for WsIo<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if !self.pending.is_empty() {
+                let n = self.pending.len().min(buf.remaining());
+                buf.put_slice(&self.pending[..n]);
+                self.pending.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            match ready!(Pin::new(&mut self.ws).poll_next(cx)) {
+                Some(Ok(Message::Binary(b))) => self.pending = b,
+                // The peer closed: end of stream.
+                Some(Ok(Message::Close(_))) | None => return Poll::Ready(Ok(())),
+                // Pings are answered by tungstenite; text and pongs carry nothing.
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Poll::Ready(Err(io::Error::other(e))),
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsIo<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        ready!(Pin::new(&mut self.ws).poll_ready(cx)).map_err(io::Error::other)?;
+        Pin::new(&mut self.ws)
+            .start_send(Message::Binary(Bytes::copy_from_slice(buf)))
+            .map_err(io::Error::other)?;
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.ws)
+            .poll_flush(cx)
+            .map_err(io::Error::other)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.ws)
+            .poll_close(cx)
+            .map_err(io::Error::other)
+    }
+}
+
+/// A connection accepted on the agent listener: plain h2c, or h2 inside a WebSocket.
+pub enum AgentIo {
+    /// gRPC over h2c.
+    Plain(TcpStream),
+    /// gRPC inside a WebSocket.
+    Ws(Box<WsIo<TcpStream>>),
+}
+
+impl Connected for AgentIo {
+    type ConnectInfo = <TcpStream as Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        match self {
+            AgentIo::Plain(s) => s.connect_info(),
+            AgentIo::Ws(w) => w.ws.get_ref().connect_info(),
+        }
+    }
+}
+
+impl AsyncRead for AgentIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AgentIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            AgentIo::Ws(w) => Pin::new(&mut **w).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for AgentIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            AgentIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            AgentIo::Ws(w) => Pin::new(&mut **w).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AgentIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            AgentIo::Ws(w) => Pin::new(&mut **w).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            AgentIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            AgentIo::Ws(w) => Pin::new(&mut **w).poll_shutdown(cx),
+        }
+    }
+}
+
+/// How long a new connection may take to show what it is (and finish a WebSocket
+/// handshake).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accept agent connections on `listener`, h2c or WebSocket, as a stream for
+/// `tonic`'s `serve_with_incoming`.
+pub fn agent_incoming(
+    listener: TcpListener,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<AgentIo>> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "agent listener: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                // The server went away.
+                _ = tx.closed() => return,
+            };
+            let _ = stream.set_nodelay(true);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, classify(stream)).await {
+                    Ok(Ok(io)) => {
+                        let _ = tx.send(Ok(io)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "agent connection refused"),
+                    Err(_) => tracing::debug!("agent connection: handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+async fn classify(stream: TcpStream) -> io::Result<AgentIo> {
+    let mut first = [0u8; 1];
+    let n = stream.peek(&mut first).await?;
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "closed at once",
+        ));
+    }
+    if first[0] == b'P' {
+        return Ok(AgentIo::Plain(stream));
+    }
+    let ws = tokio_tungstenite::accept_async(stream)
+        .await
+        .map_err(io::Error::other)?;
+    Ok(AgentIo::Ws(Box::new(WsIo::new(ws))))
+}
+
+/// Check a kas URL without connecting.
+pub fn kas_url_check(url: &str) -> Result<(), Error> {
+    kas_channel_inner(url, "", false).map(|_| ())
+}
+
+/// A channel to kas at `url` (see the module docs), connected lazily and reconnected
+/// by tonic when it breaks. `token` goes on the WebSocket handshake so the proxy can
+/// route it.
+pub fn kas_channel(url: &str, token: &str) -> Result<Channel, Error> {
+    kas_channel_inner(url, token, true).map(|c| c.expect("a channel was asked for"))
+}
+
+fn kas_channel_inner(url: &str, token: &str, build: bool) -> Result<Option<Channel>, Error> {
+    let bad = |why| Error::Url {
+        url: url.to_owned(),
+        why,
+    };
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+    let authority = rest.split('/').next().unwrap_or_default().to_owned();
+    if authority.is_empty() {
+        return Err(bad("no host"));
+    }
+    let endpoint = Endpoint::from_shared(format!("http://{authority}"))
+        .map_err(|_| bad("not a valid host:port"))?
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true);
+    if matches!(scheme, "grpcs" | "https" | "wss") {
+        return Err(bad(
+            "TLS to kas is not supported yet: use grpc:// or ws:// (a TLS-terminating proxy in front of kas)",
+        ));
+    }
+    if !build {
+        return match scheme {
+            "grpc" | "http" | "ws" => Ok(None),
+            _ => Err(bad("scheme must be grpc://, http:// or ws://")),
+        };
+    }
+    match scheme {
+        "grpc" | "http" => Ok(Some(endpoint.connect_lazy())),
+        "ws" => {
+            let ws_url = url.to_owned();
+            let bearer = format!("Bearer {token}");
+            let connector = tower::service_fn(move |_: http::Uri| {
+                let (ws_url, bearer, authority) =
+                    (ws_url.clone(), bearer.clone(), authority.clone());
+                async move {
+                    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+                    let mut request = ws_url.into_client_request().map_err(io::Error::other)?;
+                    request.headers_mut().insert(
+                        http::header::AUTHORIZATION,
+                        bearer.parse().map_err(io::Error::other)?,
+                    );
+                    let tcp = TcpStream::connect(&authority).await?;
+                    tcp.set_nodelay(true)?;
+                    let (ws, _) = tokio_tungstenite::client_async(request, tcp)
+                        .await
+                        .map_err(io::Error::other)?;
+                    Ok::<_, io::Error>(TokioIo::new(WsIo::new(ws)))
+                }
+            });
+            Ok(Some(endpoint.connect_with_connector_lazy(connector)))
+        }
+        _ => Err(bad("scheme must be grpc://, http:// or ws://")),
+    }
+}

@@ -1,0 +1,397 @@
+//! agentk as a library against the in-process Kubernetes API server and an
+//! in-process kas: pods listed with kube-rs and returned to GitLab through a reverse
+//! tunnel, over h2c and over a WebSocket; its observability endpoints; a refused
+//! token; and kas's `agent_info` backend for opaque tokens, with its caches.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use podgate_agent::agentk::{Agentk, AgentkConfig};
+use podgate_agent::auth::mint_external;
+use podgate_agent::kas::agent_auth::AgentInfoConfig;
+use podgate_agent::kas::{Kas, KasConfig};
+use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+use podgate_agent::proto::kas_api_client::KasApiClient;
+use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetConfigurationRequest, GetPodsRequest};
+use podgate_agent::testing::kube::KubeTestServer;
+use podgate_registry::{MemoryBackend, Registry, RegistryConfig, Topology};
+use serde_json::json;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const EXTERNAL: [u8; 32] = *b"gitlab-kas-shared-secret-32bytes";
+const INTERNAL: [u8; 32] = *b"kas-to-kas-only-secret-32-bytes!";
+
+fn bearer<T>(mut req: tonic::Request<T>, token: &str) -> tonic::Request<T> {
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req
+}
+
+fn agent_tokens() -> (podgate_tokens::KeySet, impl Fn(u64) -> String) {
+    use podgate_tokens::{MintRequest, PodId, TokenKind};
+    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
+    let signer = keys.clone();
+    let mint = move |agent: u64| {
+        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
+        req.agent = Some(agent);
+        req.project = Some(42);
+        podgate_tokens::mint(
+            &req,
+            signer.signing_key().unwrap(),
+            podgate_tokens::unix_now(),
+        )
+        .unwrap()
+    };
+    (keys, mint)
+}
+
+async fn start_kas(keys: podgate_tokens::KeySet, agent_info: Option<AgentInfoConfig>) -> Kas {
+    let registry = Registry::with_memory(
+        MemoryBackend::new(Topology::default()),
+        RegistryConfig::default(),
+    )
+    .await
+    .unwrap();
+    Kas::start(
+        KasConfig {
+            external_listen: "127.0.0.1:0".parse().unwrap(),
+            internal_listen: "127.0.0.1:0".parse().unwrap(),
+            external_secret: EXTERNAL.to_vec(),
+            internal_secret: INTERNAL.to_vec(),
+            issuer: "gitlab".into(),
+            agent_listen: "127.0.0.1:0".parse().unwrap(),
+            agent_keys: keys,
+            advertise_internal: None,
+            max_wait: std::time::Duration::from_secs(10),
+            observability_listen: None,
+            agent_info,
+        },
+        registry,
+    )
+    .await
+    .unwrap()
+}
+
+fn agentk_config(kas_url: String, token: String, kubeconfig: &std::path::Path) -> AgentkConfig {
+    AgentkConfig {
+        kas_url,
+        token,
+        pod_namespace: "gitlab-agent".into(),
+        pod_name: "agentk-0".into(),
+        idle_tunnels: 2,
+        max_busy_tunnels: 10,
+        observability_listen: Some("127.0.0.1:0".parse().unwrap()),
+        kubeconfig: Some(kubeconfig.to_owned()),
+    }
+}
+
+/// `GET path` on a plain HTTP/1.1 listener: (status, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    (status, body.unwrap_or_default())
+}
+
+fn pod(ns: &str, name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        "status": {"phase": "Running"}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agentk_lists_pods_with_kube_rs_over_h2c_and_over_a_websocket() {
+    let kube = KubeTestServer::start(100).await.unwrap();
+    for (ns, name) in [
+        ("default", "web-1"),
+        ("default", "web-2"),
+        ("kube-system", "coredns"),
+    ] {
+        kube.put("pods", ns, pod(ns, name));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+
+    let (keys, mint) = agent_tokens();
+    let kas = start_kas(keys, None).await;
+    let h2c = Agentk::start(agentk_config(
+        format!("grpc://{}", kas.agent_addr()),
+        mint(3),
+        &kubeconfig,
+    ))
+    .await
+    .unwrap();
+    let ws = Agentk::start(agentk_config(
+        format!("ws://{}/-/kubernetes-agent/", kas.agent_addr()),
+        mint(4),
+        &kubeconfig,
+    ))
+    .await
+    .unwrap();
+    let (s3, s4) = (h2c.connected().await, ws.connected().await);
+    assert_eq!((s3.agent_id, s4.agent_id), (3, 4));
+    kas.tunnels()
+        .wait_idle(3, s3.connection_id.unwrap(), 2)
+        .await;
+    kas.tunnels()
+        .wait_idle(4, s4.connection_id.unwrap(), 2)
+        .await;
+
+    let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
+    let ext = Channel::from_shared(format!("http://{}", kas.external_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut api = KasApiClient::new(ext);
+    let get_pods = |agent_id: i64, namespace: &str| {
+        bearer(
+            tonic::Request::new(GetPodsRequest {
+                agent_id,
+                connection_id: 0,
+                namespace: namespace.into(),
+            }),
+            &gitlab,
+        )
+    };
+    for (agent, status) in [(3, s3), (4, s4)] {
+        let resp = api
+            .get_pods(get_pods(agent, ""))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(Some(resp.connection_id), status.connection_id);
+        let mut names: Vec<String> = resp
+            .pods
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["default/web-1", "default/web-2", "kube-system/coredns"],
+            "agent {agent}"
+        );
+        let resp = api
+            .get_pods(get_pods(agent, "kube-system"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(resp.pods.len(), 1);
+        assert_eq!(resp.pods[0].name, "coredns");
+    }
+    // A pod created now is listed on the next call: agentk asks the API each time.
+    kube.put("pods", "default", pod("default", "web-3"));
+    let resp = api
+        .get_pods(get_pods(4, "default"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.pods.len(), 3);
+
+    // Presence carries what agentk reported.
+    let by_id = api
+        .connected_agents_by_id(bearer(
+            tonic::Request::new(ConnectedAgentsByIdRequest { agent_id: 4 }),
+            &gitlab,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_id.agents.len(), 1);
+    assert_eq!(by_id.agents[0].pod_name, "agentk-0");
+    assert_eq!(by_id.agents[0].pod_namespace, "gitlab-agent");
+
+    // agentk's observability listener.
+    let obs = ws.observability_addr().unwrap();
+    assert_eq!(http_get(obs, "/healthz").await.0, 200);
+    assert_eq!(http_get(obs, "/readyz").await.0, 200);
+    let (_, metrics) = http_get(obs, "/metrics").await;
+    assert!(metrics.contains("podgate_agentk_connected 1"), "{metrics}");
+    assert!(
+        metrics.contains("podgate_agentk_requests_total{code=\"Ok\",method=\"GetPods\"} 3"),
+        "{metrics}"
+    );
+
+    // The Kubernetes API gone: GitLab gets Unavailable, not a hang or an empty list.
+    drop(kube);
+    let e = api.get_pods(get_pods(3, "")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agentk_whose_token_is_refused_is_not_ready_and_keeps_trying() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let kube = KubeTestServer::start(10).await.unwrap();
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let (keys, _) = agent_tokens();
+    // Signed by a key this kas does not trust.
+    let (_, stranger) = agent_tokens();
+    let kas = start_kas(keys, None).await;
+    let agentk = Agentk::start(agentk_config(
+        format!("grpc://{}", kas.agent_addr()),
+        stranger(3),
+        &kubeconfig,
+    ))
+    .await
+    .unwrap();
+    let status = agentk
+        .wait_for(|s| s.last_error.is_some() && s.attempts >= 2)
+        .await;
+    assert_eq!(status.last_error, Some(Code::Unauthenticated));
+    assert_eq!(status.connection_id, None);
+    let obs = agentk.observability_addr().unwrap();
+    let (code, body) = http_get(obs, "/readyz").await;
+    assert_eq!(code, 503);
+    assert!(body.contains("not connected to kas"), "{body}");
+    assert_eq!(http_get(obs, "/healthz").await.0, 200);
+    let (_, metrics) = http_get(obs, "/metrics").await;
+    assert!(
+        metrics.contains("podgate_agentk_connects_total{result=\"unauthenticated\"}"),
+        "{metrics}"
+    );
+    // A bad kas URL is a configuration error naming the field.
+    let mut bad = agentk_config("https://kas".into(), "t".into(), &kubeconfig);
+    bad.idle_tunnels = 1;
+    let err = bad.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("kas: ") && err.contains("idle_tunnels"),
+        "{err}"
+    );
+}
+
+/// A stub of GitLab's `GET /api/v4/internal/kubernetes/agent_info`: 200 for
+/// `glagent-good…`, 401 for `glagent-bad…`, 500 for anything else; counts calls and
+/// checks kas's `Gitlab-Kas-Api-Request` JWT.
+async fn gitlab_stub(calls: Arc<AtomicUsize>) -> std::net::SocketAddr {
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let calls = calls.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let calls = calls.clone();
+                    async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        assert_eq!(req.uri().path(), "/api/v4/internal/kubernetes/agent_info");
+                        let api_jwt = req.headers()["gitlab-kas-api-request"].to_str().unwrap();
+                        let mut v = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
+                        v.set_issuer(&["gitlab-kas"]);
+                        v.set_audience(&["gitlab"]);
+                        jsonwebtoken::decode::<serde_json::Value>(
+                            api_jwt,
+                            &jsonwebtoken::DecodingKey::from_secret(&EXTERNAL),
+                            &v,
+                        )
+                        .expect("kas signs its API requests with the shared secret");
+                        let auth = req.headers()["authorization"].to_str().unwrap();
+                        let (status, body) = if auth.starts_with("Bearer glagent-good") {
+                            (200, r#"{"agent_id":7,"project_id":70,"agent_name":"prod"}"#)
+                        } else if auth.starts_with("Bearer glagent-bad") {
+                            (401, r#"{"message":"401 Unauthorized"}"#)
+                        } else {
+                            (500, "oops")
+                        };
+                        let mut r = hyper::Response::new(Full::new(bytes::Bytes::from(body)));
+                        *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, std::convert::Infallible>(r)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opaque_agent_tokens_are_asked_of_gitlab_and_the_answers_cached() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gitlab = gitlab_stub(calls.clone()).await;
+    let (keys, _) = agent_tokens();
+    let (_, stranger) = agent_tokens();
+    let kas = start_kas(
+        keys,
+        Some(AgentInfoConfig {
+            url: format!("http://{gitlab}"),
+            secret: EXTERNAL.to_vec(),
+            positive_ttl: std::time::Duration::from_secs(300),
+            negative_ttl: std::time::Duration::from_secs(60),
+            timeout: std::time::Duration::from_secs(5),
+        }),
+    )
+    .await;
+    let channel = Channel::from_shared(format!("http://{}", kas.agent_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let connect = |token: String| {
+        let channel = channel.clone();
+        async move {
+            let req = bearer(
+                tonic::Request::new(GetConfigurationRequest { agent_meta: None }),
+                &token,
+            );
+            let mut stream = AgentConfigurationServiceClient::new(channel)
+                .get_configuration(req)
+                .await?
+                .into_inner();
+            Ok::<_, tonic::Status>(stream.message().await?.unwrap())
+        }
+    };
+    let good = "glagent-good-0123456789abcdefghij".to_owned();
+    let bad = "glagent-bad-0123456789abcdefghijk".to_owned();
+    // Yes: the identity GitLab gave; asked once, then cached.
+    for _ in 0..3 {
+        let cfg = connect(good.clone()).await.unwrap();
+        assert_eq!((cfg.agent_id, cfg.project_id), (7, 70));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // No: Unauthenticated with no detail; asked once, then cached.
+    for _ in 0..3 {
+        let e = connect(bad.clone()).await.unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated);
+        assert_eq!(e.message(), "unauthenticated");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // GitLab failing is not a no: Unavailable, and asked again next time.
+    for n in 3..=4 {
+        let e = connect("glagent-other-0123456789abcdefghi".into())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unavailable);
+        assert_eq!(calls.load(Ordering::SeqCst), n);
+    }
+    // A signed token that fails verification is refused without asking GitLab.
+    let e = connect(stranger(3)).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    let metrics = kas.metrics().render();
+    for line in [
+        "podgate_kas_agent_info_lookups_total{result=\"cached_yes\"} 2",
+        "podgate_kas_agent_info_lookups_total{result=\"cached_no\"} 2",
+        "podgate_kas_agent_info_lookups_total{result=\"error\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
+}

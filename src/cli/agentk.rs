@@ -1,0 +1,86 @@
+//! `podgate agentk --kas URL --token-file F`: one agentk replica.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+use podgate_agent::agentk::{Agentk, AgentkConfig};
+
+/// Flags of `podgate agentk`.
+#[derive(Debug, Args)]
+pub(crate) struct AgentkArgs {
+    /// kas's agent listener (or the podgate proxy): `grpc://host:port` for gRPC over
+    /// h2c, `ws://host:port/-/kubernetes-agent/` for gRPC inside a WebSocket.
+    #[arg(long)]
+    kas: String,
+    /// The file holding the agent token.
+    #[arg(long)]
+    token_file: PathBuf,
+    /// A kubeconfig; without it: the in-cluster service account, else `$KUBECONFIG`
+    /// or `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// `/metrics`, `/healthz` and `/readyz` on this address ("off": none).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    observability_listen: String,
+    /// Idle tunnels kept at kas (at least 2).
+    #[arg(long, default_value_t = 2)]
+    idle_tunnels: usize,
+    /// Most requests answered at once.
+    #[arg(long, default_value_t = 500)]
+    max_busy_tunnels: usize,
+    /// This replica's namespace, as reported to kas.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
+    pod_namespace: String,
+    /// This replica's pod name, as reported to kas.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pod_name: String,
+}
+
+pub(crate) fn run(args: AgentkArgs) -> anyhow::Result<ExitCode> {
+    let token = std::fs::read_to_string(&args.token_file)
+        .with_context(|| format!("--token-file {}", args.token_file.display()))?;
+    let observability_listen = match args.observability_listen.as_str() {
+        "off" => None,
+        a => Some(a.parse::<SocketAddr>().with_context(|| {
+            format!("--observability-listen {a:?}: expected ip:port or \"off\"")
+        })?),
+    };
+    let config = AgentkConfig {
+        kas_url: args.kas,
+        token: token.trim().to_owned(),
+        pod_namespace: args.pod_namespace,
+        pod_name: args.pod_name,
+        idle_tunnels: args.idle_tunnels,
+        max_busy_tunnels: args.max_busy_tunnels,
+        observability_listen,
+        kubeconfig: args.kubeconfig,
+    };
+    config.validate()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let agentk = Agentk::start(config).await?;
+        if let Some(addr) = agentk.observability_addr() {
+            println!("agentk: observability on {addr}");
+        }
+        tokio::select! {
+            status = agentk.connected() => {
+                println!(
+                    "agentk: connected as agent {}, connection {}",
+                    status.agent_id,
+                    status.connection_id.unwrap_or_default()
+                );
+            }
+            _ = super::shutdown_signal() => return Ok(ExitCode::SUCCESS),
+        }
+        super::shutdown_signal().await;
+        println!("agentk: shutting down");
+        drop(agentk);
+        Ok(ExitCode::SUCCESS)
+    })
+}
