@@ -266,6 +266,15 @@ pub fn builtin() -> Vec<Rule> {
             Pool::Kas,
             7200,
         ),
+        // podgate's own agentk (configuration stream, reverse tunnels).
+        rule(
+            "kas-podgate",
+            &["POST"],
+            PathMatch::Prefix("/podgate.kas.v1.".into()),
+            &["bearer"],
+            Pool::Kas,
+            7200,
+        ),
         // Any other API call with a token.
         rule(
             "api-token",
@@ -367,6 +376,10 @@ mod tests {
         );
         assert_eq!(name("GET", "/api/v4/projects/1", &[]), "api-token");
         assert_eq!(name("GET", "/-/kubernetes-agent/", &[]), "kas-agent");
+        assert_eq!(
+            name("POST", "/podgate.kas.v1.ReverseTunnel/Open", &[]),
+            "kas-podgate"
+        );
         assert_eq!(
             name(
                 "GET",

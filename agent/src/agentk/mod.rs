@@ -242,6 +242,15 @@ impl crate::obs::Report for Report {
     }
 }
 
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 const RECONNECT_START: Duration = Duration::from_millis(250);
 const RECONNECT_MAX: Duration = Duration::from_secs(20);
 
@@ -274,13 +283,15 @@ async fn run<H: Handler>(
                     attempts,
                     last_error: None,
                 });
-                let tunnels = tokio::spawn(serve_tunnels(
+                // Aborted when this connection ends, and when agentk stops (this task
+                // aborted mid-await drops the guard).
+                let tunnels = AbortOnDrop(tokio::spawn(serve_tunnels(
                     channel.clone(),
                     token.clone(),
                     first.connection_id,
                     pool.clone(),
                     handler.clone(),
-                ));
+                )));
                 // Later messages would carry configuration changes; the stream's end
                 // is this connection's end.
                 let ended = loop {
@@ -290,7 +301,7 @@ async fn run<H: Handler>(
                         Err(e) => break e.message().to_owned(),
                     }
                 };
-                tunnels.abort();
+                drop(tunnels);
                 pool.metrics.connected.set(0);
                 let _ = status.send(Status {
                     attempts,

@@ -1,0 +1,162 @@
+//! agentk through the podgate proxy: the proxy routes agentk's gRPC (over h2c, and
+//! inside a WebSocket) by the agent token's Pod to that Pod's kas, and the reverse
+//! tunnels and configuration stream work through it. GitLab's `GetPods` is then
+//! answered with pods agentk listed with kube-rs.
+
+mod common;
+
+use common::{Stub, start_proxy};
+use podgate_agent::agentk::{Agentk, AgentkConfig};
+use podgate_agent::auth::mint_external;
+use podgate_agent::kas::{Kas, KasConfig};
+use podgate_agent::proto::GetPodsRequest;
+use podgate_agent::proto::kas_api_client::KasApiClient;
+use podgate_agent::testing::kube::KubeTestServer;
+use podgate_registry::{MemoryBackend, Registry, RegistryConfig, Topology};
+use podgate_tokens::{MintRequest, PodId, TokenKind};
+use serde_json::json;
+use tonic::transport::Channel;
+
+const EXTERNAL: [u8; 32] = [5; 32];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
+    std::fs::write(dir.path().join("k1.pem"), key.public.as_deref().unwrap()).unwrap();
+    let keys = podgate_tokens::keys::keyset_from_generated("k1", &key).unwrap();
+    let mint = |agent: u64| {
+        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(2).unwrap(), 600);
+        req.agent = Some(agent);
+        req.project = Some(42);
+        podgate_tokens::mint(
+            &req,
+            keys.signing_key().unwrap(),
+            podgate_tokens::unix_now(),
+        )
+        .unwrap()
+    };
+
+    // Pod 2's kas; Pod 1 (legacy) has none, so a misroute could not be answered.
+    let registry = Registry::with_memory(
+        MemoryBackend::new(Topology::default()),
+        RegistryConfig::default(),
+    )
+    .await
+    .unwrap();
+    let kas = Kas::start(
+        KasConfig {
+            external_listen: "127.0.0.1:0".parse().unwrap(),
+            internal_listen: "127.0.0.1:0".parse().unwrap(),
+            external_secret: EXTERNAL.to_vec(),
+            internal_secret: [6; 32].to_vec(),
+            issuer: "gitlab".into(),
+            agent_listen: "127.0.0.1:0".parse().unwrap(),
+            agent_keys: keys.clone(),
+            advertise_internal: None,
+            max_wait: std::time::Duration::from_secs(10),
+            observability_listen: None,
+            agent_info: None,
+        },
+        registry,
+    )
+    .await
+    .unwrap();
+    let legacy = Stub::start(1).await;
+    let web2 = Stub::start(2).await;
+    let config = format!(
+        r#"keys = ["{keys}"]
+        [topology]
+        default_pod = 1
+        [[topology.pods]]
+        id = 1
+        name = "legacy"
+        web = ["{legacy}"]
+        [[topology.pods]]
+        id = 2
+        name = "pod-2"
+        web = ["{web2}"]
+        kas = ["{kas}"]
+        "#,
+        keys = dir.path().join("k1.pem").display(),
+        legacy = legacy.addr,
+        web2 = web2.addr,
+        kas = kas.agent_addr(),
+    );
+    let kube = KubeTestServer::start(10).await.unwrap();
+    kube.put(
+        "pods",
+        "default",
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "web-1", "namespace": "default"},
+               "spec": {"containers": [{"name": "c", "image": "busybox"}]}}),
+    );
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let proxy = start_proxy(&config, dir).await;
+
+    let gitlab = mint_external(&EXTERNAL, "gitlab", 600).unwrap();
+    let mut api = KasApiClient::new(
+        Channel::from_shared(format!("http://{}", kas.external_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    for (agent, url) in [
+        (3, format!("grpc://127.0.0.1:{}", proxy.port)),
+        (
+            4,
+            format!("ws://127.0.0.1:{}/-/kubernetes-agent/", proxy.port),
+        ),
+    ] {
+        let agentk = Agentk::start(AgentkConfig {
+            kas_url: url.clone(),
+            token: mint(agent),
+            pod_namespace: "gitlab-agent".into(),
+            pod_name: format!("agentk-{agent}"),
+            idle_tunnels: 2,
+            max_busy_tunnels: 10,
+            observability_listen: None,
+            kubeconfig: Some(kubeconfig.clone()),
+        })
+        .await
+        .unwrap();
+        let status = agentk.connected().await;
+        assert_eq!(status.agent_id, agent as i64, "{url}");
+        let conn = status.connection_id.unwrap();
+        kas.tunnels().wait_idle(agent as i64, conn, 2).await;
+        let mut req = tonic::Request::new(GetPodsRequest {
+            agent_id: agent as i64,
+            connection_id: 0,
+            namespace: String::new(),
+        });
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {gitlab}").parse().unwrap());
+        let resp = api.get_pods(req).await.unwrap().into_inner();
+        assert_eq!(resp.connection_id, conn, "{url}");
+        assert_eq!(resp.pods.len(), 1, "{url}");
+        assert_eq!(resp.pods[0].name, "web-1", "{url}");
+    }
+    // The proxy counted agent traffic to Pod 2's kas, none to the legacy Pod. A
+    // request is counted when it ends: the WebSocket ends once agentk 4 is gone.
+    for rule in ["kas-podgate", "kas-agent"] {
+        podgate_registry::testing::eventually(
+            std::time::Duration::from_secs(10),
+            "the proxy counts the agent traffic",
+            || async {
+                let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
+                metrics
+                    .lines()
+                    .any(|l| {
+                        l.starts_with("podgate_proxy_requests_total{")
+                            && l.contains("pod=\"2\"")
+                            && l.contains(&format!("rule=\"{rule}\""))
+                    })
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    assert!(legacy.seen().is_empty());
+}
