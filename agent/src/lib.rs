@@ -3,19 +3,22 @@
 //! kas and agentk: reverse tunnels from agents, the presence registry, kas-to-kas
 //! routing, the `KasApi`, the Graph API and the Workspaces reconciliation loop.
 //!
-//! Built so far (issue 6):
-//! - [`proto`]: the seed's `KasApi` / `KasInternal` protobufs (`agent/proto/kas.proto`).
+//! - [`proto`]: the seed's `KasApi` / `KasInternal` protobufs and podgate's agentk
+//!   services (`agent/proto/kas.proto`).
 //! - [`auth`]: JWT authentication of the external (GitLab) and internal (kas ↔ kas)
 //!   listeners, each with its own secret.
-//! - [`kas`]: the agent, external and internal listeners; presence; connected agents
-//!   from the registry; `GetPods` through a local reverse tunnel, or kas → kas, or
-//!   after waiting for the agent to connect.
-//! - [`agentk`]: agentk's tunnel loop (a pool of idle tunnels, back-off).
+//! - [`kas`]: the agent, external, internal and observability listeners; agent
+//!   authentication (local JWTs, GitLab's `agent_info` for opaque tokens); presence;
+//!   connected agents from the registry; `GetPods` through a local reverse tunnel, or
+//!   kas → kas, or after waiting for the agent to connect; metrics.
+//! - [`agentk`]: the agent: configuration stream, a pool of reverse tunnels that grows
+//!   under load, `GetPods` with kube-rs, metrics and health endpoints.
+//! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port.
+//! - [`obs`]: the `/metrics`, `/healthz`, `/readyz` listener of kas and agentk.
 //! - `testing::kube` (feature `test-util`): an in-process Kubernetes API server that
 //!   `kubectl` accepts, for testing agentk without a cluster.
 //!
-//! Still to come: the agentk program (kube-rs), observability listeners, the
-//! `agent_info` backend for opaque agent tokens.
+//! The Graph API and the Workspaces reconciliation loop are later issues.
 
 pub mod agentk;
 pub mod auth;

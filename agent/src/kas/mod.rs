@@ -1,15 +1,17 @@
-//! kas: the external `KasApi` listener for GitLab and the internal `KasInternal`
-//! listener for other kas instances, each with its own address and its own JWT
-//! secret ([`crate::auth`]). Connected agents are answered from the presence
-//! registry (`pod-registry`).
+//! kas: four listeners, each on its own address.
 //!
-//! Built so far: the three listeners, authentication, presence (each agentk
-//! `GetConfiguration` stream is a registered connection, see [`presence`]), the kas's
-//! own `KasInstanceInfo`, `ConnectedAgentsById`, `ConnectedAgentsForProject`, and
-//! `GetPods` routed as the seed says: through a reverse tunnel this kas holds
-//! ([`tunnel`]), else through the internal endpoint of the kas the registry names
-//! (re-routed if that kas lost the agent), else waiting until the agent connects
-//! anywhere (woken by the registry's event) or `max_wait` passes.
+//! - *agent*: agentk's configuration stream ([`presence`]: each open stream is a
+//!   registered connection) and reverse tunnels ([`tunnel`]), over h2c or WebSocket
+//!   ([`crate::transport`]); agents authenticated by [`agent_auth`].
+//! - *external*: GitLab's `KasApi`, with GitLab's JWT ([`crate::auth`]).
+//! - *internal*: `KasInternal` for other kas instances, with their own secret.
+//! - *observability*: `/metrics` ([`metrics`]), `/healthz`, `/readyz`.
+//!
+//! Connected agents are answered from the presence registry (`pod-registry`).
+//! `GetPods` is routed as the seed says: through a reverse tunnel this kas holds,
+//! else through the internal endpoint of the kas the registry names (re-routed if
+//! that kas lost the agent), else waiting until the agent connects anywhere (woken by
+//! the registry's event, never polling) or `max_wait` passes.
 
 pub mod agent_auth;
 pub mod config;
