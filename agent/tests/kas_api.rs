@@ -599,7 +599,8 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
     // Agent 5 is not connected anywhere: the request waits, and completes once it
     // connects (to kas2).
     let mut waiting_api = api.clone();
-    let waiting = tokio::spawn(async move { waiting_api.get_pods(call(5)).await });
+    let request5 = call(5);
+    let waiting = tokio::spawn(async move { waiting_api.get_pods(request5).await });
     tokio::task::yield_now().await;
     assert!(!waiting.is_finished());
     let (conn5, _presence5, tunnels5) = connect(5).await;
@@ -607,6 +608,35 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
     assert_eq!(
         (resp.connection_id, resp.pods[0].name.as_str()),
         (conn5, "agent-5")
+    );
+
+    // The caller's deadline ends the wait (kas's own max_wait is 30 s here), and
+    // the request stops waiting: the gauge goes back to 0.
+    let waits_before = kas1.metrics().routing_waits.get();
+    let started = std::time::Instant::now();
+    let mut req = call(77);
+    req.set_timeout(std::time::Duration::from_millis(300));
+    let e = api.get_pods(req).await.unwrap_err();
+    assert!(
+        matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{e:?}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    podgate_registry::testing::eventually(
+        std::time::Duration::from_secs(5),
+        "the abandoned request stops waiting",
+        || async {
+            let m = kas1.metrics();
+            let cancelled = m.routing().with_label_values(&["cancelled"]);
+            (m.routing_waiting.get() == 0 && cancelled.get_sample_count() == 1).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(kas1.metrics().routing_waits.get(), waits_before + 1);
+    assert_eq!(
+        kas1.metrics().routing_timeouts.get(),
+        0,
+        "the caller gave up, not kas"
     );
     tunnels3.abort();
     tunnels5.abort();

@@ -18,6 +18,8 @@ pub enum Outcome {
     Timeout,
     /// Any other failure (the agent answered an error, a kas failed).
     Error,
+    /// The caller went away (or its deadline passed) first.
+    Cancelled,
 }
 
 impl Outcome {
@@ -27,6 +29,7 @@ impl Outcome {
             Outcome::Kas => "kas",
             Outcome::Timeout => "timeout",
             Outcome::Error => "error",
+            Outcome::Cancelled => "cancelled",
         }
     }
 }
@@ -41,7 +44,7 @@ pub struct KasMetrics {
     /// Tunnels carrying a request now.
     pub tunnels_busy: IntGauge,
     routing: HistogramVec,
-    routing_children: [Histogram; 4],
+    routing_children: [Histogram; 5],
     /// External requests that had to wait for their agent to connect.
     pub routing_waits: IntCounter,
     /// External requests waiting for their agent now.
@@ -109,6 +112,7 @@ impl KasMetrics {
             Outcome::Kas,
             Outcome::Timeout,
             Outcome::Error,
+            Outcome::Cancelled,
         ]
         .map(|o| routing.with_label_values(&[o.label()]));
         let registry_errors = IntCounterVec::new(
@@ -156,6 +160,7 @@ impl KasMetrics {
             Outcome::Kas => 1,
             Outcome::Timeout => 2,
             Outcome::Error => 3,
+            Outcome::Cancelled => 4,
         };
         self.routing_children[i].observe(seconds);
     }

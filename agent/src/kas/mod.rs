@@ -366,6 +366,21 @@ struct Api {
     metrics: Arc<KasMetrics>,
 }
 
+/// Records a routed request's duration when dropped: with its outcome, or as
+/// cancelled when the caller went away first (the handler future is dropped).
+struct RouteTimer<'a> {
+    metrics: &'a KasMetrics,
+    started: std::time::Instant,
+    outcome: Outcome,
+}
+
+impl Drop for RouteTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .routed(self.outcome, self.started.elapsed().as_secs_f64());
+    }
+}
+
 /// Counts a request as waiting for its agent while it lives.
 struct Waiting<'a>(&'a KasMetrics);
 
@@ -482,10 +497,13 @@ impl KasApi for Api {
         &self,
         request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        let started = std::time::Instant::now();
+        let mut timer = RouteTimer {
+            metrics: &self.metrics,
+            started: std::time::Instant::now(),
+            outcome: Outcome::Cancelled,
+        };
         let (result, outcome) = self.route_get_pods(request.into_inner()).await;
-        self.metrics
-            .routed(outcome, started.elapsed().as_secs_f64());
+        timer.outcome = outcome;
         result.map(Response::new)
     }
 }
