@@ -653,3 +653,132 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     s.read_to_string(&mut out).await.unwrap();
     out
 }
+
+/// Shutdown drops nothing: kas first leaves the registry (and refuses new agents),
+/// then lets a GitLab request in flight finish through its tunnel, then stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_removes_this_kas_first_and_lets_requests_in_flight_finish() {
+    use std::sync::Arc;
+
+    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
+    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+    use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse, Pod};
+    use prost::Message as _;
+    use tokio::sync::Notify;
+
+    /// Answers once told to; says when a request arrived.
+    struct Held {
+        arrived: Arc<Notify>,
+        release: Arc<Notify>,
+    }
+    impl Handler for Held {
+        fn handle(&self, _method: String, _payload: Vec<u8>) -> Responses {
+            let (arrived, release) = (self.arrived.clone(), self.release.clone());
+            unary(async move {
+                arrived.notify_one();
+                release.notified().await;
+                Ok(GetPodsResponse {
+                    pods: vec![Pod {
+                        namespace: "default".into(),
+                        name: "slow".into(),
+                    }],
+                    connection_id: 0,
+                }
+                .encode_to_vec())
+            })
+        }
+    }
+
+    let (keys, mint) = agent_tokens();
+    let token = mint(Some(3));
+    // kas's registry and the test's own view of the same store (kas's shutdown stops
+    // its registry's background work, event delivery included).
+    let backend = MemoryBackend::new(Topology::default());
+    let registry = Registry::with_memory(backend.clone(), RegistryConfig::default())
+        .await
+        .unwrap();
+    let kas = Kas::start(
+        kas_config(keys, std::time::Duration::from_secs(30)),
+        Registry::with_memory(backend, RegistryConfig::default())
+            .await
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let agents = Channel::from_shared(format!("http://{}", kas.agent_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let configure = |channel: Channel, token: String| async move {
+        let req = bearer(
+            tonic::Request::new(GetConfigurationRequest::default()),
+            &token,
+        );
+        AgentConfigurationServiceClient::new(channel)
+            .get_configuration(req)
+            .await
+    };
+    let mut presence = configure(agents.clone(), token.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let conn = presence.message().await.unwrap().unwrap().connection_id;
+    let (arrived, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let tunnels = tokio::spawn(serve_tunnels(
+        agents.clone(),
+        token.clone(),
+        conn,
+        TunnelPool::new(2),
+        Arc::new(Held {
+            arrived: arrived.clone(),
+            release: release.clone(),
+        }),
+    ));
+    kas.tunnels().wait_idle(3, conn, 2).await;
+
+    let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
+    let mut api = KasApiClient::new(
+        Channel::from_shared(format!("http://{}", kas.external_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let in_flight = tokio::spawn(async move {
+        let req = bearer(
+            tonic::Request::new(GetPodsRequest {
+                agent_id: 3,
+                connection_id: 0,
+                namespace: String::new(),
+            }),
+            &gitlab,
+        );
+        api.get_pods(req).await
+    });
+    arrived.notified().await;
+
+    let mut events = registry.subscribe();
+    let shutdown = tokio::spawn(kas.shutdown_with_grace(std::time::Duration::from_secs(30)));
+    // Gone from the registry while the request is still in flight.
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !matches!(
+            events.recv().await.unwrap(),
+            podgate_registry::AgentEvent::Disconnected { agent_id: 3, .. }
+        ) {}
+    })
+    .await
+    .expect("kas unregisters its agent at shutdown");
+    assert!(registry.connections_by_agent(3).await.unwrap().is_empty());
+    assert!(registry.kas_instances().await.unwrap().is_empty());
+    assert!(!in_flight.is_finished());
+    // A new agent is refused meanwhile (it will find another kas).
+    let e = configure(agents.clone(), token.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    // The request in flight completes, then the shutdown does.
+    release.notify_one();
+    let resp = in_flight.await.unwrap().unwrap().into_inner();
+    assert_eq!(resp.pods[0].name, "slow");
+    shutdown.await.unwrap().unwrap();
+    tunnels.abort();
+}

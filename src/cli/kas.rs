@@ -15,6 +15,9 @@ pub(crate) struct KasArgs {
     /// The kas configuration (TOML).
     #[arg(long, short)]
     config: PathBuf,
+    /// On SIGTERM/SIGINT, how long requests in flight may take to finish.
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration_secs)]
+    shutdown_grace: u64,
 }
 
 pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
@@ -38,8 +41,13 @@ pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
             println!("kas: observability (/metrics, /healthz, /readyz) on {addr}");
         }
         super::shutdown_signal().await;
-        println!("kas: shutting down; removing this kas and its agents from the registry");
-        kas.shutdown().await?;
+        println!(
+            "kas: shutting down; removing this kas and its agents from the registry, \
+             then up to {}s for requests in flight",
+            args.shutdown_grace
+        );
+        kas.shutdown_with_grace(std::time::Duration::from_secs(args.shutdown_grace))
+            .await?;
         Ok(ExitCode::SUCCESS)
     })
 }

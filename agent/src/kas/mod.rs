@@ -100,7 +100,15 @@ pub struct Kas {
     registry: Registry,
     tunnels: Arc<tunnel::Tunnels>,
     metrics: Arc<KasMetrics>,
+    draining: tokio::sync::watch::Sender<bool>,
+    /// The external and internal servers: drained at shutdown.
+    drained: Vec<tokio::task::JoinHandle<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Resolves once `draining` turns true (or its sender is gone).
+async fn drain_signal(mut draining: tokio::sync::watch::Receiver<bool>) {
+    let _ = draining.wait_for(|d| *d).await;
 }
 
 impl Kas {
@@ -162,7 +170,9 @@ impl Kas {
             metrics.registry(),
         ));
         let tunnels = Arc::new(tunnel::Tunnels::new(metrics.clone()));
+        let (draining, draining_rx) = tokio::sync::watch::channel(false);
         let presence = presence::Presence {
+            draining: draining_rx.clone(),
             registry: registry.clone(),
             auth: agent_auth.clone(),
             tunnels: tunnels.clone(),
@@ -199,23 +209,15 @@ impl Kas {
                 internal_auth.check(req.metadata())?;
                 Ok(req)
             });
-        let mut tasks = vec![
-            tokio::spawn(async move {
-                if let Err(e) = tonic::transport::Server::builder()
-                    .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-                    .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-                    .add_service(AgentConfigurationServiceServer::new(presence))
-                    .add_service(ReverseTunnelServer::new(tunnel_service))
-                    .serve_with_incoming(crate::transport::agent_incoming(agt))
-                    .await
-                {
-                    tracing::error!(error = %e, "kas agent listener stopped");
-                }
-            }),
+        let (ext_drain, int_drain) = (draining_rx.clone(), draining_rx);
+        let drained = vec![
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
                     .add_service(ext_service)
-                    .serve_with_incoming(TcpListenerStream::new(ext))
+                    .serve_with_incoming_shutdown(
+                        TcpListenerStream::new(ext),
+                        drain_signal(ext_drain),
+                    )
                     .await
                 {
                     tracing::error!(error = %e, "kas external listener stopped");
@@ -224,13 +226,28 @@ impl Kas {
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
                     .add_service(int_service)
-                    .serve_with_incoming(TcpListenerStream::new(int))
+                    .serve_with_incoming_shutdown(
+                        TcpListenerStream::new(int),
+                        drain_signal(int_drain),
+                    )
                     .await
                 {
                     tracing::error!(error = %e, "kas internal listener stopped");
                 }
             }),
         ];
+        let mut tasks = vec![tokio::spawn(async move {
+            if let Err(e) = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+                .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+                .add_service(AgentConfigurationServiceServer::new(presence))
+                .add_service(ReverseTunnelServer::new(tunnel_service))
+                .serve_with_incoming(crate::transport::agent_incoming(agt))
+                .await
+            {
+                tracing::error!(error = %e, "kas agent listener stopped");
+            }
+        })];
         if let Some(obs) = obs {
             let report = Arc::new(Report {
                 metrics: metrics.clone(),
@@ -246,6 +263,8 @@ impl Kas {
             registry,
             tunnels,
             metrics,
+            draining,
+            drained,
             tasks,
         })
     }
@@ -270,13 +289,32 @@ impl Kas {
         self.observability
     }
 
-    /// Stop serving and remove this kas and its agents from the registry (the seed's
-    /// cleanup before terminating).
+    /// [`Kas::shutdown_with_grace`] with 10 s for requests in flight.
     pub async fn shutdown(self) -> Result<(), Error> {
-        for t in &self.tasks {
-            t.abort();
+        self.shutdown_with_grace(std::time::Duration::from_secs(10))
+            .await
+    }
+
+    /// Stop without dropping requests:
+    /// 1. remove this kas and its agents from the registry (the seed's cleanup), so
+    ///    no kas routes here any more, and refuse new agent connections;
+    /// 2. stop accepting GitLab and kas requests and let those in flight finish
+    ///    (through this kas's tunnels, which stay up meanwhile), for up to `grace`;
+    /// 3. close everything.
+    pub async fn shutdown_with_grace(mut self, grace: std::time::Duration) -> Result<(), Error> {
+        let _ = self.draining.send(true);
+        let cleanup = self.registry.shutdown().await.map_err(Error::Registry);
+        let drained = std::mem::take(&mut self.drained);
+        if tokio::time::timeout(grace, futures_util::future::join_all(drained))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?grace,
+                "requests still in flight after the grace period; closing"
+            );
         }
-        self.registry.shutdown().await.map_err(Error::Registry)
+        cleanup
     }
 
     /// The external listener's address.
@@ -292,7 +330,7 @@ impl Kas {
 
 impl Drop for Kas {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for t in self.tasks.iter().chain(&self.drained) {
             t.abort();
         }
     }

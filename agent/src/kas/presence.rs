@@ -19,6 +19,8 @@ use crate::proto::agent_configuration_service_server::AgentConfigurationService;
 use crate::proto::{AgentConfiguration, GetConfigurationRequest};
 
 pub(crate) struct Presence {
+    /// True once kas is shutting down: new agents are sent elsewhere.
+    pub(crate) draining: tokio::sync::watch::Receiver<bool>,
     pub(crate) registry: Registry,
     pub(crate) auth: Arc<AgentAuth>,
     pub(crate) tunnels: Arc<Tunnels>,
@@ -86,6 +88,9 @@ impl AgentConfigurationService for Presence {
         &self,
         request: Request<GetConfigurationRequest>,
     ) -> Result<Response<ConfigStream>, Status> {
+        if *self.draining.borrow() {
+            return Err(Status::unavailable("kas is shutting down"));
+        }
         let who = self.auth.authenticate(request.metadata()).await?;
         let meta = request.into_inner().agent_meta.unwrap_or_default();
         let connection_id = random_connection_id();
