@@ -1,5 +1,6 @@
 //! agentk through the podgate proxy: the proxy routes agentk's gRPC (over h2c, and
-//! inside a WebSocket) by the agent token's Pod to that Pod's kas, and the reverse
+//! inside a WebSocket; in cleartext and over TLS) by the agent token's Pod to that
+//! Pod's kas, and the reverse
 //! tunnels and configuration stream work through it. GitLab's `GetPods` is then
 //! answered with pods agentk listed with kube-rs.
 
@@ -20,7 +21,8 @@ use tonic::transport::Channel;
 const EXTERNAL: [u8; 32] = [5; 32];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket() {
+async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_with_and_without_tls()
+{
     let dir = tempfile::tempdir().unwrap();
     let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
     std::fs::write(dir.path().join("k1.pem"), key.public.as_deref().unwrap()).unwrap();
@@ -93,7 +95,36 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket() 
     );
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    // The proxy's TLS listener, with a certificate only the test's CA file trusts.
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let ok = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl req");
+    let tls_port = podgate_registry::testing::free_port();
+    // `[tls]` is a table: after the topology's tables it would belong to them, so it
+    // goes first, after the top-level keys.
+    let config = config.replacen(
+        "\n        [topology]",
+        &format!(
+            "\n[tls]\nlisten = \"127.0.0.1:{tls_port}\"\ncert = \"{}\"\nkey = \"{}\"\n[topology]",
+            cert.display(),
+            key.display()
+        ),
+        1,
+    );
     let proxy = start_proxy(&config, dir).await;
+    common::wait_accepting(tls_port).await;
 
     let gitlab = mint_external(&EXTERNAL, "gitlab", 600).unwrap();
     let mut api = KasApiClient::new(
@@ -109,6 +140,8 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket() 
             4,
             format!("ws://127.0.0.1:{}/-/kubernetes-agent/", proxy.port),
         ),
+        (5, format!("grpcs://localhost:{tls_port}")),
+        (6, format!("wss://127.0.0.1:{tls_port}/-/kubernetes-agent/")),
     ] {
         let agentk = Agentk::start(AgentkConfig {
             kas_url: url.clone(),
@@ -119,6 +152,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket() 
             max_busy_tunnels: 10,
             observability_listen: None,
             kubeconfig: Some(kubeconfig.clone()),
+            ca_file: Some(cert.clone()),
         })
         .await
         .unwrap();
@@ -138,6 +172,25 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket() 
         assert_eq!(resp.pods.len(), 1, "{url}");
         assert_eq!(resp.pods[0].name, "web-1", "{url}");
     }
+    // kas's certificate is verified: without the CA that signed it, no connection.
+    let untrusting = Agentk::start(AgentkConfig {
+        kas_url: format!("grpcs://localhost:{tls_port}"),
+        token: mint(7),
+        pod_namespace: "gitlab-agent".into(),
+        pod_name: "agentk-7".into(),
+        idle_tunnels: 2,
+        max_busy_tunnels: 10,
+        observability_listen: None,
+        kubeconfig: Some(kubeconfig.clone()),
+        ca_file: None,
+    })
+    .await
+    .unwrap();
+    let status = untrusting.wait_for(|s| s.last_error.is_some()).await;
+    assert_eq!(status.last_error, Some(tonic::Code::Unavailable));
+    assert_eq!(status.connection_id, None);
+    drop(untrusting);
+
     // The proxy counted agent traffic to Pod 2's kas, none to the legacy Pod. A
     // request is counted when it ends: the WebSocket ends once agentk 4 is gone.
     for rule in ["kas-podgate", "kas-agent"] {

@@ -200,6 +200,7 @@ fn agentk_config(kas: &Kas, token: String) -> AgentkConfig {
         max_busy_tunnels: 100,
         observability_listen: None,
         kubeconfig: None,
+        ca_file: None,
     }
 }
 

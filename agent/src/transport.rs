@@ -4,11 +4,14 @@
 //! one port: an HTTP/2 connection starts with its preface (`PRI`), a WebSocket with
 //! its `GET` handshake.
 //!
-//! URLs: `grpc://host:port` (or `http://`) for h2c; `ws://host:port/path` for the
-//! WebSocket. Both work through the podgate proxy, which routes them by the agent
-//! token (`Authorization: Bearer`, sent on the WebSocket handshake too).
+//! URLs: `grpc://host:port` (or `http://`) for h2c, `ws://host:port/path` for the
+//! WebSocket, and `grpcs://` / `wss://` for the same over TLS (to an ingress or the
+//! podgate proxy's TLS listener in front of kas). All work through the podgate
+//! proxy, which routes them by the agent token (`Authorization: Bearer`, sent on the
+//! WebSocket handshake too).
 
 use std::io;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -36,6 +39,9 @@ pub enum Error {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// TLS could not be set up (a bad CA file).
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// A WebSocket used as a byte stream: writes become binary messages, reads
@@ -223,71 +229,142 @@ async fn classify(stream: TcpStream) -> io::Result<AgentIo> {
     Ok(AgentIo::Ws(Box::new(WsIo::new(ws))))
 }
 
-/// Check a kas URL without connecting.
-pub fn kas_url_check(url: &str) -> Result<(), Error> {
-    kas_channel_inner(url, "", false).map(|_| ())
+/// How agentk dials kas, beyond the URL.
+#[derive(Clone, Debug, Default)]
+pub struct Dial {
+    /// CA certificates (PEM) trusted for `grpcs://` and `wss://`, instead of the
+    /// system's.
+    pub ca_file: Option<PathBuf>,
 }
 
-/// A channel to kas at `url` (see the module docs), connected lazily and reconnected
-/// by tonic when it breaks. `token` goes on the WebSocket handshake so the proxy can
-/// route it.
-pub fn kas_channel(url: &str, token: &str) -> Result<Channel, Error> {
-    kas_channel_inner(url, token, true).map(|c| c.expect("a channel was asked for"))
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scheme {
+    Grpc,
+    Grpcs,
+    Ws,
+    Wss,
 }
 
-fn kas_channel_inner(url: &str, token: &str, build: bool) -> Result<Option<Channel>, Error> {
+/// A kas URL: its scheme, `host:port` and host.
+fn parse(url: &str) -> Result<(Scheme, String, String), Error> {
     let bad = |why| Error::Url {
         url: url.to_owned(),
         why,
     };
     let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
-    let authority = rest.split('/').next().unwrap_or_default().to_owned();
-    if authority.is_empty() {
+    let scheme = match scheme {
+        "grpc" | "http" => Scheme::Grpc,
+        "grpcs" | "https" => Scheme::Grpcs,
+        "ws" => Scheme::Ws,
+        "wss" => Scheme::Wss,
+        _ => return Err(bad("scheme must be grpc://, grpcs://, ws:// or wss://")),
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let uri: http::uri::Authority = authority.parse().map_err(|_| bad("not a valid host"))?;
+    let port = uri.port_u16().unwrap_or(match scheme {
+        Scheme::Grpc | Scheme::Ws => 80,
+        Scheme::Grpcs | Scheme::Wss => 443,
+    });
+    let host = uri.host().trim_matches(|c| c == '[' || c == ']').to_owned();
+    if host.is_empty() {
         return Err(bad("no host"));
     }
+    Ok((scheme, format!("{}:{port}", uri.host()), host))
+}
+
+/// Check a kas URL without connecting.
+pub fn kas_url_check(url: &str) -> Result<(), Error> {
+    parse(url).map(|_| ())
+}
+
+/// Any byte stream to kas.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// A channel to kas at `url` (see the module docs), connected lazily and reconnected
+/// by tonic when it breaks. `token` goes on the WebSocket handshake so the proxy can
+/// route it. TLS (`grpcs://`, `wss://`) is OpenSSL's, verifying kas's certificate
+/// and host name against the system's CAs or `dial.ca_file`.
+pub fn kas_channel(url: &str, token: &str, dial: &Dial) -> Result<Channel, Error> {
+    let (scheme, authority, host) = parse(url)?;
     let endpoint = Endpoint::from_shared(format!("http://{authority}"))
-        .map_err(|_| bad("not a valid host:port"))?
+        .map_err(|_| Error::Url {
+            url: url.to_owned(),
+            why: "not a valid host:port",
+        })?
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
-    if matches!(scheme, "grpcs" | "https" | "wss") {
-        return Err(bad(
-            "TLS to kas is not supported yet: use grpc:// or ws:// (a TLS-terminating proxy in front of kas)",
-        ));
+    if scheme == Scheme::Grpc {
+        return Ok(endpoint.connect_lazy());
     }
-    if !build {
-        return match scheme {
-            "grpc" | "http" | "ws" => Ok(None),
-            _ => Err(bad("scheme must be grpc://, http:// or ws://")),
-        };
-    }
-    match scheme {
-        "grpc" | "http" => Ok(Some(endpoint.connect_lazy())),
-        "ws" => {
-            let ws_url = url.to_owned();
-            let bearer = format!("Bearer {token}");
-            let connector = tower::service_fn(move |_: http::Uri| {
-                let (ws_url, bearer, authority) =
-                    (ws_url.clone(), bearer.clone(), authority.clone());
-                async move {
+    let tls = match scheme {
+        Scheme::Grpcs => Some(tls_connector(dial, b"\x02h2")?),
+        Scheme::Wss => Some(tls_connector(dial, b"\x08http/1.1")?),
+        Scheme::Grpc | Scheme::Ws => None,
+    };
+    let ws_url = url.to_owned();
+    let bearer = format!("Bearer {token}");
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let (ws_url, bearer, authority, host, tls) = (
+            ws_url.clone(),
+            bearer.clone(),
+            authority.clone(),
+            host.clone(),
+            tls.clone(),
+        );
+        async move {
+            let tcp = TcpStream::connect(&authority).await?;
+            tcp.set_nodelay(true)?;
+            let stream: Box<dyn Io> = match tls {
+                Some(tls) => {
+                    let ssl = tls
+                        .configure()
+                        .and_then(|c| c.into_ssl(&host))
+                        .map_err(io::Error::other)?;
+                    let mut stream =
+                        tokio_openssl::SslStream::new(ssl, tcp).map_err(io::Error::other)?;
+                    Pin::new(&mut stream)
+                        .connect()
+                        .await
+                        .map_err(io::Error::other)?;
+                    Box::new(stream)
+                }
+                None => Box::new(tcp),
+            };
+            let stream: Box<dyn Io> = match scheme {
+                Scheme::Ws | Scheme::Wss => {
                     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
                     let mut request = ws_url.into_client_request().map_err(io::Error::other)?;
                     request.headers_mut().insert(
                         http::header::AUTHORIZATION,
                         bearer.parse().map_err(io::Error::other)?,
                     );
-                    let tcp = TcpStream::connect(&authority).await?;
-                    tcp.set_nodelay(true)?;
-                    let (ws, _) = tokio_tungstenite::client_async(request, tcp)
+                    let (ws, _) = tokio_tungstenite::client_async(request, stream)
                         .await
                         .map_err(io::Error::other)?;
-                    Ok::<_, io::Error>(TokioIo::new(WsIo::new(ws)))
+                    Box::new(WsIo::new(ws))
                 }
-            });
-            Ok(Some(endpoint.connect_with_connector_lazy(connector)))
+                Scheme::Grpc | Scheme::Grpcs => stream,
+            };
+            Ok::<_, io::Error>(TokioIo::new(stream))
         }
-        _ => Err(bad("scheme must be grpc://, http:// or ws://")),
+    });
+    Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+/// An OpenSSL client offering `alpn` (wire format), trusting `dial.ca_file` or the
+/// system's CAs.
+fn tls_connector(dial: &Dial, alpn: &[u8]) -> Result<openssl::ssl::SslConnector, Error> {
+    let tls_error = |e: openssl::error::ErrorStack| Error::Tls(e.to_string());
+    let mut b = openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())
+        .map_err(tls_error)?;
+    if let Some(ca) = &dial.ca_file {
+        b.set_ca_file(ca)
+            .map_err(|e| Error::Tls(format!("ca_file {}: {e}", ca.display())))?;
     }
+    b.set_alpn_protos(alpn).map_err(tls_error)?;
+    Ok(b.build())
 }

@@ -84,6 +84,7 @@ fn agentk_config(kas_url: String, token: String, kubeconfig: &std::path::Path) -
         max_busy_tunnels: 10,
         observability_listen: Some("127.0.0.1:0".parse().unwrap()),
         kubeconfig: Some(kubeconfig.to_owned()),
+        ca_file: None,
     }
 }
 
@@ -264,13 +265,13 @@ async fn an_agentk_whose_token_is_refused_is_not_ready_and_keeps_trying() {
         "{metrics}"
     );
     // A bad kas URL is a configuration error naming the field.
-    let mut bad = agentk_config("https://kas".into(), "t".into(), &kubeconfig);
+    let mut bad = agentk_config("ftp://kas".into(), "t".into(), &kubeconfig);
     bad.idle_tunnels = 1;
+    bad.ca_file = Some("/nonexistent/ca.pem".into());
     let err = bad.validate().unwrap_err().to_string();
-    assert!(
-        err.contains("kas: ") && err.contains("idle_tunnels"),
-        "{err}"
-    );
+    for field in ["kas: ", "idle_tunnels", "ca_file"] {
+        assert!(err.contains(field), "{field}: {err}");
+    }
 }
 
 /// A stub of GitLab's `GET /api/v4/internal/kubernetes/agent_info`: 200 for

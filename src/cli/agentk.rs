@@ -12,7 +12,8 @@ use podgate_agent::agentk::{Agentk, AgentkConfig};
 #[derive(Debug, Args)]
 pub(crate) struct AgentkArgs {
     /// kas's agent listener (or the podgate proxy): `grpc://host:port` for gRPC over
-    /// h2c, `ws://host:port/-/kubernetes-agent/` for gRPC inside a WebSocket.
+    /// h2c, `ws://host:port/-/kubernetes-agent/` for gRPC inside a WebSocket;
+    /// `grpcs://` and `wss://` for the same over TLS.
     #[arg(long)]
     kas: String,
     /// The file holding the agent token.
@@ -22,6 +23,10 @@ pub(crate) struct AgentkArgs {
     /// or `~/.kube/config`.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// CA certificates (PEM) trusted for `grpcs://` and `wss://` kas URLs, instead of
+    /// the system's.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
     /// `/metrics`, `/healthz` and `/readyz` on this address ("off": none).
     #[arg(long, default_value = "0.0.0.0:8080")]
     observability_listen: String,
@@ -57,6 +62,7 @@ pub(crate) fn run(args: AgentkArgs) -> anyhow::Result<ExitCode> {
         max_busy_tunnels: args.max_busy_tunnels,
         observability_listen,
         kubeconfig: args.kubeconfig,
+        ca_file: args.ca_file,
     };
     config.validate()?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -9,8 +9,8 @@
 //! - An observability listener serves `/metrics`, `/healthz` and `/readyz` (ready
 //!   while connected to kas).
 //!
-//! kas is reached over h2c or WebSocket ([`crate::transport`]), directly or through
-//! the podgate proxy.
+//! kas is reached over h2c or WebSocket, with or without TLS
+//! ([`crate::transport`]), directly or through the podgate proxy.
 
 pub mod kube;
 pub mod metrics;
@@ -74,6 +74,9 @@ pub struct AgentkConfig {
     /// A kubeconfig file; `None`: in-cluster configuration, else `$KUBECONFIG` or
     /// `~/.kube/config`.
     pub kubeconfig: Option<PathBuf>,
+    /// CA certificates (PEM) trusted for `grpcs://` and `wss://` kas URLs, instead of
+    /// the system's.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl AgentkConfig {
@@ -91,6 +94,11 @@ impl AgentkConfig {
         }
         if self.idle_tunnels < 2 {
             bad.push(format!("idle_tunnels = {}: at least 2", self.idle_tunnels));
+        }
+        if let Some(ca) = &self.ca_file
+            && !ca.is_file()
+        {
+            bad.push(format!("ca_file = {}: not a readable file", ca.display()));
         }
         if self.max_busy_tunnels < 1 {
             bad.push("max_busy_tunnels: at least 1".into());
@@ -154,7 +162,10 @@ impl Agentk {
     ) -> Result<Agentk, Error> {
         config.validate()?;
         let token = config.token.trim().to_owned();
-        let channel = crate::transport::kas_channel(&config.kas_url, &token)?;
+        let dial = crate::transport::Dial {
+            ca_file: config.ca_file.clone(),
+        };
+        let channel = crate::transport::kas_channel(&config.kas_url, &token, &dial)?;
         let metrics = Arc::new(AgentkMetrics::new());
         let (status_tx, status) = watch::channel(Status::default());
         let mut tasks = Vec::new();
