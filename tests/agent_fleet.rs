@@ -19,6 +19,7 @@ use base64::Engine as _;
 use podgate_agent::auth::mint_external;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetPodsRequest, GetPodsResponse};
+use podgate_agent::testing::fixtures::{self, AgentTokens};
 use podgate_agent::testing::kube::KubeTestServer;
 use podgate_registry::testing::{RedisServer, eventually, free_port};
 use serde_json::json;
@@ -132,17 +133,21 @@ fn start_agentk(
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let connection = loop {
-        let line = lines.next().expect("agentk exited").unwrap();
-        if let Some(rest) = line.strip_prefix("agentk: connected as agent ") {
-            let (_, conn) = rest.split_once(", connection ").unwrap();
-            break conn.parse().unwrap();
-        }
-    };
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    // Its output is read on a thread of its own (and drained after), so a replica
+    // that never connects fails the test after a minute instead of hanging it.
+    let stdout = child.stdout.take().unwrap();
     procs.0.push(child);
-    connection
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("agentk: connected as agent ") {
+                let (_, conn) = rest.split_once(", connection ").unwrap();
+                let _ = tx.send(conn.parse::<i64>().unwrap());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("{pod_name}: not connected to kas after 60 s"))
 }
 
 fn get_pods(agent_id: i64, connection_id: i64, gitlab: &str) -> tonic::Request<GetPodsRequest> {
@@ -185,31 +190,14 @@ fn commandstats(redis: &RedisServer) -> BTreeMap<String, u64> {
 }
 
 async fn http_get(port: u16, path: &str) -> String {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    fixtures::http_get(([127, 0, 0, 1], port).into(), path)
         .await
-        .unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
+        .1
 }
 
-fn write_agent_token(dir: &Path, keys: &podgate_tokens::KeySet, agent: u64) -> PathBuf {
-    use podgate_tokens::{MintRequest, PodId, TokenKind};
-    let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 3600);
-    req.agent = Some(agent);
-    req.project = Some(42);
-    let token = podgate_tokens::mint(
-        &req,
-        keys.signing_key().unwrap(),
-        podgate_tokens::unix_now(),
-    )
-    .unwrap();
+fn write_agent_token(dir: &Path, tokens: &AgentTokens, agent: u64) -> PathBuf {
     let path = dir.join(format!("agent-{agent}.token"));
-    std::fs::write(&path, format!("{token}\n")).unwrap();
+    std::fs::write(&path, format!("{}\n", tokens.mint(Some(agent)))).unwrap();
     path
 }
 
@@ -221,9 +209,8 @@ async fn three_kas_route_to_agent_replicas_survive_a_kas_stopping_and_wait_witho
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     std::fs::write(d.join("external"), b64(&EXTERNAL)).unwrap();
     std::fs::write(d.join("internal"), b64(&[9u8; 32])).unwrap();
-    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
-    std::fs::write(d.join("agents.pem"), key.public.as_deref().unwrap()).unwrap();
-    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
+    let tokens = AgentTokens::new(1);
+    std::fs::write(d.join("agents.pem"), tokens.public_pem()).unwrap();
 
     let kube = KubeTestServer::start(100).await.unwrap();
     for (ns, name) in [("default", "web-1"), ("default", "web-2"), ("ops", "db-1")] {
@@ -243,7 +230,7 @@ async fn three_kas_route_to_agent_replicas_survive_a_kas_stopping_and_wait_witho
     let kas1 = start_kas(&mut procs, d, "kas1", &redis.url());
     let kas2 = start_kas(&mut procs, d, "kas2", &redis.url());
     let kas3 = start_kas(&mut procs, d, "kas3", &redis.url());
-    let token3 = write_agent_token(d, &keys, 3);
+    let token3 = write_agent_token(d, &tokens, 3);
     let on_kas2 = start_agentk(&mut procs, kas2.agent, &token3, &kubeconfig, "agentk-a");
     let on_kas3 = start_agentk(&mut procs, kas3.agent, &token3, &kubeconfig, "agentk-b");
 
@@ -283,11 +270,9 @@ async fn three_kas_route_to_agent_replicas_survive_a_kas_stopping_and_wait_witho
         metrics.contains("podgate_kas_tunnels{state=\"idle\"} 0"),
         "{metrics}"
     );
-    assert!(
-        http_get(kas1.observability, "/readyz")
-            .await
-            .starts_with("HTTP/1.1 200")
-    );
+    let (status, body) =
+        fixtures::http_get(([127, 0, 0, 1], kas1.observability).into(), "/readyz").await;
+    assert_eq!((status, body.as_str()), (200, "ready\n"));
 
     // Both replicas, each with the kas that holds it.
     let by_id = |api: &mut KasApiClient<Channel>| {
@@ -345,7 +330,7 @@ async fn three_kas_route_to_agent_replicas_survive_a_kas_stopping_and_wait_witho
     }
 
     // Agent 5 connects 2 s after GitLab asks for it.
-    let token5 = write_agent_token(d, &keys, 5);
+    let token5 = write_agent_token(d, &tokens, 5);
     let asked = Instant::now();
     let mut waiting_api = api.clone();
     let request = {

@@ -9,35 +9,24 @@ mod common;
 use common::{Stub, start_proxy};
 use podgate_agent::agentk::{Agentk, AgentkConfig};
 use podgate_agent::auth::mint_external;
-use podgate_agent::kas::{Kas, KasConfig};
+use podgate_agent::kas::Kas;
 use podgate_agent::proto::GetPodsRequest;
 use podgate_agent::proto::kas_api_client::KasApiClient;
+use podgate_agent::testing::fixtures::{
+    AgentTokens, EXTERNAL_SECRET as EXTERNAL, kas_config, self_signed_cert,
+};
 use podgate_agent::testing::kube::KubeTestServer;
 use podgate_registry::{MemoryBackend, Registry, RegistryConfig, Topology};
-use podgate_tokens::{MintRequest, PodId, TokenKind};
 use serde_json::json;
 use tonic::transport::Channel;
-
-const EXTERNAL: [u8; 32] = [5; 32];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_with_and_without_tls()
 {
     let dir = tempfile::tempdir().unwrap();
-    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
-    std::fs::write(dir.path().join("k1.pem"), key.public.as_deref().unwrap()).unwrap();
-    let keys = podgate_tokens::keys::keyset_from_generated("k1", &key).unwrap();
-    let mint = |agent: u64| {
-        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(2).unwrap(), 600);
-        req.agent = Some(agent);
-        req.project = Some(42);
-        podgate_tokens::mint(
-            &req,
-            keys.signing_key().unwrap(),
-            podgate_tokens::unix_now(),
-        )
-        .unwrap()
-    };
+    let tokens = AgentTokens::new(2);
+    std::fs::write(dir.path().join("agents.pem"), tokens.public_pem()).unwrap();
+    let mint = |agent: u64| tokens.mint(Some(agent));
 
     // Pod 2's kas; Pod 1 (legacy) has none, so a misroute could not be answered.
     let registry = Registry::with_memory(
@@ -47,19 +36,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
     .await
     .unwrap();
     let kas = Kas::start(
-        KasConfig {
-            external_listen: "127.0.0.1:0".parse().unwrap(),
-            internal_listen: "127.0.0.1:0".parse().unwrap(),
-            external_secret: EXTERNAL.to_vec(),
-            internal_secret: [6; 32].to_vec(),
-            issuer: "gitlab".into(),
-            agent_listen: "127.0.0.1:0".parse().unwrap(),
-            agent_keys: keys.clone(),
-            advertise_internal: None,
-            max_wait: std::time::Duration::from_secs(10),
-            observability_listen: None,
-            agent_info: None,
-        },
+        kas_config(tokens.keys(), std::time::Duration::from_secs(10)),
         registry,
     )
     .await
@@ -80,7 +57,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
         web = ["{web2}"]
         kas = ["{kas}"]
         "#,
-        keys = dir.path().join("k1.pem").display(),
+        keys = dir.path().join("agents.pem").display(),
         legacy = legacy.addr,
         web2 = web2.addr,
         kas = kas.agent_addr(),
@@ -96,21 +73,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
     // The proxy's TLS listener, with a certificate only the test's CA file trusts.
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    let ok = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
-        .args(["-subj", "/CN=localhost"])
-        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "openssl req");
+    let (cert, key) = self_signed_cert(dir.path());
     let tls_port = podgate_registry::testing::free_port();
     // `[tls]` is a table: after the topology's tables it would belong to them, so it
     // goes first, after the top-level keys.
@@ -156,7 +119,9 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
         })
         .await
         .unwrap();
-        let status = agentk.connected().await;
+        let status = tokio::time::timeout(std::time::Duration::from_secs(30), agentk.connected())
+            .await
+            .unwrap_or_else(|_| panic!("{url}: not connected after 30 s: {:?}", agentk.status()));
         assert_eq!(status.agent_id, agent as i64, "{url}");
         let conn = status.connection_id.unwrap();
         kas.tunnels().wait_idle(agent as i64, conn, 2).await;

@@ -202,27 +202,7 @@ async fn the_tls_listener_routes_like_the_plaintext_one() {
         Stub::start(3).await,
     );
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    let ok = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
-        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "openssl req");
+    let (cert, key) = podgate_agent::testing::fixtures::self_signed_cert(dir.path());
     let tls_port = podgate_registry::testing::free_port();
     let extra = format!(
         "[tls]\nlisten = \"127.0.0.1:{tls_port}\"\ncert = \"{}\"\nkey = \"{}\"\n",

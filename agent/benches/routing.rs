@@ -25,17 +25,15 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use podgate_agent::agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
 use podgate_agent::auth::mint_external;
-use podgate_agent::kas::{Kas, KasConfig};
+use podgate_agent::kas::Kas;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::{GetPodsRequest, GetPodsResponse, Pod};
+use podgate_agent::testing::fixtures::{AgentTokens, EXTERNAL_SECRET as EXTERNAL, kas_config};
 use podgate_registry::testing::RedisServer;
 use podgate_registry::{BackendConfig, Registry, RegistryConfig};
 use prost::Message as _;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
-
-const EXTERNAL: [u8; 32] = *b"gitlab-kas-shared-secret-32bytes";
-const INTERNAL: [u8; 32] = *b"kas-to-kas-only-secret-32-bytes!";
 
 /// Pods every agentk answers with.
 const PODS: [(&str, &str); 3] = [
@@ -132,34 +130,6 @@ impl Handler for FixedPods {
     }
 }
 
-/// Mints agent tokens with a key both kas instances trust.
-struct AgentTokens {
-    keys: podgate_tokens::KeySet,
-}
-
-impl AgentTokens {
-    fn new() -> AgentTokens {
-        let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
-        AgentTokens {
-            keys: podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap(),
-        }
-    }
-
-    /// A token for agent `agent_id` of project 42.
-    fn mint(&self, agent_id: i64) -> String {
-        use podgate_tokens::{MintRequest, PodId, TokenKind};
-        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
-        req.agent = Some(u64::try_from(agent_id).unwrap());
-        req.project = Some(42);
-        podgate_tokens::mint(
-            &req,
-            self.keys.signing_key().unwrap(),
-            podgate_tokens::unix_now(),
-        )
-        .unwrap()
-    }
-}
-
 /// A kas on free loopback ports with its own registry client for `redis_url`.
 async fn start_kas(redis_url: &str, keys: podgate_tokens::KeySet) -> Kas {
     let registry = Registry::connect(RegistryConfig {
@@ -170,24 +140,9 @@ async fn start_kas(redis_url: &str, keys: podgate_tokens::KeySet) -> Kas {
     })
     .await
     .unwrap();
-    Kas::start(
-        KasConfig {
-            external_listen: "127.0.0.1:0".parse().unwrap(),
-            internal_listen: "127.0.0.1:0".parse().unwrap(),
-            external_secret: EXTERNAL.to_vec(),
-            internal_secret: INTERNAL.to_vec(),
-            issuer: "gitlab".into(),
-            agent_listen: "127.0.0.1:0".parse().unwrap(),
-            agent_keys: keys,
-            advertise_internal: None,
-            max_wait: Duration::from_secs(30),
-            observability_listen: None,
-            agent_info: None,
-        },
-        registry,
-    )
-    .await
-    .unwrap()
+    let mut config = kas_config(keys, Duration::from_secs(30));
+    config.observability_listen = None;
+    Kas::start(config, registry).await.unwrap()
 }
 
 fn agentk_config(kas: &Kas, token: String) -> AgentkConfig {
@@ -208,7 +163,7 @@ fn agentk_config(kas: &Kas, token: String) -> AgentkConfig {
 /// tunnels; the replica and its connection id.
 async fn connect_agent(kas: &Kas, tokens: &AgentTokens, agent_id: i64) -> (Agentk, i64) {
     let agentk = Agentk::start_with(
-        agentk_config(kas, tokens.mint(agent_id)),
+        agentk_config(kas, tokens.mint(Some(u64::try_from(agent_id).unwrap()))),
         Arc::new(FixedPods::new()),
     )
     .await
@@ -356,7 +311,7 @@ async fn wakeups(
     };
     for i in 0..n {
         let agent_id = 10_000 + i64::try_from(i).unwrap();
-        let config = agentk_config(kas2, tokens.mint(agent_id));
+        let config = agentk_config(kas2, tokens.mint(Some(u64::try_from(agent_id).unwrap())));
         assert_eq!(kas1.metrics().routing_waiting.get(), 0);
         // The answering replica is only known once connected: checked after.
         let mut gitlab = gitlab1.clone();
@@ -433,9 +388,9 @@ fn main() {
         .unwrap();
     let redis = RedisServer::start();
     rt.block_on(async {
-        let tokens = AgentTokens::new();
-        let kas1 = start_kas(&redis.url(), tokens.keys.clone()).await;
-        let kas2 = start_kas(&redis.url(), tokens.keys.clone()).await;
+        let tokens = AgentTokens::new(1);
+        let kas1 = start_kas(&redis.url(), tokens.keys()).await;
+        let kas2 = start_kas(&redis.url(), tokens.keys()).await;
         let mut gitlab1 = GitLab::connect(&kas1).await;
         let mut gitlab2 = GitLab::connect(&kas2).await;
 

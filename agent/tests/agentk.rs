@@ -8,44 +8,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use podgate_agent::agentk::{Agentk, AgentkConfig};
 use podgate_agent::auth::mint_external;
+use podgate_agent::kas::Kas;
 use podgate_agent::kas::agent_auth::AgentInfoConfig;
-use podgate_agent::kas::{Kas, KasConfig};
 use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetConfigurationRequest, GetPodsRequest};
+use podgate_agent::testing::fixtures::{
+    EXTERNAL_SECRET as EXTERNAL, agent_tokens, bearer, http_get, kas_config,
+};
 use podgate_agent::testing::kube::KubeTestServer;
 use podgate_registry::{MemoryBackend, Registry, RegistryConfig, Topology};
 use serde_json::json;
 use tonic::Code;
 use tonic::transport::Channel;
-
-const EXTERNAL: [u8; 32] = *b"gitlab-kas-shared-secret-32bytes";
-const INTERNAL: [u8; 32] = *b"kas-to-kas-only-secret-32-bytes!";
-
-fn bearer<T>(mut req: tonic::Request<T>, token: &str) -> tonic::Request<T> {
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    req
-}
-
-fn agent_tokens() -> (podgate_tokens::KeySet, impl Fn(u64) -> String) {
-    use podgate_tokens::{MintRequest, PodId, TokenKind};
-    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
-    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
-    let signer = keys.clone();
-    let mint = move |agent: u64| {
-        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
-        req.agent = Some(agent);
-        req.project = Some(42);
-        podgate_tokens::mint(
-            &req,
-            signer.signing_key().unwrap(),
-            podgate_tokens::unix_now(),
-        )
-        .unwrap()
-    };
-    (keys, mint)
-}
 
 async fn start_kas(keys: podgate_tokens::KeySet, agent_info: Option<AgentInfoConfig>) -> Kas {
     let registry = Registry::with_memory(
@@ -54,24 +29,9 @@ async fn start_kas(keys: podgate_tokens::KeySet, agent_info: Option<AgentInfoCon
     )
     .await
     .unwrap();
-    Kas::start(
-        KasConfig {
-            external_listen: "127.0.0.1:0".parse().unwrap(),
-            internal_listen: "127.0.0.1:0".parse().unwrap(),
-            external_secret: EXTERNAL.to_vec(),
-            internal_secret: INTERNAL.to_vec(),
-            issuer: "gitlab".into(),
-            agent_listen: "127.0.0.1:0".parse().unwrap(),
-            agent_keys: keys,
-            advertise_internal: None,
-            max_wait: std::time::Duration::from_secs(10),
-            observability_listen: None,
-            agent_info,
-        },
-        registry,
-    )
-    .await
-    .unwrap()
+    let mut config = kas_config(keys, std::time::Duration::from_secs(10));
+    config.agent_info = agent_info;
+    Kas::start(config, registry).await.unwrap()
 }
 
 fn agentk_config(kas_url: String, token: String, kubeconfig: &std::path::Path) -> AgentkConfig {
@@ -86,20 +46,6 @@ fn agentk_config(kas_url: String, token: String, kubeconfig: &std::path::Path) -
         kubeconfig: Some(kubeconfig.to_owned()),
         ca_file: None,
     }
-}
-
-/// `GET path` on a plain HTTP/1.1 listener: (status, body).
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    let status = out[9..12].parse().unwrap();
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
-    (status, body.unwrap_or_default())
 }
 
 fn pod(ns: &str, name: &str) -> serde_json::Value {
@@ -129,14 +75,14 @@ async fn agentk_lists_pods_with_kube_rs_over_h2c_and_over_a_websocket() {
     let kas = start_kas(keys, None).await;
     let h2c = Agentk::start(agentk_config(
         format!("grpc://{}", kas.agent_addr()),
-        mint(3),
+        mint(Some(3)),
         &kubeconfig,
     ))
     .await
     .unwrap();
     let ws = Agentk::start(agentk_config(
         format!("ws://{}/-/kubernetes-agent/", kas.agent_addr()),
-        mint(4),
+        mint(Some(4)),
         &kubeconfig,
     ))
     .await
@@ -244,7 +190,7 @@ async fn an_agentk_whose_token_is_refused_is_not_ready_and_keeps_trying() {
     let kas = start_kas(keys, None).await;
     let agentk = Agentk::start(agentk_config(
         format!("grpc://{}", kas.agent_addr()),
-        stranger(3),
+        stranger(Some(3)),
         &kubeconfig,
     ))
     .await
@@ -384,7 +330,7 @@ async fn opaque_agent_tokens_are_asked_of_gitlab_and_the_answers_cached() {
         assert_eq!(calls.load(Ordering::SeqCst), n);
     }
     // A signed token that fails verification is refused without asking GitLab.
-    let e = connect(stranger(3)).await.unwrap_err();
+    let e = connect(stranger(Some(3))).await.unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated);
     assert_eq!(calls.load(Ordering::SeqCst), 4);
     let metrics = kas.metrics().render();

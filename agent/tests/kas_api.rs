@@ -3,65 +3,21 @@
 //! `ConnectedAgentsForProject` list the replicas the presence registry holds.
 
 use podgate_agent::auth::{mint_external, mint_internal};
-use podgate_agent::kas::{Kas, KasConfig};
+use podgate_agent::kas::Kas;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::kas_internal_client::KasInternalClient;
 use podgate_agent::proto::{
     ConnectedAgentsByIdRequest, ConnectedAgentsForProjectRequest, GetPodsRequest,
+};
+use podgate_agent::testing::fixtures::{
+    EXTERNAL_SECRET as EXTERNAL, INTERNAL_SECRET as INTERNAL, agent_tokens, bearer, http_get,
+    kas_config,
 };
 use podgate_registry::{
     AgentConnection, KasAddress, MemoryBackend, Registry, RegistryConfig, Topology,
 };
 use tonic::Code;
 use tonic::transport::Channel;
-
-const EXTERNAL: [u8; 32] = *b"gitlab-kas-shared-secret-32bytes";
-const INTERNAL: [u8; 32] = *b"kas-to-kas-only-secret-32-bytes!";
-
-fn bearer<T>(mut req: tonic::Request<T>, token: &str) -> tonic::Request<T> {
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    req
-}
-
-/// A kas on free loopback ports with the test secrets, verifying agents with `keys`.
-/// `max_wait`: how long a request waits for an agent connected nowhere.
-fn kas_config(keys: podgate_tokens::KeySet, max_wait: std::time::Duration) -> KasConfig {
-    KasConfig {
-        external_listen: "127.0.0.1:0".parse().unwrap(),
-        internal_listen: "127.0.0.1:0".parse().unwrap(),
-        external_secret: EXTERNAL.to_vec(),
-        internal_secret: INTERNAL.to_vec(),
-        issuer: "gitlab".into(),
-        agent_listen: "127.0.0.1:0".parse().unwrap(),
-        agent_keys: keys,
-        advertise_internal: None,
-        max_wait,
-        observability_listen: Some("127.0.0.1:0".parse().unwrap()),
-        agent_info: None,
-    }
-}
-
-/// An agent-token signing key, and a minter of agent tokens (agent `a`, project 42;
-/// `None` for a token without an agent id).
-fn agent_tokens() -> (podgate_tokens::KeySet, impl Fn(Option<u64>) -> String) {
-    use podgate_tokens::{MintRequest, PodId, TokenKind};
-    let key = podgate_tokens::keys::generate(podgate_tokens::Algorithm::EdDSA).unwrap();
-    let keys = podgate_tokens::keys::keyset_from_generated("agents", &key).unwrap();
-    let signer = keys.clone();
-    let mint = move |agent: Option<u64>| {
-        let mut req = MintRequest::new(TokenKind::Agent, PodId::new(1).unwrap(), 600);
-        req.agent = agent;
-        req.project = Some(42);
-        podgate_tokens::mint(
-            &req,
-            signer.signing_key().unwrap(),
-            podgate_tokens::unix_now(),
-        )
-        .unwrap()
-    };
-    (keys, mint)
-}
 
 fn conn(agent: i64, connection: i64, project: i64, kas: &str) -> AgentConnection {
     AgentConnection {
@@ -473,7 +429,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     assert_eq!(kas.metrics().tunnels_busy.get(), 0);
     kas.tunnels().wait_idle(3, 31, 2).await;
     // The observability listener shows the tunnels and the routing.
-    let metrics = http_get(kas.observability_addr().unwrap(), "/metrics").await;
+    let (_, metrics) = http_get(kas.observability_addr().unwrap(), "/metrics").await;
     assert!(
         metrics.contains("podgate_kas_tunnels{state=\"idle\"} 4"),
         "{metrics}"
@@ -640,18 +596,6 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
     );
     tunnels3.abort();
     tunnels5.abort();
-}
-
-/// `GET path` on a plain HTTP/1.1 listener; the whole response.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 /// Shutdown drops nothing: kas first leaves the registry (and refuses new agents),

@@ -1,3 +1,4 @@
 //! Test support (feature `test-util`).
 
+pub mod fixtures;
 pub mod kube;
