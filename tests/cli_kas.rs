@@ -9,6 +9,7 @@ use base64::Engine as _;
 use podgate_agent::auth::mint_external;
 use podgate_agent::proto::ConnectedAgentsByIdRequest;
 use podgate_agent::proto::kas_api_client::KasApiClient;
+use podgate_agent::testing::fixtures::http_get;
 use podgate_registry::testing::{RedisServer, free_port};
 use podgate_registry::{BackendConfig, Registry, RegistryConfig};
 
@@ -20,6 +21,7 @@ async fn kas_serves_registers_itself_and_cleans_up_on_sigterm() {
     let external = [1u8; 32];
     std::fs::write(dir.path().join("ext"), b64(&external)).unwrap();
     std::fs::write(dir.path().join("int"), b64(&[2u8; 32])).unwrap();
+    std::fs::write(dir.path().join("metrics-token"), "scrape-me\n").unwrap();
     let (agent, ext, int, obs) = (free_port(), free_port(), free_port(), free_port());
     let config = dir.path().join("kas.toml");
     std::fs::write(
@@ -27,6 +29,7 @@ async fn kas_serves_registers_itself_and_cleans_up_on_sigterm() {
         format!(
             "agent_listen = \"127.0.0.1:{agent}\"\nexternal_listen = \"127.0.0.1:{ext}\"\ninternal_listen = \"127.0.0.1:{int}\"\n\
              observability_listen = \"127.0.0.1:{obs}\"\n\
+             metrics_token_file = \"{d}/metrics-token\"\n\
              external_secret_file = \"{d}/ext\"\ninternal_secret_file = \"{d}/int\"\n\
              [registry]\nbackend = {{ kind = \"redis\", url = \"{url}\" }}\n",
             d = dir.path().display(),
@@ -57,6 +60,33 @@ async fn kas_serves_registers_itself_and_cleans_up_on_sigterm() {
     let instances = registry.kas_instances().await.unwrap();
     assert_eq!(instances.len(), 1);
     assert_eq!(instances[0].address.0, format!("127.0.0.1:{int}"));
+
+    // Observability: probes are open, /metrics wants the token.
+    let obs_addr = std::net::SocketAddr::from(([127, 0, 0, 1], obs));
+    assert_eq!(http_get(obs_addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(obs_addr, "/readyz").await, (200, "ready\n".into()));
+    assert_eq!(http_get(obs_addr, "/metrics").await.0, 401);
+    let metrics = {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(obs_addr).await.unwrap();
+        s.write_all(
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer scrape-me\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    };
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    assert!(
+        metrics.contains("podgate_kas_connected_agents 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("podgate_registry_backend_up 1"),
+        "{metrics}"
+    );
 
     let mut api = KasApiClient::connect(format!("http://127.0.0.1:{ext}"))
         .await

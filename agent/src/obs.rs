@@ -1,6 +1,6 @@
-//! The observability listener of kas and agentk: `GET /metrics` (Prometheus text),
-//! `GET /healthz` (the process serves) and `GET /readyz` (it can do its job: 200, or
-//! 503 with the reason).
+//! The observability listener of kas and agentk: `GET /metrics` (Prometheus text;
+//! behind a bearer token when one is configured), `GET /healthz` (the process
+//! serves) and `GET /readyz` (it can do its job: 200, or 503 with the reason).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,6 +18,11 @@ pub trait Report: Send + Sync + 'static {
     fn metrics(&self) -> String;
     /// `Ok` when ready, else why not.
     fn ready(&self) -> Result<(), String>;
+    /// A bearer token `/metrics` requires, if any (`/healthz` and `/readyz` stay
+    /// open for probes: they tell nothing).
+    fn metrics_token(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Serve `report` on `listener` until the task is dropped.
@@ -63,11 +68,34 @@ fn answer<B>(report: &dyn Report, req: &Request<B>) -> Response<Full<Bytes>> {
         );
     }
     match req.uri().path() {
-        "/metrics" => reply(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            report.metrics(),
-        ),
+        "/metrics" => {
+            if let Some(token) = report.metrics_token() {
+                use subtle::ConstantTimeEq as _;
+                let given = req
+                    .headers()
+                    .get(http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .unwrap_or_default();
+                if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+                    let mut r = reply(
+                        StatusCode::UNAUTHORIZED,
+                        "text/plain",
+                        "unauthenticated\n".into(),
+                    );
+                    r.headers_mut().insert(
+                        http::header::WWW_AUTHENTICATE,
+                        http::HeaderValue::from_static("Bearer"),
+                    );
+                    return r;
+                }
+            }
+            reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                report.metrics(),
+            )
+        }
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" => match report.ready() {
             Ok(()) => reply(StatusCode::OK, "text/plain", "ready\n".into()),

@@ -10,6 +10,7 @@
 //! issuer = "gitlab"
 //! agent_keys = ["/etc/kas/agent-keys"] # verify agent JWTs
 //! observability_listen = "0.0.0.0:8151" # /metrics, /healthz, /readyz ("off": none)
+//! metrics_token_file = "/etc/kas/metrics-token" # /metrics wants `Bearer <token>`
 //! max_wait = "60s"                     # longest a request waits for its agent
 //! [agent_info]                         # optional: opaque agent tokens, asked of GitLab
 //! url = "http://gitlab-webservice:8080"
@@ -88,6 +89,10 @@ pub struct KasFileConfig {
     /// The observability listener, `ip:port` or `"off"`.
     #[serde(default = "default_observability")]
     pub observability_listen: String,
+    /// A file holding the bearer token `/metrics` requires (none: open, so keep the
+    /// listener on a private address).
+    #[serde(default)]
+    pub metrics_token_file: Option<PathBuf>,
     /// GitLab's `agent_info` endpoint, for opaque agent tokens.
     #[serde(default)]
     pub agent_info: Option<AgentInfoFile>,
@@ -163,6 +168,20 @@ impl KasFileConfig {
         } else {
             addr("observability_listen", &self.observability_listen).map(Some)
         };
+        let metrics_token = match &self.metrics_token_file {
+            None => Some(None),
+            Some(path) => match std::fs::read_to_string(path) {
+                Ok(t) if !t.trim().is_empty() => Some(Some(t.trim().to_owned())),
+                Ok(_) => {
+                    bad.push(format!("metrics_token_file = {}: empty", path.display()));
+                    None
+                }
+                Err(e) => {
+                    bad.push(format!("metrics_token_file = {}: {e}", path.display()));
+                    None
+                }
+            },
+        };
         let mut secret = |field: &'static str, path: &Path| match std::fs::read_to_string(path) {
             Ok(text) => match auth::decode_secret(field, &text) {
                 Ok(s) => Some(s),
@@ -226,6 +245,7 @@ impl KasFileConfig {
             int_secret,
             keys,
             observability,
+            metrics_token,
         ) {
             (
                 Some(agent),
@@ -235,6 +255,7 @@ impl KasFileConfig {
                 Some(is),
                 Some(keys),
                 Some(observability),
+                Some(metrics_token),
             ) if bad.is_empty() => {
                 let agent_info = self.agent_info.as_ref().map(|i| AgentInfoConfig {
                     url: i.url.clone(),
@@ -256,6 +277,7 @@ impl KasFileConfig {
                         max_wait: self.max_wait,
                         observability_listen: observability,
                         agent_info,
+                        metrics_token,
                     },
                     self.registry.clone(),
                 ))
@@ -285,6 +307,7 @@ mod tests {
                internal_secret_file = "/does/not/exist"
                issuer = ""
                observability_listen = "everywhere"
+               metrics_token_file = "/does/not/exist/either"
                max_wait = "0s"
                [agent_info]
                url = "gitlab.example.com"
@@ -301,6 +324,7 @@ mod tests {
             "internal_secret_file",
             "issuer",
             "observability_listen",
+            "metrics_token_file",
             "max_wait",
             "agent_info.url",
             "agent_info.negative_ttl",

@@ -89,6 +89,8 @@ pub struct KasConfig {
     pub observability_listen: Option<SocketAddr>,
     /// GitLab's `agent_info` endpoint for opaque agent tokens, if any.
     pub agent_info: Option<agent_auth::AgentInfoConfig>,
+    /// The bearer token `/metrics` requires, if any.
+    pub metrics_token: Option<String>,
 }
 
 /// A running kas. Dropping it stops its listeners.
@@ -252,6 +254,7 @@ impl Kas {
             let report = Arc::new(Report {
                 metrics: metrics.clone(),
                 registry: registry.clone(),
+                metrics_token: config.metrics_token.clone(),
             });
             tasks.push(tokio::spawn(crate::obs::serve(obs, report)));
         }
@@ -340,6 +343,7 @@ impl Drop for Kas {
 struct Report {
     metrics: Arc<KasMetrics>,
     registry: Registry,
+    metrics_token: Option<String>,
 }
 
 impl crate::obs::Report for Report {
@@ -355,6 +359,10 @@ impl crate::obs::Report for Report {
         } else {
             Err("the presence registry (Redis) does not answer".into())
         }
+    }
+
+    fn metrics_token(&self) -> Option<&str> {
+        self.metrics_token.as_deref()
     }
 }
 

@@ -32,6 +32,7 @@ pub fn kas_config(keys: KeySet, max_wait: Duration) -> KasConfig {
         max_wait,
         observability_listen: Some(any()),
         agent_info: None,
+        metrics_token: None,
     }
 }
 
