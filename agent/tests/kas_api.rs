@@ -726,3 +726,128 @@ async fn shutdown_removes_this_kas_first_and_lets_requests_in_flight_finish() {
     shutdown.await.unwrap().unwrap();
     tunnels.abort();
 }
+
+/// The tunnel pool grows under load, up to its bound: agentk keeps 2 idle tunnels,
+/// and a tunnel that takes a request is replaced at once, so 4 requests are
+/// answered together (max_busy 4); the 5th and 6th wait at kas for a tunnel, and all
+/// six complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tunnel_pool_grows_under_load_up_to_its_bound() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
+    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+    use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse};
+    use prost::Message as _;
+    use tokio::sync::Semaphore;
+
+    /// Counts arrivals; answers when given a permit.
+    struct Gate {
+        arrived: Arc<AtomicUsize>,
+        release: Arc<Semaphore>,
+    }
+    impl Handler for Gate {
+        fn handle(&self, _method: String, _payload: Vec<u8>) -> Responses {
+            let (arrived, release) = (self.arrived.clone(), self.release.clone());
+            unary(async move {
+                arrived.fetch_add(1, Ordering::SeqCst);
+                release.acquire().await.unwrap().forget();
+                Ok(GetPodsResponse::default().encode_to_vec())
+            })
+        }
+    }
+
+    let (keys, mint) = agent_tokens();
+    let token = mint(Some(3));
+    let kas = Kas::start(
+        kas_config(keys, std::time::Duration::from_secs(30)),
+        Registry::with_memory(
+            MemoryBackend::new(Topology::default()),
+            RegistryConfig::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let agents = Channel::from_shared(format!("http://{}", kas.agent_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut presence = AgentConfigurationServiceClient::new(agents.clone())
+        .get_configuration(bearer(
+            tonic::Request::new(GetConfigurationRequest::default()),
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let conn = presence.message().await.unwrap().unwrap().connection_id;
+    let (arrived, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(Semaphore::new(0)));
+    let mut pool = TunnelPool::new(2);
+    pool.max_busy = 4;
+    let agentk_metrics = pool.metrics.clone();
+    let tunnels = tokio::spawn(serve_tunnels(
+        agents,
+        token,
+        conn,
+        pool,
+        Arc::new(Gate {
+            arrived: arrived.clone(),
+            release: release.clone(),
+        }),
+    ));
+    kas.tunnels().wait_idle(3, conn, 2).await;
+
+    let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
+    let api = KasApiClient::new(
+        Channel::from_shared(format!("http://{}", kas.external_addr()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let requests: Vec<_> = (0..6)
+        .map(|_| {
+            let (mut api, gitlab) = (api.clone(), gitlab.clone());
+            tokio::spawn(async move {
+                let req = bearer(
+                    tonic::Request::new(GetPodsRequest {
+                        agent_id: 3,
+                        connection_id: 0,
+                        namespace: String::new(),
+                    }),
+                    &gitlab,
+                );
+                api.get_pods(req).await
+            })
+        })
+        .collect();
+    // Four answered at once, two waiting at kas for a tunnel.
+    podgate_registry::testing::eventually(
+        std::time::Duration::from_secs(10),
+        "4 requests at agentk and 2 waiting at kas",
+        || async {
+            (arrived.load(Ordering::SeqCst) == 4 && kas.metrics().routing_waiting.get() == 2)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(kas.metrics().tunnels_busy.get(), 4);
+    assert_eq!(agentk_metrics.tunnels_busy.get(), 4);
+    assert_eq!(
+        kas.tunnels().idle(3, conn),
+        0,
+        "the bound leaves no idle tunnel"
+    );
+    release.add_permits(6);
+    for r in requests {
+        r.await.unwrap().unwrap();
+    }
+    assert_eq!(arrived.load(Ordering::SeqCst), 6);
+    // Back to the idle pool.
+    kas.tunnels().wait_idle(3, conn, 2).await;
+    tunnels.abort();
+}

@@ -427,12 +427,15 @@ impl Drop for RouteTimer<'_> {
     }
 }
 
-/// Counts a request as waiting for its agent while it lives.
+/// Counts a request as waiting for its agent while it lives; `counted` makes a
+/// request that waits more than once count once in `routing_waits`.
 struct Waiting<'a>(&'a KasMetrics);
 
 impl<'a> Waiting<'a> {
-    fn new(metrics: &'a KasMetrics) -> Self {
-        metrics.routing_waits.inc();
+    fn new(metrics: &'a KasMetrics, counted: &mut bool) -> Self {
+        if !std::mem::replace(counted, true) {
+            metrics.routing_waits.inc();
+        }
         metrics.routing_waiting.inc();
         Waiting(metrics)
     }
@@ -561,7 +564,7 @@ impl Api {
     ) -> (Result<GetPodsResponse, Status>, Outcome) {
         let deadline = tokio::time::Instant::now() + self.max_wait;
         let mut events = self.registry.subscribe();
-        let mut waiting = None;
+        let mut waited = false;
         loop {
             if let Some(r) = get_pods_local(&self.tunnels, &req).await {
                 let outcome = if r.is_ok() {
@@ -581,7 +584,7 @@ impl Api {
             };
             let conns = if conns.is_empty() {
                 // Connected nowhere: wait for the connect event (no polling).
-                waiting.get_or_insert_with(|| Waiting::new(&self.metrics));
+                let _waiting = Waiting::new(&self.metrics, &mut waited);
                 match self.registry.wait_for_agent(req.agent_id, deadline).await {
                     Ok(c) => c,
                     Err(_) => {
@@ -620,7 +623,7 @@ impl Api {
             }
             // Nothing answered yet: wait for the next change (a tunnel here, or an
             // agent event anywhere), never past the deadline.
-            waiting.get_or_insert_with(|| Waiting::new(&self.metrics));
+            let _waiting = Waiting::new(&self.metrics, &mut waited);
             tokio::select! {
                 _ = self.tunnels.wait_idle(req.agent_id, req.connection_id, 1), if held_here => {}
                 _ = events.recv() => {}

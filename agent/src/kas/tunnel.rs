@@ -105,6 +105,8 @@ impl Tunnels {
                     payload: payload.clone(),
                 }),
             };
+            // Busy from the moment agentk has the request.
+            let busy = Busy::new(self.metrics.clone());
             if t.down.send(Ok(request)).await.is_err() {
                 continue;
             }
@@ -117,7 +119,7 @@ impl Tunnels {
                 first: Some(first),
                 up: t.up,
                 _down: t.down,
-                _busy: Busy::new(self.metrics.clone()),
+                _busy: busy,
                 done: false,
             });
         }
