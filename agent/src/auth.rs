@@ -187,6 +187,22 @@ mod tests {
         m
     }
 
+    /// A token that expired two minutes ago (past any leeway).
+    fn expired(secret: &[u8], iss: &str, aud: &str) -> String {
+        let claims = Claims {
+            iss: iss.into(),
+            aud: aud.into(),
+            iat: now() - 150,
+            exp: now() - 120,
+        };
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn each_listener_takes_only_its_own_tokens() {
         let (ext, int) = ([7u8; 32], [9u8; 32]);
@@ -203,6 +219,8 @@ mod tests {
             (&external, mint_external(&[8u8; 32], "gitlab", 60).unwrap()),
             (&internal, mint(&int, INTERNAL, INTERNAL, 3600).unwrap()),
             (&internal, mint_internal(&ext, 30).unwrap()),
+            (&external, expired(&ext, "gitlab", "gitlab-kas")),
+            (&internal, expired(&int, INTERNAL, INTERNAL)),
         ] {
             let e = auth.check(&md(&token)).unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated);
