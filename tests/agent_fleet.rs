@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use podgate_agent::auth::mint_external;
 use podgate_agent::proto::kas_api_client::KasApiClient;
-use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetPodsRequest, GetPodsResponse};
-use podgate_agent::testing::fixtures::{self, AgentTokens};
+use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetPodsResponse};
+use podgate_agent::testing::fixtures::{self, AgentTokens, get_pods};
 use podgate_agent::testing::kube::KubeTestServer;
 use podgate_registry::testing::{RedisServer, eventually, free_port};
 use serde_json::json;
@@ -148,17 +148,6 @@ fn start_agentk(
     });
     rx.recv_timeout(Duration::from_secs(60))
         .unwrap_or_else(|_| panic!("{pod_name}: not connected to kas after 60 s"))
-}
-
-fn get_pods(agent_id: i64, connection_id: i64, gitlab: &str) -> tonic::Request<GetPodsRequest> {
-    let mut r = tonic::Request::new(GetPodsRequest {
-        agent_id,
-        connection_id,
-        namespace: String::new(),
-    });
-    r.metadata_mut()
-        .insert("authorization", format!("Bearer {gitlab}").parse().unwrap());
-    r
 }
 
 fn pod_names(resp: &GetPodsResponse) -> Vec<String> {

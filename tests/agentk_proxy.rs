@@ -13,12 +13,11 @@ use podgate_agent::kas::Kas;
 use podgate_agent::proto::GetPodsRequest;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::testing::fixtures::{
-    AgentTokens, EXTERNAL_SECRET as EXTERNAL, kas_config, self_signed_cert,
+    AgentTokens, EXTERNAL_SECRET as EXTERNAL, channel, kas_config, memory_registry,
+    self_signed_cert,
 };
 use podgate_agent::testing::kube::KubeTestServer;
-use podgate_registry::{MemoryBackend, Registry, RegistryConfig, Topology};
 use serde_json::json;
-use tonic::transport::Channel;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_with_and_without_tls()
@@ -29,12 +28,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
     let mint = |agent: u64| tokens.mint(Some(agent));
 
     // Pod 2's kas; Pod 1 (legacy) has none, so a misroute could not be answered.
-    let registry = Registry::with_memory(
-        MemoryBackend::new(Topology::default()),
-        RegistryConfig::default(),
-    )
-    .await
-    .unwrap();
+    let registry = memory_registry().await;
     let kas = Kas::start(
         kas_config(tokens.keys(), std::time::Duration::from_secs(10)),
         registry,
@@ -90,13 +84,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
     common::wait_accepting(tls_port).await;
 
     let gitlab = mint_external(&EXTERNAL, "gitlab", 600).unwrap();
-    let mut api = KasApiClient::new(
-        Channel::from_shared(format!("http://{}", kas.external_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let mut api = KasApiClient::new(channel(kas.external_addr()).await);
     for (agent, url) in [
         (3, format!("grpc://127.0.0.1:{}", proxy.port)),
         (

@@ -28,7 +28,9 @@ use podgate_agent::auth::mint_external;
 use podgate_agent::kas::Kas;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::{GetPodsRequest, GetPodsResponse, Pod};
-use podgate_agent::testing::fixtures::{AgentTokens, EXTERNAL_SECRET as EXTERNAL, kas_config};
+use podgate_agent::testing::fixtures::{
+    AgentTokens, EXTERNAL_SECRET as EXTERNAL, channel, kas_config,
+};
 use podgate_registry::testing::RedisServer;
 use podgate_registry::{BackendConfig, Registry, RegistryConfig};
 use prost::Message as _;
@@ -184,11 +186,7 @@ struct GitLab {
 
 impl GitLab {
     async fn connect(kas: &Kas) -> GitLab {
-        let channel = Channel::from_shared(format!("http://{}", kas.external_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel = channel(kas.external_addr()).await;
         let token = mint_external(&EXTERNAL, "gitlab", 600).unwrap();
         GitLab {
             client: KasApiClient::new(channel),

@@ -14,21 +14,15 @@ use podgate_agent::proto::agent_configuration_service_client::AgentConfiguration
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetConfigurationRequest, GetPodsRequest};
 use podgate_agent::testing::fixtures::{
-    EXTERNAL_SECRET as EXTERNAL, agent_tokens, bearer, http_get, kas_config,
+    EXTERNAL_SECRET as EXTERNAL, agent_tokens, bearer, channel, http_get, kas_config,
+    memory_registry,
 };
 use podgate_agent::testing::kube::KubeTestServer;
-use podgate_registry::{MemoryBackend, Registry, RegistryConfig, Topology};
 use serde_json::json;
 use tonic::Code;
-use tonic::transport::Channel;
 
 async fn start_kas(keys: podgate_tokens::KeySet, agent_info: Option<AgentInfoConfig>) -> Kas {
-    let registry = Registry::with_memory(
-        MemoryBackend::new(Topology::default()),
-        RegistryConfig::default(),
-    )
-    .await
-    .unwrap();
+    let registry = memory_registry().await;
     let mut config = kas_config(keys, std::time::Duration::from_secs(10));
     config.agent_info = agent_info;
     Kas::start(config, registry).await.unwrap()
@@ -97,11 +91,7 @@ async fn agentk_lists_pods_with_kube_rs_over_h2c_and_over_a_websocket() {
         .await;
 
     let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
-    let ext = Channel::from_shared(format!("http://{}", kas.external_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let ext = channel(kas.external_addr()).await;
     let mut api = KasApiClient::new(ext);
     let get_pods = |agent_id: i64, namespace: &str| {
         bearer(
@@ -287,11 +277,7 @@ async fn opaque_agent_tokens_are_asked_of_gitlab_and_the_answers_cached() {
         }),
     )
     .await;
-    let channel = Channel::from_shared(format!("http://{}", kas.agent_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(kas.agent_addr()).await;
     let connect = |token: String| {
         let channel = channel.clone();
         async move {

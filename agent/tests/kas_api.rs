@@ -10,14 +10,13 @@ use podgate_agent::proto::{
     ConnectedAgentsByIdRequest, ConnectedAgentsForProjectRequest, GetPodsRequest,
 };
 use podgate_agent::testing::fixtures::{
-    EXTERNAL_SECRET as EXTERNAL, INTERNAL_SECRET as INTERNAL, agent_tokens, bearer, http_get,
-    kas_config,
+    EXTERNAL_SECRET as EXTERNAL, INTERNAL_SECRET as INTERNAL, agent_tokens, bearer, channel,
+    configuration_stream, get_pods, http_get, kas_config, memory_registry,
 };
 use podgate_registry::{
     AgentConnection, KasAddress, MemoryBackend, Registry, RegistryConfig, Topology,
 };
 use tonic::Code;
-use tonic::transport::Channel;
 
 fn conn(agent: i64, connection: i64, project: i64, kas: &str) -> AgentConnection {
     AgentConnection {
@@ -35,12 +34,7 @@ fn conn(agent: i64, connection: i64, project: i64, kas: &str) -> AgentConnection
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_listener_authenticates_and_connected_agents_come_from_the_registry() {
-    let registry = Registry::with_memory(
-        MemoryBackend::new(Topology::default()),
-        RegistryConfig::default(),
-    )
-    .await
-    .unwrap();
+    let registry = memory_registry().await;
     registry
         .register_agent(conn(3, 31, 42, "10.0.0.2:8155"))
         .await
@@ -62,16 +56,8 @@ async fn each_listener_authenticates_and_connected_agents_come_from_the_registry
     )
     .await
     .unwrap();
-    let ext = Channel::from_shared(format!("http://{}", kas.external_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let int = Channel::from_shared(format!("http://{}", kas.internal_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let ext = channel(kas.external_addr()).await;
+    let int = channel(kas.internal_addr()).await;
     let mut api = KasApiClient::new(ext);
     let mut internal = KasInternalClient::new(int);
 
@@ -190,12 +176,7 @@ async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
     let token = mint(Some(3));
     let token_without_agent = mint(None);
 
-    let registry = Registry::with_memory(
-        MemoryBackend::new(Topology::default()),
-        RegistryConfig::default(),
-    )
-    .await
-    .unwrap();
+    let registry = memory_registry().await;
     let mut events = registry.subscribe();
     let kas = Kas::start(
         kas_config(keys, std::time::Duration::from_secs(5)),
@@ -207,11 +188,7 @@ async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
     assert_eq!(kas_instances.len(), 1);
     assert_eq!(kas_instances[0].address.0, kas.internal_addr().to_string());
 
-    let channel = Channel::from_shared(format!("http://{}", kas.agent_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(kas.agent_addr()).await;
     let mut agentk = AgentConfigurationServiceClient::new(channel);
     let request = |t: &str| {
         bearer(
@@ -339,23 +316,14 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
 
     let (keys, mint) = agent_tokens();
     let token = mint(Some(3));
-    let registry = Registry::with_memory(
-        MemoryBackend::new(Topology::default()),
-        RegistryConfig::default(),
-    )
-    .await
-    .unwrap();
+    let registry = memory_registry().await;
     let kas = Kas::start(
         kas_config(keys, std::time::Duration::from_millis(200)),
         registry,
     )
     .await
     .unwrap();
-    let agent_channel = Channel::from_shared(format!("http://{}", kas.agent_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let agent_channel = channel(kas.agent_addr()).await;
     // Two replicas, each with a pool of 2 idle tunnels.
     let stopped = Arc::new(tokio::sync::Notify::new());
     let replicas = [(31, "a"), (32, "b")].map(|(conn, tag)| {
@@ -371,11 +339,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     kas.tunnels().wait_idle(3, 32, 2).await;
 
     let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
-    let ext = Channel::from_shared(format!("http://{}", kas.external_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let ext = channel(kas.external_addr()).await;
     let mut api = KasApiClient::new(ext);
     let call = |agent_id: i64, connection_id: i64, namespace: &str| {
         bearer(
@@ -495,11 +459,7 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
         );
     }
     let (kas1, kas2) = (&kases[0], &kases[1]);
-    let kas2_agents = Channel::from_shared(format!("http://{}", kas2.agent_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let kas2_agents = channel(kas2.agent_addr()).await;
     // An agentk replica on kas2: its presence stream and its tunnels.
     let connect = |agent: u64| {
         let (channel, token) = (kas2_agents.clone(), agent_token(agent));
@@ -527,11 +487,7 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
     kas2.tunnels().wait_idle(3, conn3, 2).await;
 
     let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
-    let ext1 = Channel::from_shared(format!("http://{}", kas1.external_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let ext1 = channel(kas1.external_addr()).await;
     let mut api = KasApiClient::new(ext1);
     let call = move |agent_id: i64| {
         bearer(
@@ -605,8 +561,7 @@ async fn shutdown_removes_this_kas_first_and_lets_requests_in_flight_finish() {
     use std::sync::Arc;
 
     use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
-    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
-    use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse, Pod};
+    use podgate_agent::proto::{GetPodsResponse, Pod};
     use prost::Message as _;
     use tokio::sync::Notify;
 
@@ -649,25 +604,8 @@ async fn shutdown_removes_this_kas_first_and_lets_requests_in_flight_finish() {
     )
     .await
     .unwrap();
-    let agents = Channel::from_shared(format!("http://{}", kas.agent_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let configure = |channel: Channel, token: String| async move {
-        let req = bearer(
-            tonic::Request::new(GetConfigurationRequest::default()),
-            &token,
-        );
-        AgentConfigurationServiceClient::new(channel)
-            .get_configuration(req)
-            .await
-    };
-    let mut presence = configure(agents.clone(), token.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    let conn = presence.message().await.unwrap().unwrap().connection_id;
+    let agents = channel(kas.agent_addr()).await;
+    let (conn, _presence) = configuration_stream(agents.clone(), &token).await.unwrap();
     let (arrived, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let tunnels = tokio::spawn(serve_tunnels(
         agents.clone(),
@@ -682,22 +620,9 @@ async fn shutdown_removes_this_kas_first_and_lets_requests_in_flight_finish() {
     kas.tunnels().wait_idle(3, conn, 2).await;
 
     let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
-    let mut api = KasApiClient::new(
-        Channel::from_shared(format!("http://{}", kas.external_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let mut api = KasApiClient::new(channel(kas.external_addr()).await);
     let in_flight = tokio::spawn(async move {
-        let req = bearer(
-            tonic::Request::new(GetPodsRequest {
-                agent_id: 3,
-                connection_id: 0,
-                namespace: String::new(),
-            }),
-            &gitlab,
-        );
+        let req = get_pods(3, 0, &gitlab);
         api.get_pods(req).await
     });
     arrived.notified().await;
@@ -717,7 +642,9 @@ async fn shutdown_removes_this_kas_first_and_lets_requests_in_flight_finish() {
     assert!(registry.kas_instances().await.unwrap().is_empty());
     assert!(!in_flight.is_finished());
     // A new agent is refused meanwhile (it will find another kas).
-    let e = configure(agents.clone(), token.clone()).await.unwrap_err();
+    let e = configuration_stream(agents.clone(), &token)
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::Unavailable);
     // The request in flight completes, then the shutdown does.
     release.notify_one();
@@ -737,8 +664,7 @@ async fn the_tunnel_pool_grows_under_load_up_to_its_bound() {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
-    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
-    use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse};
+    use podgate_agent::proto::GetPodsResponse;
     use prost::Message as _;
     use tokio::sync::Semaphore;
 
@@ -762,29 +688,12 @@ async fn the_tunnel_pool_grows_under_load_up_to_its_bound() {
     let token = mint(Some(3));
     let kas = Kas::start(
         kas_config(keys, std::time::Duration::from_secs(30)),
-        Registry::with_memory(
-            MemoryBackend::new(Topology::default()),
-            RegistryConfig::default(),
-        )
-        .await
-        .unwrap(),
+        memory_registry().await,
     )
     .await
     .unwrap();
-    let agents = Channel::from_shared(format!("http://{}", kas.agent_addr()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut presence = AgentConfigurationServiceClient::new(agents.clone())
-        .get_configuration(bearer(
-            tonic::Request::new(GetConfigurationRequest::default()),
-            &token,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let conn = presence.message().await.unwrap().unwrap().connection_id;
+    let agents = channel(kas.agent_addr()).await;
+    let (conn, _presence) = configuration_stream(agents.clone(), &token).await.unwrap();
     let (arrived, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(Semaphore::new(0)));
     let mut pool = TunnelPool::new(2);
     pool.max_busy = 4;
@@ -802,25 +711,12 @@ async fn the_tunnel_pool_grows_under_load_up_to_its_bound() {
     kas.tunnels().wait_idle(3, conn, 2).await;
 
     let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
-    let api = KasApiClient::new(
-        Channel::from_shared(format!("http://{}", kas.external_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap(),
-    );
+    let api = KasApiClient::new(channel(kas.external_addr()).await);
     let requests: Vec<_> = (0..6)
         .map(|_| {
             let (mut api, gitlab) = (api.clone(), gitlab.clone());
             tokio::spawn(async move {
-                let req = bearer(
-                    tonic::Request::new(GetPodsRequest {
-                        agent_id: 3,
-                        connection_id: 0,
-                        namespace: String::new(),
-                    }),
-                    &gitlab,
-                );
+                let req = get_pods(3, 0, &gitlab);
                 api.get_pods(req).await
             })
         })

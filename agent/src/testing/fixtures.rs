@@ -142,3 +142,61 @@ pub fn self_signed_cert(dir: &Path) -> (PathBuf, PathBuf) {
     assert!(ok, "openssl req failed");
     (cert, key)
 }
+
+/// A connected gRPC channel to `addr` (h2c).
+pub async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("a valid URI")
+        .connect()
+        .await
+        .expect("connecting")
+}
+
+/// A presence registry on a fresh in-memory store.
+pub async fn memory_registry() -> podgate_registry::Registry {
+    podgate_registry::Registry::with_memory(
+        podgate_registry::MemoryBackend::new(podgate_registry::Topology::default()),
+        podgate_registry::RegistryConfig::default(),
+    )
+    .await
+    .expect("a memory registry")
+}
+
+/// Open an agentk replica's configuration stream on `agent_channel` with `token`:
+/// the connection id kas gave, and the stream (the replica is connected while it
+/// is open).
+pub async fn configuration_stream(
+    agent_channel: tonic::transport::Channel,
+    token: &str,
+) -> Result<(i64, tonic::Streaming<crate::proto::AgentConfiguration>), tonic::Status> {
+    use crate::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+    let request = bearer(
+        tonic::Request::new(crate::proto::GetConfigurationRequest::default()),
+        token,
+    );
+    let mut stream = AgentConfigurationServiceClient::new(agent_channel)
+        .get_configuration(request)
+        .await?
+        .into_inner();
+    let first = stream
+        .message()
+        .await?
+        .ok_or_else(|| tonic::Status::internal("the stream ended at once"))?;
+    Ok((first.connection_id, stream))
+}
+
+/// GitLab's `GetPods(agent_id, connection_id)` with its token `gitlab`.
+pub fn get_pods(
+    agent_id: i64,
+    connection_id: i64,
+    gitlab: &str,
+) -> tonic::Request<crate::proto::GetPodsRequest> {
+    bearer(
+        tonic::Request::new(crate::proto::GetPodsRequest {
+            agent_id,
+            connection_id,
+            namespace: String::new(),
+        }),
+        gitlab,
+    )
+}
