@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use podgate_agent::auth::mint_external;
+use podgate_agent::proto::ConnectedAgentsByIdRequest;
 use podgate_agent::proto::kas_api_client::KasApiClient;
-use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetPodsResponse};
-use podgate_agent::testing::fixtures::{self, AgentTokens, get_pods};
+use podgate_agent::testing::fixtures::{self, AgentTokens, get_pods, pod_names};
 use podgate_agent::testing::kube::KubeTestServer;
 use podgate_registry::testing::{RedisServer, eventually, free_port};
 use serde_json::json;
@@ -148,16 +148,6 @@ fn start_agentk(
     });
     rx.recv_timeout(Duration::from_secs(60))
         .unwrap_or_else(|_| panic!("{pod_name}: not connected to kas after 60 s"))
-}
-
-fn pod_names(resp: &GetPodsResponse) -> Vec<String> {
-    let mut names: Vec<String> = resp
-        .pods
-        .iter()
-        .map(|p| format!("{}/{}", p.namespace, p.name))
-        .collect();
-    names.sort();
-    names
 }
 
 /// Redis's per-command call counts (`INFO commandstats`), without `info` itself.

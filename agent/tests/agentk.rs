@@ -15,7 +15,7 @@ use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetConfigurationRequest, GetPodsRequest};
 use podgate_agent::testing::fixtures::{
     EXTERNAL_SECRET as EXTERNAL, agent_tokens, bearer, channel, http_get, kas_config,
-    memory_registry,
+    memory_registry, pod_names,
 };
 use podgate_agent::testing::kube::KubeTestServer;
 use serde_json::json;
@@ -110,14 +110,8 @@ async fn agentk_lists_pods_with_kube_rs_over_h2c_and_over_a_websocket() {
             .unwrap()
             .into_inner();
         assert_eq!(Some(resp.connection_id), status.connection_id);
-        let mut names: Vec<String> = resp
-            .pods
-            .iter()
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-            .collect();
-        names.sort();
         assert_eq!(
-            names,
+            pod_names(&resp),
             ["default/web-1", "default/web-2", "kube-system/coredns"],
             "agent {agent}"
         );

@@ -200,3 +200,14 @@ pub fn get_pods(
         gitlab,
     )
 }
+
+/// A `GetPods` answer as sorted `namespace/name` strings.
+pub fn pod_names(response: &crate::proto::GetPodsResponse) -> Vec<String> {
+    let mut names: Vec<String> = response
+        .pods
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    names.sort();
+    names
+}
