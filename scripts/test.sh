@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 
 podgate_ensure_rust
 podgate_ensure_system_packages
+# tests/third_party_runner.rs: gitlab-python-runner from PyPI, pinned (exports
+# PODGATE_PY_RUNNER_VENV).
+podgate_ensure_py_runner
 
 echo "==> cargo fmt --check"
 cargo fmt --all --check

@@ -47,3 +47,55 @@ podgate_ensure_rust() {
 
 # Link Debian's OpenSSL rather than building a vendored copy (minutes on 2 cores).
 export OPENSSL_NO_VENDOR=1
+
+# The third-party runner the acceptance test (tests/third_party_runner.rs) runs
+# unchanged through `podgate up --no-fleet`: gitlab-python-runner (its job executor is
+# gitlab-emulator: 1.1.9 runs its jobs; 1.4 dropped configloader.UNSUPPORTED_KEYWORDS
+# and 1.5.5 helpers.debug_enabled, which 14.3.20 uses) and, to call
+# `runners/verify`, a second client, gitlab-runner-api. Every package pinned, the
+# transitive ones too, so the test runs the same code on every machine.
+PODGATE_PY_RUNNER_PACKAGES=(
+  gitlab-python-runner==14.3.20
+  gitlab-emulator==1.1.9
+  gitlab-runner-api==1.0.4
+  requests-toolbelt==1.0.0
+  PyYAML==6.0.3
+  Unidecode==1.4.0
+  requests==2.34.2
+  urllib3==2.8.0
+  idna==3.20
+  charset-normalizer==3.5.2
+  certifi==2026.10.18
+  python-gitlab==8.6.0
+  GitPython==3.2.1
+  gitdb==4.0.12
+  smmap==5.0.3
+  docker==7.2.0
+  colorlog==6.12.0
+  six==1.17.0
+  # gitlab-runner-api imports pkg_resources
+  setuptools==70.0.0
+)
+
+# Creates the venv at $PODGATE_PY_RUNNER_VENV (default target/py-runner-venv) with the
+# pins above, unless it already holds exactly them, and exports PODGATE_PY_RUNNER_VENV
+# for the test. Needs python3 with venv, and git (the runner clones with it).
+podgate_ensure_py_runner() {
+  local venv="${PODGATE_PY_RUNNER_VENV:-$PWD/target/py-runner-venv}"
+  local stamp="$venv/podgate-pins.txt"
+  local want
+  want="$(printf '%s\n' "${PODGATE_PY_RUNNER_PACKAGES[@]}")"
+  export PODGATE_PY_RUNNER_VENV="$venv"
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  if ! command -v git >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    PODGATE_APT_PACKAGES+=(git python3 python3-venv)
+    podgate_ensure_system_packages
+  fi
+  echo "==> creating the third-party runner's venv in $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${PODGATE_PY_RUNNER_PACKAGES[@]}"
+  printf '%s\n' "$want" > "$stamp"
+}

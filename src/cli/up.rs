@@ -1,6 +1,11 @@
 //! `podgate up`: the whole routing path on one machine. Three simulated Pods, the
-//! proxy in front of them, and a small runner fleet; a live table of requests per
-//! Pod, per token source, and misroutes. Ctrl-C stops everything.
+//! proxy in front of them, and a small runner fleet; a live table of runner requests
+//! per Pod (as each Pod counted them), per token source, and misroutes. Ctrl-C stops
+//! everything.
+//!
+//! At start it prints one `pod id=… address=… registration_token=… control_api=…` line
+//! per Pod and then `podgate up: ready`, so a script (or a test) can register its own
+//! runner (`--no-fleet`) and queue jobs through each Pod's control API.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,7 +17,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use podgate_loadtest::fleet::{self, FleetConfig, Progress};
-use podgate_loadtest::pod_sim::{PodSim, PodSimConfig};
+use podgate_loadtest::pod_sim::{PodSim, PodSimConfig, sum_samples};
 use podgate_registry::{BackendConfig, Pod, PodState, Registry, RegistryConfig};
 use podgate_tokens::PodId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,9 +40,10 @@ pub(crate) struct UpArgs {
     /// Runners in the fleet (half old, half new).
     #[arg(long, default_value_t = 30)]
     runners: usize,
-    /// Jobs queued per second on each Pod.
-    #[arg(long, default_value_t = 5.0)]
-    job_rate: f64,
+    /// Jobs queued per second on each Pod (default: 5 with the fleet; 0 with
+    /// `--no-fleet`, where jobs are queued through each Pod's control API).
+    #[arg(long)]
+    job_rate: Option<f64>,
     /// Stop after this long (default: at Ctrl-C), e.g. 60s.
     #[arg(long, value_parser = super::parse_duration_secs)]
     duration: Option<u64>,
@@ -58,7 +64,8 @@ impl Drop for ProxyChild {
     }
 }
 
-async fn get(addr: SocketAddr, path: &str) -> Option<String> {
+/// `GET path` on `addr`: the status code and the body.
+async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
     s.write_all(
         format!("GET {path} HTTP/1.1\r\nhost: podgate\r\nconnection: close\r\n\r\n").as_bytes(),
@@ -68,7 +75,27 @@ async fn get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await.ok()?;
     let text = String::from_utf8_lossy(&raw);
-    Some(text.split_once("\r\n\r\n")?.1.to_owned())
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The simulator's `podsim_requests_total` endpoints that are not runner traffic: the
+/// proxy's health probes, metrics scrapes and the control API.
+const NOT_RUNNER_TRAFFIC: [&str; 3] = ["health", "metrics", "control"];
+
+/// Runner requests a Pod answered (every endpoint but [`NOT_RUNNER_TRAFFIC`]), and of
+/// them `jobs/request` polls, from the simulator's own `podsim_requests_total`.
+fn runner_traffic(sim: &PodSim) -> (u64, u64) {
+    let text = sim.metrics().render();
+    let prefix = "podsim_requests_total{";
+    let all = sum_samples(&text, prefix, |l| {
+        label(l, "endpoint").is_some_and(|e| !NOT_RUNNER_TRAFFIC.contains(&e))
+    });
+    let polls = sum_samples(&text, prefix, |l| {
+        label(l, "endpoint") == Some("jobs_request")
+    });
+    (all, polls)
 }
 
 /// `source="…"` of a metric line.
@@ -79,14 +106,16 @@ fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
 }
 
 fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
-    let mut out = String::from("  Pod  address              requests  misroutes\n");
+    let mut out = String::from("  Pod  address              requests  jobs/request  misroutes\n");
     for s in sims {
+        let (requests, polls) = runner_traffic(s);
         let _ = writeln!(
             out,
-            "  {:<4} {:<20} {:>8}  {:>9}",
+            "  {:<4} {:<20} {:>8}  {:>12}  {:>9}",
             s.state().pod(),
             s.addr(),
-            s.metrics().requests_total(),
+            requests,
+            polls,
             s.metrics().misrouted.get()
         );
     }
@@ -123,8 +152,13 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let mut sims = Vec::new();
     for id in 1..=3u64 {
         let mut c = PodSimConfig::new(PodId::new(id).expect("non-zero"), "127.0.0.1:0".parse()?);
-        c.job_rate = args.job_rate;
+        c.job_rate = args
+            .job_rate
+            .unwrap_or(if args.no_fleet { 0.0 } else { 5.0 });
         c.long_poll = Duration::from_secs(20);
+        // Job payloads (`repo_url`, `CI_SERVER_URL`) name the proxy, so runners clone
+        // through it like every other request.
+        c.external_url = Some(format!("http://{}", args.listen));
         sims.push(PodSim::start(c).await?);
     }
     let pods: Vec<Pod> = sims
@@ -177,7 +211,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let path = dir.path().join("proxy.toml");
     std::fs::write(&path, &config)?;
     let exe = std::env::current_exe().context("finding the podgate binary")?;
-    let _proxy = ProxyChild(
+    let mut proxy = ProxyChild(
         Command::new(exe)
             .args(["proxy", "--config"])
             .arg(&path)
@@ -185,20 +219,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             .spawn()
             .context("starting the proxy")?,
     );
-    let mut ready = false;
-    for _ in 0..200 {
-        if get(args.admin, "/readyz").await.is_some() {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::ensure!(
-        ready,
-        "the proxy did not start on {} (admin {})",
-        args.listen,
-        args.admin
-    );
+    wait_ready(&mut proxy, &args).await?;
 
     println!("podgate up");
     println!(
@@ -211,10 +232,11 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     );
     for s in &sims {
         println!(
-            "  Pod {}      http://{}   registration token {}",
+            "  pod id={} address=http://{} registration_token={} control_api=http://{}/-/podsim/jobs",
             s.state().pod(),
             s.addr(),
-            s.state().registration_token()
+            s.state().registration_token(),
+            s.addr()
         );
     }
     println!(
@@ -255,13 +277,14 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             args.runners
         );
     }
+    println!("podgate up: ready");
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     tokio::pin!(stop);
     loop {
         tokio::select! {
             _ = &mut stop => break,
             _ = tick.tick() => {
-                let metrics = get(args.admin, "/metrics").await.unwrap_or_default();
+                let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
                 println!("\n{}", table(&sims, &metrics));
             }
         }
@@ -279,11 +302,37 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             code = ExitCode::from(1);
         }
     }
-    let metrics = get(args.admin, "/metrics").await.unwrap_or_default();
+    let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
     println!("\nfinal\n{}", table(&sims, &metrics));
     let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();
     if misroutes > 0 {
         code = ExitCode::from(1);
     }
     Ok(code)
+}
+
+/// Waits until the proxy's `/readyz` answers 200 (a 503 means it serves but has no
+/// usable default Pod yet); fails at once if the proxy exits, or after 30 s.
+async fn wait_ready(proxy: &mut ProxyChild, args: &UpArgs) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = proxy.0.try_wait().context("watching the proxy")? {
+            anyhow::bail!("the proxy exited at start ({status})");
+        }
+        let last = get(args.admin, "/readyz").await;
+        if matches!(last, Some((200, _))) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the proxy on {} is not ready after 30 s (admin {}/readyz: {})",
+            args.listen,
+            args.admin,
+            match last {
+                Some((status, body)) => format!("{status} {}", body.trim()),
+                None => "no answer".into(),
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
