@@ -3,9 +3,10 @@
 
 # System packages the workspace needs: cmake (pingora's zlib-ng), redis-server
 # (Redis tests run a real server), protobuf-compiler (tonic), libssl-dev and
-# pkg-config (link the system OpenSSL instead of vendoring it), kubectl is
-# optional and only used when present.
-PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config)
+# pkg-config (link the system OpenSSL instead of vendoring it), git (each simulated
+# Pod serves its repository with `git http-backend`; runners clone with git),
+# kubectl is optional and only used when present.
+PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git)
 
 podgate_ensure_system_packages() {
   local missing=()
@@ -79,7 +80,7 @@ PODGATE_PY_RUNNER_PACKAGES=(
 
 # Creates the venv at $PODGATE_PY_RUNNER_VENV (default target/py-runner-venv) with the
 # pins above, unless it already holds exactly them, and exports PODGATE_PY_RUNNER_VENV
-# for the test. Needs python3 with venv, and git (the runner clones with it).
+# for the test. Needs python3 with venv (installed through apt-get when missing).
 podgate_ensure_py_runner() {
   local venv="${PODGATE_PY_RUNNER_VENV:-$PWD/target/py-runner-venv}"
   local stamp="$venv/podgate-pins.txt"
@@ -89,8 +90,8 @@ podgate_ensure_py_runner() {
   if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     return 0
   fi
-  if ! command -v git >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-    PODGATE_APT_PACKAGES+=(git python3 python3-venv)
+  if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    PODGATE_APT_PACKAGES+=(python3 python3-venv)
     podgate_ensure_system_packages
   fi
   echo "==> creating the third-party runner's venv in $venv"

@@ -219,7 +219,11 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             .spawn()
             .context("starting the proxy")?,
     );
-    wait_ready(&mut proxy, &args).await?;
+    wait_ready(args.admin, Duration::from_secs(30), || {
+        proxy.0.try_wait().context("watching the proxy")
+    })
+    .await
+    .with_context(|| format!("starting the proxy on {}", args.listen))?;
 
     println!("podgate up");
     println!(
@@ -311,28 +315,87 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
-/// Waits until the proxy's `/readyz` answers 200 (a 503 means it serves but has no
-/// usable default Pod yet); fails at once if the proxy exits, or after 30 s.
-async fn wait_ready(proxy: &mut ProxyChild, args: &UpArgs) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+/// Waits until the proxy's `/readyz` on `admin` answers 200 (a 503 means it serves but
+/// has no usable default Pod yet); fails at once when `exited` reports the proxy gone,
+/// or after `timeout`.
+async fn wait_ready(
+    admin: SocketAddr,
+    timeout: Duration,
+    mut exited: impl FnMut() -> anyhow::Result<Option<std::process::ExitStatus>>,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(status) = proxy.0.try_wait().context("watching the proxy")? {
+        if let Some(status) = exited()? {
             anyhow::bail!("the proxy exited at start ({status})");
         }
-        let last = get(args.admin, "/readyz").await;
+        let last = get(admin, "/readyz").await;
         if matches!(last, Some((200, _))) {
             return Ok(());
         }
         anyhow::ensure!(
             tokio::time::Instant::now() < deadline,
-            "the proxy on {} is not ready after 30 s (admin {}/readyz: {})",
-            args.listen,
-            args.admin,
+            "the proxy is not ready after {timeout:?} (http://{admin}/readyz: {})",
             match last {
                 Some((status, body)) => format!("{status} {}", body.trim()),
                 None => "no answer".into(),
             }
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// An admin stub: `/readyz` answers 503 to the first `not_ready` requests, then 200.
+    async fn admin_stub(not_ready: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let served = Arc::new(AtomicUsize::new(0));
+        let count = served.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                let (status, body) = if n < not_ready {
+                    ("503 Service Unavailable", "not ready: no default Pod\n")
+                } else {
+                    ("200 OK", "ready\n")
+                };
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            }
+        });
+        (addr, served)
+    }
+
+    #[tokio::test]
+    async fn ready_only_once_readyz_answers_200() {
+        let (addr, served) = admin_stub(3).await;
+        wait_ready(addr, Duration::from_secs(30), || Ok(None))
+            .await
+            .unwrap();
+        assert_eq!(served.load(Ordering::SeqCst), 4, "three 503s, then 200");
+    }
+
+    #[tokio::test]
+    async fn a_503_is_not_ready() {
+        let (addr, _) = admin_stub(usize::MAX).await;
+        let err = wait_ready(addr, Duration::from_millis(300), || Ok(None))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("503 not ready: no default Pod"), "{err}");
     }
 }
