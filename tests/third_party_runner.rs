@@ -547,6 +547,7 @@ fn run_on_pod(up: &Up, venv: &Path, pod: &PodInfo) {
         Some(sha256_hex(&stored).as_str()),
         "{context}"
     );
+    assert_eq!(artifact["filename"], "artifacts.zip", "{context}");
     assert!(
         stored.starts_with(b"PK\x03\x04"),
         "not the zip the runner sent: {context}"
@@ -637,6 +638,29 @@ fn gitlab_python_runner_runs_unchanged_through_podgate_up_on_every_pod() {
     let up = Up::start();
     for pod in &up.pods {
         run_on_pod(&up, &venv, pod);
+    }
+
+    // Registration and unregister were routed by the form body's token.
+    let proxy = get_text(up.admin, "/metrics");
+    for pod in &up.pods {
+        for status in ["201", "204"] {
+            let labels = [
+                "rule=\"runners\"",
+                "source=\"form:token\"",
+                &format!("pod=\"{}\"", pod.id),
+                &format!("status=\"{status}\""),
+            ];
+            let routed = proxy.lines().any(|l| {
+                l.starts_with("podgate_proxy_requests_total{")
+                    && labels.iter().all(|x| l.contains(x))
+                    && l.ends_with(" 1")
+            });
+            assert!(
+                routed,
+                "no form-routed {status} to Pod {}:\n{proxy}",
+                pod.id
+            );
+        }
     }
 
     // The proxy forwarded to each Pod exactly what that Pod counted as runner traffic
