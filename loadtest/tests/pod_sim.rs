@@ -1,119 +1,20 @@
 //! The Pod simulator driven directly through every endpoint of `runner-protocol.md`,
-//! checking statuses and headers against the protocol table: registration and its
-//! friends, long polls (204 with a ticket, 201 with a job, 409 races), job updates,
-//! trace patches (202 + Range, 416 on a gap, 400 without Content-Range), artifacts up
-//! and down (byte-equal), and 403 + `misrouted_requests_total` for a foreign token.
+//! checking statuses and headers against GitLab's: registration and its friends
+//! (authenticated by the `token` parameter only), long polls (204 with a ticket, 201
+//! with a job, 409 races), job updates, trace patches (202 + Range, 416 on a gap, 400
+//! without Content-Range), artifacts up and down (the file part, byte-equal), and
+//! 403 + `misrouted_requests_total` for a foreign token.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use podgate_loadtest::pod_sim::{PodSim, PodSimConfig};
-use podgate_tokens::PodId;
-use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-struct Reply {
-    status: u16,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(String::as_str)
-    }
-}
-
-/// One request over a fresh HTTP/1.1 connection; `headers` are `name: value` lines.
-async fn call(
-    addr: SocketAddr,
-    method: &str,
-    target: &str,
-    headers: &[&str],
-    body: &[u8],
-) -> Reply {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut head = format!(
-        "{method} {target} HTTP/1.1\r\nhost: pod\r\nconnection: close\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for h in headers {
-        head.push_str(h);
-        head.push_str("\r\n");
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a response head");
-    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers: HashMap<String, String> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    let mut body = raw[end + 4..].to_vec();
-    if headers
-        .get("transfer-encoding")
-        .is_some_and(|v| v.contains("chunked"))
-    {
-        body = dechunk(&body);
-    }
-    Reply {
-        status,
-        headers,
-        body,
-    }
-}
-
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = raw.windows(2).position(|w| w == b"\r\n") {
-        let n =
-            usize::from_str_radix(std::str::from_utf8(&raw[..eol]).unwrap().trim(), 16).unwrap();
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&raw[eol + 2..eol + 2 + n]);
-        raw = &raw[eol + 2 + n + 2..];
-    }
-    out
-}
-
-async fn post_json(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[&str],
-    body: Value,
-) -> Reply {
-    let mut h = vec!["content-type: application/json"];
-    h.extend_from_slice(headers);
-    call(addr, method, path, &h, body.to_string().as_bytes()).await
-}
+use common::{call, json as post_json, sim_with};
+use podgate_loadtest::pod_sim::PodSim;
+use serde_json::json;
 
 async fn sim(pod: u64) -> PodSim {
-    let mut config = PodSimConfig::new(PodId::new(pod).unwrap(), "127.0.0.1:0".parse().unwrap());
-    config.long_poll = Duration::from_secs(2);
-    config.conflict_every = 3;
-    PodSim::start(config).await.unwrap()
+    sim_with(pod, |c| c.conflict_every = 3).await
 }
 
 fn misroutes(sim: &PodSim) -> u64 {
@@ -147,7 +48,8 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
         c => panic!("runner token not routable: {c:?}"),
     }
 
-    // verify: by body token (old runners) and by header.
+    // verify: by the body token. The RUNNER-TOKEN header is not read: alone it is a
+    // missing token (400), and it does not save a wrong body token (403).
     let r = post_json(
         a,
         "POST",
@@ -169,7 +71,19 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
         json!({"system_id": "s_1"}),
     )
     .await;
-    assert_eq!(r.status, 200);
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (400, Some("token is missing"))
+    );
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/runners/verify",
+        &[&hdr],
+        json!({"token": "glrt-wrong"}),
+    )
+    .await;
+    assert_eq!(r.status, 403);
     let r = post_json(
         a,
         "POST",
@@ -248,39 +162,38 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
     // Second and third picks: the third is a simulated race (409), the job stays.
     pod.enqueue().unwrap();
     pod.enqueue().unwrap();
-    let r = post_json(
-        a,
-        "POST",
-        "/api/v4/jobs/request",
-        &[&hdr],
-        json!({"last_update": "x"}),
-    )
-    .await;
+    let poll = json!({"token": runner, "last_update": "x"});
+    let r = post_json(a, "POST", "/api/v4/jobs/request", &[], poll.clone()).await;
     assert_eq!(r.status, 201);
-    let r = post_json(
-        a,
-        "POST",
-        "/api/v4/jobs/request",
-        &[&hdr],
-        json!({"last_update": "x"}),
-    )
-    .await;
+    let r = post_json(a, "POST", "/api/v4/jobs/request", &[], poll.clone()).await;
     assert_eq!(r.status, 409);
-    let r = post_json(
-        a,
-        "POST",
-        "/api/v4/jobs/request",
-        &[&hdr],
-        json!({"last_update": "x"}),
-    )
-    .await;
+    let r = post_json(a, "POST", "/api/v4/jobs/request", &[], poll).await;
     assert_eq!(r.status, 201);
     let dependent = r.json();
-    assert_eq!(dependent["dependencies"].as_array().map(Vec::len), Some(2));
+    let deps = dependent["dependencies"].as_array().unwrap();
+    assert_eq!(deps.len(), 2);
+    // No dependency has artifacts yet: `artifacts_file` is absent, not null.
+    assert!(
+        deps.iter().all(|d| d.get("artifacts_file").is_none()),
+        "{deps:?}"
+    );
+    // Dependencies carry the running job's token (GitLab's
+    // `ci_expose_running_job_token_for_artifacts`).
+    assert!(deps.iter().all(|d| d["token"] == dependent["token"]));
 
-    // PUT jobs/:id running → 200.
+    // PUT jobs/:id `requires :token`: the JOB-TOKEN header alone is 400; the body
+    // token → 200.
     let path = format!("/api/v4/jobs/{first}");
     let r = post_json(a, "PUT", &path, &[&job_hdr], json!({"state": "running"})).await;
+    assert_eq!(r.status, 400);
+    let r = post_json(
+        a,
+        "PUT",
+        &path,
+        &[],
+        json!({"token": job_token, "state": "running"}),
+    )
+    .await;
     assert_eq!(r.status, 200);
     // Trace: 202 + Range; a gap → 416 + Range; no Content-Range → 400.
     let trace = format!("/api/v4/jobs/{first}/trace");
@@ -299,12 +212,19 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
         a,
         "PATCH",
         &trace,
-        &[&job_hdr, "content-range: 10-12"],
+        &[&job_hdr, "content-range: 10-12", "content-type: text/plain"],
         b"gap",
     )
     .await;
     assert_eq!((r.status, r.header("range")), (416, Some("0-6")));
-    let r = call(a, "PATCH", &trace, &[&job_hdr], b"x").await;
+    let r = call(
+        a,
+        "PATCH",
+        &trace,
+        &[&job_hdr, "content-type: text/plain"],
+        b"x",
+    )
+    .await;
     assert_eq!(r.status, 400);
     // Final update before the whole trace arrived: 202; then 200.
     let r = post_json(
@@ -320,14 +240,14 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
         a,
         "PATCH",
         &trace,
-        &[&job_hdr, "content-range: 6-11"],
+        &[&job_hdr, "content-range: 6-11", "content-type: text/plain"],
         b"world\n",
     )
     .await;
     assert_eq!((r.status, r.header("range")), (202, Some("0-12")));
 
-    // Artifacts: streamed up (old runner: token in the form), checksummed, and
-    // byte-equal down with a dependency's token.
+    // Artifacts: streamed up (old runner: token in the form), the file part stored
+    // and checksummed, and byte-equal down with the dependent job's token.
     let boundary = "sim-boundary";
     let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let mut form = format!(
@@ -340,7 +260,12 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
     let up = format!("/api/v4/jobs/{first}/artifacts?artifact_format=zip&artifact_type=archive");
     let r = call(a, "POST", &up, &[&ct], &form).await;
     assert_eq!(r.status, 201, "{:?}", r.json());
-    assert_eq!(r.json()["size"].as_u64(), Some(form.len() as u64));
+    let shown = call(a, "GET", &format!("/-/podsim/jobs/{first}"), &[], b"").await;
+    assert_eq!(
+        shown.json()["artifact"]["size"].as_u64(),
+        Some(payload.len() as u64)
+    );
+    assert_eq!(shown.json()["artifact"]["filename"], "artifacts.zip");
     let dep_token = dependent["token"].as_str().unwrap();
     let r = call(
         a,
@@ -351,7 +276,8 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
     )
     .await;
     assert_eq!(r.status, 200);
-    assert!(r.body == form, "artifact changed on the way");
+    assert!(r.body == payload, "artifact changed on the way");
+    // An unknown token, or none, is 401 (`find_valid_running_job_by_token!`).
     let r = call(
         a,
         "GET",
@@ -360,29 +286,37 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
         b"",
     )
     .await;
-    assert_eq!(r.status, 403);
+    assert_eq!(r.status, 401);
 
     let r = post_json(
         a,
         "PUT",
         &path,
-        &[&job_hdr],
-        json!({"state": "success", "output": {"bytesize": 12}}),
+        &[],
+        json!({"token": job_token, "state": "success", "output": {"bytesize": 12}}),
     )
     .await;
     assert_eq!((r.status, r.header("job-status")), (200, Some("success")));
-    // A finished job: 403 + Job-Status.
-    let r = post_json(a, "PUT", &path, &[&job_hdr], json!({"state": "running"})).await;
+    // A finished job: 403 + Job-Status. An unknown job: 403 too (never 404, so a
+    // runner stops the job).
+    let r = post_json(
+        a,
+        "PUT",
+        &path,
+        &[],
+        json!({"token": job_token, "state": "running"}),
+    )
+    .await;
     assert_eq!((r.status, r.header("job-status")), (403, Some("success")));
     let r = post_json(
         a,
         "PUT",
         "/api/v4/jobs/99999",
-        &[&job_hdr],
-        json!({"state": "running"}),
+        &[],
+        json!({"token": job_token, "state": "running"}),
     )
     .await;
-    assert_eq!(r.status, 404);
+    assert_eq!(r.status, 403);
 
     // reset_authentication_token: 201 with a new token; the old one is gone.
     let r = post_json(
@@ -435,8 +369,8 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
         a,
         "POST",
         "/api/v4/jobs/request",
-        &[&format!("runner-token: {foreign}")],
-        json!({}),
+        &[],
+        json!({"token": foreign}),
     )
     .await;
     assert_eq!(r.status, 403);
@@ -446,7 +380,11 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
         a,
         "PATCH",
         &trace,
-        &[&format!("job-token: {other_token}"), "content-range: 0-0"],
+        &[
+            &format!("job-token: {other_token}"),
+            "content-range: 0-0",
+            "content-type: text/plain",
+        ],
         b"x",
     )
     .await;

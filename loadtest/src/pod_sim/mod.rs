@@ -1,18 +1,32 @@
-//! `podgate pod-sim`: the runner API of one GitLab Pod, faithful enough for a GitLab
-//! Runner (see `shared/reference/runner-protocol.md`), plus the one number that proves
-//! the proxy right: `misrouted_requests_total`, every token that belongs to another Pod.
+//! `podgate pod-sim`: the runner API of one GitLab Pod, faithful enough for a real
+//! GitLab Runner or a third-party one (see `shared/reference/runner-protocol.md`),
+//! plus the one number that proves the proxy right: `misrouted_requests_total`, every
+//! token that belongs to another Pod.
 //!
+//! - Parameters are read as GitLab's Grape/Rack API reads them (module `params`):
+//!   query, JSON, form and multipart bodies, merged `GET.merge(POST)`.
+//!   Runner endpoints authenticate `params[:token]` only; job endpoints
+//!   `params[:token]`, then `JOB-TOKEN` (`lib/api/ci/helpers/runner.rb`).
 //! - Registration issues runner tokens routable to this Pod (GitLab v1 `glrt-` with
 //!   `c=<pod>`, or JWTs); verify, unregister, managers and reset work on them.
-//! - Jobs are queued at `job_rate` per second (or by [`PodSim::enqueue`]);
-//!   `jobs/request` long-polls on the `X-GitLab-Last-Update` ticket, answers 201 with a
-//!   job shaped like GitLab's (its token and its dependencies' tokens routable here),
-//!   204 when the poll times out, and 409 on every `conflict_every`-th pick.
-//! - `PUT jobs/:id`, `PATCH jobs/:id/trace` (`Content-Range`, 416 on a gap), artifacts
-//!   upload (multipart, streamed to disk and hashed, never held in memory) and
-//!   download (streamed back).
+//! - Jobs are queued at `job_rate` per second from [`PodSimConfig::job`], by
+//!   [`PodSim::enqueue`], or through the control API (`POST /-/podsim/jobs`);
+//!   `jobs/request` long-polls on the `X-GitLab-Last-Update` ticket and answers 201
+//!   with a job shaped like GitLab's: the predefined CI variables, the job's script
+//!   and image, and `git_info` naming this Pod's real repository and commit.
+//! - `PUT jobs/:id`, `PATCH jobs/:id/trace` (only the `Content-Range` start counts;
+//!   416 when it is not the trace's length), artifacts upload (the `file` part
+//!   streamed to disk and hashed) and download (streamed back).
+//! - Git smart HTTP (`git http-backend`) for `/group/project-<pod>.git`, with
+//!   `gitlab-ci-token:<job token>` Basic authentication.
+//!
+//! Layout: `http/` (one file per endpoint family: `runners`, `jobs`, `trace`,
+//! `artifacts`, `git`, `control`), `params/` (Rack and Grape parameter parsing),
+//! [`state`] (the rules, no I/O), `repo` (the Git repository).
 
 mod http;
+mod params;
+mod repo;
 pub mod state;
 
 use std::net::SocketAddr;
@@ -25,7 +39,8 @@ use serde::Deserialize;
 use thiserror::Error;
 use tokio::net::TcpListener;
 
-pub use state::State;
+pub use repo::BRANCH;
+pub use state::{JobSpec, State};
 
 /// Simulator errors.
 #[derive(Debug, Error)]
@@ -39,6 +54,9 @@ pub enum Error {
     /// Listening or storing artifacts failed.
     #[error("pod-sim I/O")]
     Io(#[from] std::io::Error),
+    /// Creating the Git repository failed (is `git` installed?).
+    #[error("creating the Git repository: {0}")]
+    Git(String),
 }
 
 /// How issued tokens are encoded.
@@ -73,6 +91,12 @@ pub struct PodSimConfig {
     pub conflict_every: u64,
     /// Largest artifact accepted (413 above).
     pub max_artifact_bytes: u64,
+    /// The URL runners reach this Pod at, used in job payloads (`CI_SERVER_URL`,
+    /// `git_info.repo_url`, …): e.g. the proxy's URL. `None`: `http://<listen address>`.
+    pub external_url: Option<String>,
+    /// What generated jobs ([`PodSim::enqueue`], `job_rate`) run: script, image (none
+    /// is possible), artifact paths and stage.
+    pub job: JobSpec,
 }
 
 impl PodSimConfig {
@@ -88,6 +112,8 @@ impl PodSimConfig {
             long_poll: Duration::from_secs(50),
             conflict_every: 0,
             max_artifact_bytes: 1 << 30,
+            external_url: None,
+            job: JobSpec::default(),
         }
     }
 
@@ -102,6 +128,27 @@ impl PodSimConfig {
         }
         if self.token_format == TokenFormat::Jwt && self.keys.signing_key().is_err() {
             bad.push("token_format = jwt: needs a signing key".into());
+        }
+        if let Some(url) = &self.external_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            bad.push(format!(
+                "external_url = {url:?}: an http:// or https:// URL"
+            ));
+        }
+        if self.job.script.is_empty() {
+            bad.push("job.script: at least one line".into());
+        }
+        if self.job.stage.is_empty() {
+            bad.push("job.stage: must not be empty".into());
+        }
+        if self
+            .job
+            .dependencies
+            .as_ref()
+            .is_some_and(|d| !d.is_empty())
+        {
+            bad.push("job.dependencies: generated jobs depend on the jobs before them".into());
         }
         if bad.is_empty() {
             Ok(())
@@ -197,8 +244,12 @@ pub(crate) struct Shared {
     pub(crate) state: State,
     pub(crate) metrics: SimMetrics,
     pub(crate) config: PodSimConfig,
-    /// Artifacts live here until the simulator stops.
+    /// Artifacts, uploads and the Git repository live here until the simulator stops.
     pub(crate) artifacts: tempfile::TempDir,
+    /// The repository jobs clone (`None` when `git` could not create it).
+    pub(crate) repo: Option<repo::Repo>,
+    /// [`PodSimConfig::external_url`], resolved, without a trailing `/`.
+    pub(crate) external_url: String,
 }
 
 impl PodSim {
@@ -211,15 +262,32 @@ impl PodSim {
             config.keys.clone(),
             config.registration_token.clone(),
             config.conflict_every,
-        )?;
+        )?
+        .with_job_template(config.job.clone());
         let listener = TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("podgate-pod-sim-{}-", config.pod_id))
+            .tempdir()?;
+        let repo = match repo::create(&dir.path().join("git"), config.pod_id).await {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(pod = %config.pod_id, error = %e, "pod-sim: no Git repository; clones will fail");
+                None
+            }
+        };
+        let external_url = config
+            .external_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"))
+            .trim_end_matches('/')
+            .to_owned();
         let shared = Arc::new(Shared {
             state,
             metrics: SimMetrics::new(config.pod_id),
-            artifacts: tempfile::Builder::new()
-                .prefix(&format!("podgate-pod-sim-{}-", config.pod_id))
-                .tempdir()?,
+            artifacts: dir,
+            repo,
+            external_url,
             config,
         });
         let mut tasks = vec![tokio::spawn(http::serve(listener, shared.clone()))];
@@ -259,9 +327,30 @@ impl PodSim {
         &self.shared.metrics
     }
 
-    /// Queue a job now: its id.
+    /// The URL job payloads name this Pod by.
+    pub fn external_url(&self) -> &str {
+        &self.shared.external_url
+    }
+
+    /// The commit jobs build (`None` when the repository could not be created).
+    pub fn commit_sha(&self) -> Option<&str> {
+        self.shared.repo.as_ref().map(|r| r.sha.as_str())
+    }
+
+    /// The project path jobs clone (`group/project-<pod>`; the repository is
+    /// `<external_url>/<path>.git`).
+    pub fn project_path(&self) -> String {
+        repo::project_path(self.shared.config.pod_id)
+    }
+
+    /// Queue a job from [`PodSimConfig::job`]: its id.
     pub fn enqueue(&self) -> Result<u64, Error> {
-        let id = self.shared.state.enqueue()?;
+        self.enqueue_spec(self.shared.config.job.clone())
+    }
+
+    /// Queue a job as `spec` says: its id.
+    pub fn enqueue_spec(&self, spec: JobSpec) -> Result<u64, Error> {
+        let id = self.shared.state.enqueue_spec(spec)?;
         self.shared
             .metrics
             .queued

@@ -51,7 +51,8 @@ impl JobState {
     }
 }
 
-/// An uploaded artifact archive, kept on disk.
+/// An uploaded artifact archive (the `file` part's bytes, as Workhorse stores it),
+/// kept on disk.
 #[derive(Clone, Debug)]
 pub struct Artifact {
     /// Where it is stored.
@@ -60,13 +61,63 @@ pub struct Artifact {
     pub size: u64,
     /// Its SHA-256, hex.
     pub sha256: String,
+    /// The file name the runner uploaded it as.
+    pub filename: String,
 }
+
+/// What a queued job asks the runner to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSpec {
+    /// Job name (`None`: `build-<id>`).
+    pub name: Option<String>,
+    /// Stage name.
+    pub stage: String,
+    /// Script lines (`steps[0].script`).
+    pub script: Vec<String>,
+    /// Container image (`None`: the job has no image, `"image": null`).
+    pub image: Option<String>,
+    /// Artifact paths (empty: the job uploads no artifacts).
+    pub artifacts: Vec<String>,
+    /// Earlier jobs whose artifacts this one downloads (`None`: up to two jobs queued
+    /// just before it, as generated jobs have).
+    pub dependencies: Option<Vec<u64>>,
+}
+
+impl Default for JobSpec {
+    fn default() -> Self {
+        JobSpec {
+            name: None,
+            stage: "test".into(),
+            script: vec![
+                "echo \"simulated job $CI_JOB_ID of $CI_PROJECT_PATH on Pod $CI_POD_ID\"".into(),
+                "mkdir -p out".into(),
+                "echo \"$CI_JOB_NAME\" > out/result.txt".into(),
+            ],
+            image: Some("alpine:3.20".into()),
+            artifacts: vec!["out/".into()],
+            dependencies: None,
+        }
+    }
+}
+
+/// Largest trace text kept per job (the length and CRC cover all of it).
+pub const TRACE_KEPT: usize = 1 << 20;
 
 /// A job.
 #[derive(Clone, Debug)]
 pub struct Job {
     /// Job id.
     pub id: u64,
+    /// Job name.
+    pub name: String,
+    /// Stage name.
+    pub stage: String,
+    /// Script lines.
+    pub script: Vec<String>,
+    /// Container image, if any.
+    pub image: Option<String>,
+    /// Artifact paths.
+    pub artifact_paths: Vec<String>,
     /// Its job token (routable to this Pod).
     pub token: String,
     /// Where it stands.
@@ -77,6 +128,8 @@ pub struct Job {
     pub trace_len: u64,
     /// CRC-32 of the trace received.
     pub trace_crc: u32,
+    /// The trace text received (its first [`TRACE_KEPT`] bytes).
+    pub trace: Vec<u8>,
     /// Earlier jobs of the same pipeline whose artifacts this one downloads.
     pub dependencies: Vec<u64>,
     /// The uploaded artifact.
@@ -100,7 +153,7 @@ struct Inner {
 #[derive(Debug)]
 pub enum Pick {
     /// A job for the runner (201).
-    Job(Job),
+    Job(Box<Job>),
     /// Simulated race: another runner took it (409); it stays queued.
     Conflict,
     /// Nothing queued (204 after the long poll).
@@ -115,6 +168,7 @@ pub struct State {
     classifier: Classifier,
     registration_token: String,
     conflict_every: u64,
+    template: JobSpec,
     inner: Mutex<Inner>,
     /// The queue ticket (`X-GitLab-Last-Update`): bumped whenever a job is queued.
     ticket: watch::Sender<u64>,
@@ -142,6 +196,7 @@ impl State {
             classifier,
             registration_token: String::new(),
             conflict_every,
+            template: JobSpec::default(),
             inner: Mutex::default(),
             ticket: watch::channel(1).0,
         };
@@ -150,6 +205,17 @@ impl State {
             None => state.issue(TokenKind::Runner, "glrt-")?,
         };
         Ok(state)
+    }
+
+    /// The spec [`State::enqueue`] queues jobs with.
+    pub fn with_job_template(mut self, template: JobSpec) -> Self {
+        self.template = template;
+        self
+    }
+
+    /// The spec generated jobs are queued with.
+    pub fn job_template(&self) -> &JobSpec {
+        &self.template
     }
 
     /// This Pod's id.
@@ -254,24 +320,47 @@ impl State {
         Ok(Some(new))
     }
 
-    /// Queue a job (its dependencies: up to two earlier jobs). Wakes long polls.
+    /// Queue a job from the template (its dependencies: up to two earlier jobs).
+    /// Wakes long polls.
     pub fn enqueue(&self) -> Result<u64, Error> {
+        self.enqueue_spec(self.template.clone())
+    }
+
+    /// Queue a job as `spec` says. Its dependencies must be jobs queued earlier.
+    /// Wakes long polls.
+    pub fn enqueue_spec(&self, spec: JobSpec) -> Result<u64, Error> {
         let token = self.issue(TokenKind::Job, "glcbt-")?;
         let id = {
             let mut inner = self.lock();
-            inner.next_job += 1;
-            let id = inner.next_job;
-            let dependencies = (id.saturating_sub(2)..id).filter(|d| *d > 0).collect();
+            let id = inner.next_job + 1;
+            let dependencies = match spec.dependencies {
+                Some(deps) => {
+                    if let Some(d) = deps.iter().find(|d| !inner.jobs.contains_key(d)) {
+                        return Err(Error::Config(format!(
+                            "dependencies: job {d} does not exist"
+                        )));
+                    }
+                    deps
+                }
+                None => (id.saturating_sub(2)..id).filter(|d| *d > 0).collect(),
+            };
+            inner.next_job = id;
             inner.job_tokens.insert(token.clone(), id);
             inner.jobs.insert(
                 id,
                 Job {
                     id,
+                    name: spec.name.unwrap_or_else(|| format!("build-{id}")),
+                    stage: spec.stage,
+                    script: spec.script,
+                    image: spec.image,
+                    artifact_paths: spec.artifacts,
                     token,
                     state: JobState::Pending,
                     runner: None,
                     trace_len: 0,
                     trace_crc: 0,
+                    trace: Vec::new(),
                     dependencies,
                     artifact: None,
                 },
@@ -304,7 +393,7 @@ impl State {
         let job = inner.jobs.get_mut(&id).expect("queued jobs exist");
         job.state = JobState::Running;
         job.runner = Some(runner);
-        Pick::Job(job.clone())
+        Pick::Job(Box::new(job.clone()))
     }
 
     /// The job `token` belongs to.
@@ -341,7 +430,8 @@ impl State {
         let Some(job) = inner.jobs.get_mut(&id) else {
             return Update::NotFound;
         };
-        if job.state.is_final() {
+        // `authenticate_job!`: "Job is not processing on runner" (403 + Job-Status).
+        if job.state != JobState::Running {
             return Update::Forbidden(job.state);
         }
         if state.is_final() && trace_size.is_some_and(|n| n != job.trace_len) {
@@ -351,13 +441,15 @@ impl State {
         Update::Ok
     }
 
-    /// `PATCH jobs/:id/trace` with bytes `start..=end` (inclusive), `data`.
+    /// `PATCH jobs/:id/trace`: append `data` at byte `start`, which must be where the
+    /// trace ends now (GitLab's `Ci::AppendBuildTraceService` trusts only the start of
+    /// `Content-Range` and takes the end from the body).
     pub fn append_trace(&self, id: u64, start: u64, data: &[u8]) -> Trace {
         let mut inner = self.lock();
         let Some(job) = inner.jobs.get_mut(&id) else {
             return Trace::NotFound;
         };
-        if job.state.is_final() {
+        if job.state != JobState::Running {
             return Trace::Forbidden(job.state);
         }
         if start != job.trace_len {
@@ -367,6 +459,8 @@ impl State {
         h.update(data);
         job.trace_crc = h.finalize();
         job.trace_len += data.len() as u64;
+        let room = TRACE_KEPT.saturating_sub(job.trace.len());
+        job.trace.extend_from_slice(&data[..data.len().min(room)]);
         Trace::Ok(job.trace_len)
     }
 
@@ -402,7 +496,7 @@ pub enum Trace {
     Ok(u64),
     /// The patch does not start where the trace ends, which is here (416).
     RangeMismatch(u64),
-    /// The job is finished (403 + `Job-Status`).
+    /// The job is not running (403 + `Job-Status`).
     Forbidden(JobState),
     /// No such job (404).
     NotFound,
@@ -515,9 +609,40 @@ mod tests {
             Trace::Forbidden(JobState::Success)
         );
         assert_eq!(p.update(999, JobState::Running, None), Update::NotFound);
+        // A job no runner has picked yet cannot be updated.
+        let pending = p.enqueue().unwrap();
+        assert_eq!(
+            p.update(pending, JobState::Running, None),
+            Update::Forbidden(JobState::Pending)
+        );
+        assert_eq!(p.job(first).unwrap().trace, b"hello world");
         assert_eq!(
             p.dependencies(3).iter().map(|j| j.id).collect::<Vec<_>>(),
             vec![1, 2]
         );
+    }
+
+    #[test]
+    fn specs_name_their_dependencies_which_must_exist() {
+        let p = pod(2).with_job_template(JobSpec {
+            image: None,
+            ..JobSpec::default()
+        });
+        let a = p.enqueue().unwrap();
+        assert_eq!(p.job(a).unwrap().image, None);
+        assert_eq!(p.job(a).unwrap().name, format!("build-{a}"));
+        let spec = JobSpec {
+            name: Some("test".into()),
+            dependencies: Some(vec![a]),
+            ..JobSpec::default()
+        };
+        let b = p.enqueue_spec(spec.clone()).unwrap();
+        assert_eq!(p.job(b).unwrap().dependencies, vec![a]);
+        let missing = JobSpec {
+            dependencies: Some(vec![99]),
+            ..spec
+        };
+        assert!(p.enqueue_spec(missing).is_err());
+        assert_eq!(p.queued(), 2, "a refused spec queues nothing");
     }
 }

@@ -1,0 +1,145 @@
+//! The simulator's control API, for tests and `podgate up --no-fleet` (not part of
+//! GitLab's API; counted as `endpoint="control"`):
+//!
+//! - `GET /-/podsim`: `{"pod_id", "registration_token", "external_url",
+//!   "project_path", "repo_url", "sha", "ref"}`.
+//! - `POST /-/podsim/jobs` with `{"name", "stage", "script": [..], "image": null |
+//!   "alpine:3", "artifacts": [paths], "dependencies": [job ids]}` (every field
+//!   optional; missing ones come from the simulator's job template, except
+//!   `dependencies`, which default to none): 201 `{"id": N}`.
+//! - `GET /-/podsim/jobs/N`: `{"id", "name", "stage", "state", "runner_id", "sha",
+//!   "trace", "artifact": null | {"size", "sha256", "filename"}}`.
+//! - `GET /-/podsim/jobs/N/artifact`: the stored file part's bytes.
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::super::Shared;
+use super::super::repo::{self, BRANCH};
+use super::super::state::JobSpec;
+use super::artifacts::stream_file;
+use super::{Body, message, reply};
+
+/// The body of `POST /-/podsim/jobs`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewJob {
+    name: Option<String>,
+    stage: Option<String>,
+    script: Option<Vec<String>>,
+    /// Absent: the template's image; `null`: no image.
+    #[serde(default, deserialize_with = "present")]
+    image: Option<Option<String>>,
+    artifacts: Option<Vec<String>>,
+    #[serde(default)]
+    dependencies: Vec<u64>,
+}
+
+/// Tells an explicit `null` (`Some(None)`) from an absent field (`None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+pub(crate) async fn route(shared: &Shared, req: Request<Incoming>, rest: &str) -> Response<Body> {
+    let parts: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    match (req.method(), parts.as_slice()) {
+        (&Method::GET, []) => info(shared),
+        (&Method::POST, ["jobs"]) => create(shared, req).await,
+        (&Method::GET, ["jobs", id]) => match id.parse() {
+            Ok(id) => show(shared, id),
+            Err(_) => message(StatusCode::NOT_FOUND, "404 Job Not Found"),
+        },
+        (&Method::GET, ["jobs", id, "artifact"]) => {
+            match id.parse().ok().and_then(|id| shared.state.job(id)) {
+                Some(job) => match job.artifact {
+                    Some(a) => stream_file(&a).await,
+                    None => message(StatusCode::NOT_FOUND, "404 Artifact Not Found"),
+                },
+                None => message(StatusCode::NOT_FOUND, "404 Job Not Found"),
+            }
+        }
+        _ => message(StatusCode::NOT_FOUND, "404 Not Found"),
+    }
+}
+
+fn sha(shared: &Shared) -> Value {
+    shared.repo.as_ref().map_or(Value::Null, |r| json!(r.sha))
+}
+
+fn info(shared: &Shared) -> Response<Body> {
+    let path = repo::project_path(shared.state.pod());
+    reply(
+        StatusCode::OK,
+        json!({
+            "pod_id": shared.state.pod().get(),
+            "registration_token": shared.state.registration_token(),
+            "external_url": shared.external_url,
+            "project_path": path,
+            "repo_url": format!("{}/{path}.git", shared.external_url),
+            "sha": sha(shared),
+            "ref": BRANCH,
+        }),
+    )
+}
+
+async fn create(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return message(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "413 Request Entity Too Large",
+            );
+        }
+    };
+    let new: NewJob = match serde_json::from_slice(&body) {
+        Ok(n) => n,
+        Err(e) => return message(StatusCode::BAD_REQUEST, &format!("400 Bad request - {e}")),
+    };
+    let template = shared.state.job_template();
+    let spec = JobSpec {
+        name: new.name,
+        stage: new.stage.unwrap_or_else(|| template.stage.clone()),
+        script: new.script.unwrap_or_else(|| template.script.clone()),
+        image: new.image.unwrap_or_else(|| template.image.clone()),
+        artifacts: new.artifacts.unwrap_or_else(|| template.artifacts.clone()),
+        dependencies: Some(new.dependencies),
+    };
+    if spec.script.is_empty() {
+        return message(StatusCode::BAD_REQUEST, "400 Bad request - script is empty");
+    }
+    match shared.state.enqueue_spec(spec) {
+        Ok(id) => {
+            shared.metrics.queued.set(shared.state.queued() as i64);
+            reply(StatusCode::CREATED, json!({ "id": id }))
+        }
+        Err(e) => message(StatusCode::BAD_REQUEST, &format!("400 Bad request - {e}")),
+    }
+}
+
+fn show(shared: &Shared, id: u64) -> Response<Body> {
+    let Some(job) = shared.state.job(id) else {
+        return message(StatusCode::NOT_FOUND, "404 Job Not Found");
+    };
+    reply(
+        StatusCode::OK,
+        json!({
+            "id": job.id,
+            "name": job.name,
+            "stage": job.stage,
+            "state": job.state.as_str(),
+            "runner_id": job.runner,
+            "sha": sha(shared),
+            "trace": String::from_utf8_lossy(&job.trace),
+            "trace_bytes": job.trace_len,
+            "artifact": job.artifact.map(|a| json!({
+                "size": a.size,
+                "sha256": a.sha256,
+                "filename": a.filename,
+            })),
+        }),
+    )
+}
