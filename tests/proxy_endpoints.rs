@@ -179,7 +179,8 @@ async fn every_runner_endpoint_and_token_source_reaches_its_pod() {
         mint(TokenKind::Job, 3),
         "job-update",
     );
-    // Trace: JOB-TOKEN (plus the query forms some clients use).
+    // Trace: JOB-TOKEN, or `?token=` (`params[:token]`; GitLab's `authenticate_job!`
+    // does not read `job_token`, lib/api/ci/helpers/runner.rb).
     let trace = b"\x1b[32mRunning with gitlab-runner 17.6.0\x1b[0m\n".to_vec();
     let text = Some("text/plain".to_owned());
     case(
@@ -194,7 +195,7 @@ async fn every_runner_endpoint_and_token_source_reaches_its_pod() {
     );
     case(
         "PATCH",
-        "/api/v4/jobs/7/trace?job_token={t}",
+        "/api/v4/jobs/7/trace?token={t}",
         &[("Content-Range", "0-43")],
         text.clone(),
         trace.clone(),

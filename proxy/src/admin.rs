@@ -8,20 +8,21 @@ use async_trait::async_trait;
 use http::{Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
-use podgate_registry::{PodState, Registry};
+use podgate_registry::PodState;
 use podgate_tokens::Classifier;
 
 use crate::metrics::{self, METRICS};
+use crate::server::RegistryHandle;
 
 /// The admin endpoints.
 pub struct Admin {
     classifier: Arc<Classifier>,
-    registry: Registry,
+    registry: RegistryHandle,
 }
 
 impl Admin {
     /// Admin endpoints reporting on `classifier` and `registry`.
-    pub fn new(classifier: Arc<Classifier>, registry: Registry) -> Self {
+    pub fn new(classifier: Arc<Classifier>, registry: RegistryHandle) -> Self {
         Admin {
             classifier,
             registry,

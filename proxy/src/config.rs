@@ -11,8 +11,13 @@
 //! [health]                         # active checks (defaults shown)
 //! path = "/-/readiness"
 //! interval_ms = 2000
+//! timeout_ms = 1000
 //! rise = 2
 //! fall = 3
+//!
+//! [upstreams]                      # names in the topology (defaults shown)
+//! resolve_interval_ms = 30000     # re-resolved this often, off the request path
+//! resolve_timeout_ms = 2000       # a name that fails keeps its last good addresses
 //!
 //! [tls]                            # optional HTTPS listener (h1 + h2 by ALPN)
 //! listen = "0.0.0.0:8443"
@@ -38,6 +43,7 @@ use thiserror::Error;
 use crate::decision::OnInvalid;
 use crate::health::HealthConfig;
 use crate::rules::Rule;
+use crate::upstreams::UpstreamsConfig;
 
 /// Configuration and start-up errors. Not transient: fix the configuration.
 #[derive(Debug, Error)]
@@ -65,9 +71,6 @@ pub enum Error {
     /// The registry could not be opened.
     #[error("opening the registry: {0}")]
     Registry(#[from] podgate_registry::Error),
-    /// The async runtime could not start.
-    #[error("starting the runtime: {0}")]
-    Runtime(#[source] std::io::Error),
 }
 
 fn default_listen() -> String {
@@ -82,6 +85,14 @@ fn default_grace() -> u64 {
 fn default_admin() -> String {
     "127.0.0.1:9191".into()
 }
+fn default_body_lookahead() -> usize {
+    crate::service::DEFAULT_BODY_LOOKAHEAD
+}
+fn default_head_timeout() -> u64 {
+    30_000
+}
+/// Largest `body_lookahead_bytes`: the look-ahead is held in memory per request.
+pub const MAX_BODY_LOOKAHEAD: usize = 16 << 20;
 fn default_read_buffer() -> usize {
     0
 }
@@ -148,12 +159,24 @@ pub struct ProxyConfig {
     /// default here, which reads straight into the header buffer.
     #[serde(default = "default_read_buffer")]
     pub read_buffer_bytes: usize,
+    /// Most bytes of a body read before routing, when the token may be a body
+    /// parameter: a JSON or form body larger than this is refused (413); a multipart
+    /// body is searched this far for its token part (default 65536).
+    #[serde(default = "default_body_lookahead")]
+    pub body_lookahead_bytes: usize,
+    /// Milliseconds an HTTP/1 request head may take from its first byte to its end,
+    /// however steadily it trickles in; then the connection is closed (default 30000).
+    #[serde(default = "default_head_timeout")]
+    pub head_timeout_ms: u64,
     /// An HTTPS listener.
     #[serde(default)]
     pub tls: Option<TlsConfig>,
     /// Active health checks of upstreams.
     #[serde(default)]
     pub health: HealthConfig,
+    /// Name resolution of the topology's upstreams.
+    #[serde(default)]
+    pub upstreams: UpstreamsConfig,
     /// Unix socket through which a new binary (`podgate proxy --upgrade`) takes over
     /// the listening sockets of the running one (sent on SIGQUIT).
     #[serde(default = "default_upgrade_sock")]
@@ -203,6 +226,16 @@ impl ProxyConfig {
             }
         }
         bad.extend(self.health.problems());
+        bad.extend(self.upstreams.problems());
+        if self.body_lookahead_bytes < 1024 || self.body_lookahead_bytes > MAX_BODY_LOOKAHEAD {
+            bad.push(format!(
+                "body_lookahead_bytes = {}: between 1024 and {MAX_BODY_LOOKAHEAD}",
+                self.body_lookahead_bytes
+            ));
+        }
+        if self.head_timeout_ms == 0 {
+            bad.push("head_timeout_ms: must be positive".into());
+        }
         if self.threads == 0 {
             bad.push("threads: at least 1".into());
         }

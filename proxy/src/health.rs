@@ -1,24 +1,30 @@
-//! Active health checks of every upstream in the topology.
+//! Active health checks: `[health]` in `proxy.toml`, and the pingora checks built
+//! from it.
 //!
-//! Each round probes every web upstream with `GET <path>` (a 2xx or 3xx passes) and
-//! every kas upstream with a TCP connect (kas speaks gRPC, not plain HTTP). An
-//! upstream turns unhealthy after `fall` consecutive failures and healthy again after
-//! `rise` consecutive passes; one never checked yet counts as healthy, so a new
-//! upstream takes traffic at once and connect failures still fail over (see
-//! `service`). The table is read lock-free on every request.
+//! Web upstreams get pingora's `HttpHealthCheck`: `GET <path>` (GitLab:
+//! `/-/readiness`) answered 2xx or 3xx passes. kas upstreams get its `TcpHealthCheck`
+//! (kas speaks gRPC, not plain HTTP): a connection accepted passes. An address turns
+//! unhealthy after `fall` consecutive failures and healthy again after `rise`
+//! consecutive passes; one never checked yet counts as healthy, so a new upstream
+//! takes traffic at once and connect failures still fail over (see `service`).
+//!
+//! Each pool's checks run once per address, however many Pods list it, in one
+//! pingora `HealthCheckService` (a background service; see [`crate::upstreams`]).
+//! [`Observed`] wraps a check to count failures and report flips to an
+//! [`Observer`], which keeps `podgate_proxy_upstream_healthy` and
+//! `podgate_proxy_health_check_failures_total`.
 
-use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use podgate_registry::Registry;
+use async_trait::async_trait;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::lb::Backend;
+use pingora::lb::health_check::{HealthCheck, HttpHealthCheck, TcpHealthCheck};
+use pingora::{Error, ErrorType};
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::task::JoinSet;
 
-use crate::metrics::METRICS;
 use crate::rules::Pool;
 
 fn default_true() -> bool {
@@ -40,6 +46,14 @@ fn default_fall() -> u32 {
     3
 }
 
+/// The `user-agent` of web checks, so an upstream can tell them from traffic.
+pub const USER_AGENT: &str = "podgate-health-check";
+
+/// The `host` of web checks. One check serves every Pod listing an address, so it
+/// names no Pod; GitLab's `/-/readiness` does not look at it (its access is by
+/// client IP, `monitoring.ip_whitelist`).
+pub const HOST: &str = "localhost";
+
 /// `[health]` in `proxy.toml`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,10 +64,10 @@ pub struct HealthConfig {
     /// Path probed on web upstreams (GitLab: `/-/readiness`).
     #[serde(default = "default_path")]
     pub path: String,
-    /// Milliseconds between rounds.
+    /// Milliseconds from the end of one round of checks to the start of the next.
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
-    /// Milliseconds a probe may take.
+    /// Milliseconds one check may take (connect, send, answer).
     #[serde(default = "default_timeout")]
     pub timeout_ms: u64,
     /// Consecutive passes that make an unhealthy upstream healthy.
@@ -101,153 +115,142 @@ impl HealthConfig {
         }
         bad
     }
-}
 
-/// Which upstreams are unhealthy. Cheap to read on every request.
-#[derive(Debug, Default)]
-pub struct Health {
-    down: ArcSwap<HashSet<String>>,
-}
-
-impl Health {
-    /// Whether `upstream` may take traffic (true unless checks say otherwise).
-    pub fn is_healthy(&self, upstream: &str) -> bool {
-        let down = self.down.load();
-        down.is_empty() || !down.contains(upstream)
+    /// Time between rounds.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
     }
 
-    /// Whether any upstream of `pool` may take traffic.
-    pub fn any_healthy(&self, pool: &[String]) -> bool {
-        pool.iter().any(|u| self.is_healthy(u))
+    /// Time one check may take.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
     }
-}
 
-#[derive(Debug)]
-struct Streak {
-    healthy: bool,
-    passes: u32,
-    failures: u32,
-}
-
-/// Check forever (until the runtime stops), publishing into `health`.
-pub async fn run(health: Arc<Health>, registry: Registry, config: HealthConfig) {
-    let mut streaks: HashMap<(String, Pool), Streak> = HashMap::new();
-    let mut labels: HashSet<(String, &'static str, String)> = HashSet::new();
-    let timeout = Duration::from_millis(config.timeout_ms);
-    let path: Arc<str> = config.path.as_str().into();
-    let mut tick = tokio::time::interval(Duration::from_millis(config.interval_ms));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let topology = registry.topology();
-        let mut probes = JoinSet::new();
-        let mut current = HashSet::new();
-        for pod in topology.pods.values() {
-            for (pool, list) in [(Pool::Web, &pod.web), (Pool::Kas, &pod.kas)] {
-                for upstream in list {
-                    let pod_id = pod.id.to_string();
-                    current.insert((pod_id.clone(), pool_name(pool), upstream.clone()));
-                    let (upstream, path) = (upstream.clone(), path.clone());
-                    probes.spawn(async move {
-                        let ok = probe(&upstream, pool, &path, timeout).await;
-                        (pod_id, pool, upstream, ok)
-                    });
-                }
+    /// The pingora check for `pool`: HTTP for web, TCP for kas, with `rise`/`fall`
+    /// and the timeout applied.
+    pub fn check_for(&self, pool: Pool) -> Box<dyn HealthCheck + Send + Sync> {
+        let timeout = Some(self.timeout());
+        let (rise, fall) = (self.rise as usize, self.fall as usize);
+        match pool {
+            Pool::Web => {
+                let mut hc = HttpHealthCheck::new(HOST, false);
+                hc.consecutive_success = rise;
+                hc.consecutive_failure = fall;
+                hc.peer_template.options.connection_timeout = timeout;
+                hc.peer_template.options.read_timeout = timeout;
+                hc.peer_template.options.write_timeout = timeout;
+                hc.req = readiness_request(&self.path);
+                hc.validator = Some(Box::new(status_ok));
+                Box::new(hc)
+            }
+            Pool::Kas => {
+                let mut hc = TcpHealthCheck::new();
+                hc.consecutive_success = rise;
+                hc.consecutive_failure = fall;
+                hc.peer_template.options.connection_timeout = timeout;
+                hc
             }
         }
-        let mut results = Vec::new();
-        while let Some(Ok(r)) = probes.join_next().await {
-            results.push(r);
-        }
-        let mut down = HashSet::new();
-        let mut seen = HashSet::new();
-        for (pod, pool, upstream, ok) in results {
-            let s = streaks.entry((upstream.clone(), pool)).or_insert(Streak {
-                healthy: true,
-                passes: 0,
-                failures: 0,
-            });
-            seen.insert((upstream.clone(), pool));
-            if ok {
-                s.passes += 1;
-                s.failures = 0;
-                if !s.healthy && s.passes >= config.rise {
-                    s.healthy = true;
-                    tracing::warn!(pod, upstream, "upstream healthy again");
-                }
-            } else {
-                METRICS
-                    .health_failures
-                    .with_label_values(&[pod.as_str(), upstream.as_str()])
-                    .inc();
-                s.failures += 1;
-                s.passes = 0;
-                if s.healthy && s.failures >= config.fall {
-                    s.healthy = false;
-                    tracing::warn!(pod, upstream, path = %path, "upstream unhealthy");
-                }
-            }
-            if !s.healthy {
-                down.insert(upstream.clone());
-            }
-            METRICS
-                .upstream_healthy
-                .with_label_values(&[pod.as_str(), pool_name(pool), upstream.as_str()])
-                .set(i64::from(s.healthy));
-        }
-        streaks.retain(|k, _| seen.contains(k));
-        for gone in labels.difference(&current) {
-            let _ = METRICS.upstream_healthy.remove_label_values(&[
-                gone.0.as_str(),
-                gone.1,
-                gone.2.as_str(),
-            ]);
-        }
-        labels = current;
-        health.down.store(Arc::new(down));
     }
 }
 
-fn pool_name(pool: Pool) -> &'static str {
+/// `GET path` with our `host` and `user-agent`.
+fn readiness_request(path: &str) -> RequestHeader {
+    // The path was validated (absolute, no spaces); a path `http` still refuses
+    // falls back to `/`, which every web upstream answers somehow.
+    let mut req = RequestHeader::build("GET", path.as_bytes(), None)
+        .or_else(|_| RequestHeader::build("GET", b"/", None))
+        .expect("GET / is a valid request");
+    for (name, value) in [("host", HOST), ("user-agent", USER_AGENT)] {
+        req.insert_header(name, value)
+            .expect("static header values are valid");
+    }
+    req
+}
+
+/// A 2xx or 3xx answer passes (GitLab's readiness answers 200; a redirect still
+/// shows a live Workhorse).
+fn status_ok(resp: &ResponseHeader) -> pingora::Result<()> {
+    if resp.status.is_success() || resp.status.is_redirection() {
+        Ok(())
+    } else {
+        Error::e_explain(
+            ErrorType::CustomCode("health check status", resp.status.as_u16()),
+            format!("{} answered to the health check", resp.status),
+        )
+    }
+}
+
+/// Told about every failed check and every flip, to keep metrics and log lines.
+pub trait Observer: Send + Sync {
+    /// A check of `addr` (in `pool`) failed.
+    fn failed(&self, pool: Pool, addr: SocketAddr, error: &Error);
+    /// `addr` (in `pool`) turned healthy or unhealthy.
+    fn flipped(&self, pool: Pool, addr: SocketAddr, healthy: bool);
+}
+
+/// A pingora check with a hard deadline, reporting to an [`Observer`].
+pub struct Observed {
+    inner: Box<dyn HealthCheck + Send + Sync>,
+    pool: Pool,
+    timeout: Duration,
+    observer: Arc<dyn Observer>,
+}
+
+impl Observed {
+    /// Wrap `inner`, the check of `pool`'s addresses; each check ends after `timeout`.
+    pub fn new(
+        inner: Box<dyn HealthCheck + Send + Sync>,
+        pool: Pool,
+        timeout: Duration,
+        observer: Arc<dyn Observer>,
+    ) -> Self {
+        Observed {
+            inner,
+            pool,
+            timeout,
+            observer,
+        }
+    }
+}
+
+#[async_trait]
+impl HealthCheck for Observed {
+    async fn check(&self, target: &Backend) -> pingora::Result<()> {
+        let result = match tokio::time::timeout(self.timeout, self.inner.check(target)).await {
+            Ok(r) => r,
+            Err(_) => Error::e_explain(
+                ErrorType::ConnectTimedout,
+                format!("health check took more than {:?}", self.timeout),
+            ),
+        };
+        if let (Err(e), Some(addr)) = (&result, target.addr.as_inet()) {
+            self.observer.failed(self.pool, *addr, e);
+        }
+        result
+    }
+
+    async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        if let Some(addr) = target.addr.as_inet() {
+            self.observer.flipped(self.pool, *addr, healthy);
+        }
+    }
+
+    fn backend_summary(&self, target: &Backend) -> String {
+        format!("{} upstream {}", pool_name(self.pool), target.addr)
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        self.inner.health_threshold(success)
+    }
+}
+
+/// `web` or `kas`: the `pool` metric label.
+pub fn pool_name(pool: Pool) -> &'static str {
     match pool {
         Pool::Web => "web",
         Pool::Kas => "kas",
     }
-}
-
-/// One probe: TCP connect for kas; `GET path` answered 2xx/3xx for web.
-async fn probe(upstream: &str, pool: Pool, path: &str, timeout: Duration) -> bool {
-    let attempt = async {
-        let mut stream = TcpStream::connect(upstream).await?;
-        if pool == Pool::Kas {
-            return Ok::<bool, std::io::Error>(true);
-        }
-        let req = format!(
-            "GET {path} HTTP/1.1\r\nhost: {upstream}\r\nuser-agent: podgate-health-check\r\nconnection: close\r\n\r\n"
-        );
-        stream.write_all(req.as_bytes()).await?;
-        let mut buf = [0u8; 64];
-        let mut n = 0;
-        while n < 12 {
-            let r = stream.read(&mut buf[n..]).await?;
-            if r == 0 {
-                break;
-            }
-            n += r;
-        }
-        Ok(status_ok(&buf[..n]))
-    };
-    matches!(tokio::time::timeout(timeout, attempt).await, Ok(Ok(true)))
-}
-
-/// `HTTP/1.x 2xx` or `3xx`.
-fn status_ok(head: &[u8]) -> bool {
-    head.len() >= 12
-        && head.starts_with(b"HTTP/1.")
-        && head[8] == b' '
-        && matches!(head[9], b'2' | b'3')
-        && head[10].is_ascii_digit()
-        && head[11].is_ascii_digit()
 }
 
 #[cfg(test)]
@@ -255,24 +258,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_lines() {
-        assert!(status_ok(b"HTTP/1.1 200 OK\r\n"));
-        assert!(status_ok(b"HTTP/1.0 302 Found"));
-        assert!(!status_ok(b"HTTP/1.1 503 Service Unavailable"));
-        assert!(!status_ok(b"HTTP/1.1 404 x"));
-        assert!(!status_ok(b"HTTP/1.1 2"));
-        assert!(!status_ok(b"SSH-2.0-OpenSSH"));
+    fn two_and_three_hundreds_pass() {
+        for (code, ok) in [
+            (200, true),
+            (204, true),
+            (302, true),
+            (404, false),
+            (500, false),
+            (503, false),
+        ] {
+            let resp = ResponseHeader::build(code, None).unwrap();
+            assert_eq!(status_ok(&resp).is_ok(), ok, "{code}");
+        }
     }
 
     #[test]
-    fn unknown_upstreams_are_healthy_until_checked() {
-        let h = Health::default();
-        assert!(h.is_healthy("10.0.0.1:80"));
-        h.down
-            .store(Arc::new(HashSet::from(["10.0.0.1:80".to_owned()])));
-        assert!(!h.is_healthy("10.0.0.1:80"));
-        assert!(h.any_healthy(&["10.0.0.1:80".into(), "10.0.0.2:80".into()]));
-        assert!(!h.any_healthy(&["10.0.0.1:80".into()]));
+    fn the_web_check_asks_for_readiness_as_the_health_checker() {
+        let req = readiness_request("/-/readiness");
+        assert_eq!(req.method, "GET");
+        assert_eq!(req.uri.path(), "/-/readiness");
+        assert_eq!(req.headers["user-agent"], USER_AGENT);
+        assert_eq!(req.headers["host"], HOST);
+    }
+
+    #[test]
+    fn rise_and_fall_become_the_thresholds() {
+        let c = HealthConfig {
+            rise: 4,
+            fall: 7,
+            ..HealthConfig::default()
+        };
+        for pool in [Pool::Web, Pool::Kas] {
+            let hc = c.check_for(pool);
+            assert_eq!(hc.health_threshold(true), 4);
+            assert_eq!(hc.health_threshold(false), 7);
+        }
     }
 
     #[test]

@@ -7,26 +7,45 @@
 //! ## Where to start reading
 //!
 //! - [`rules`]: ordered rules (method, path, header/cookie conditions) and the
-//!   built-in set covering every runner endpoint and kas traffic.
-//! - [`sources`]: where tokens are found: headers, `Authorization`, query, JSON body,
-//!   multipart form, each read without disturbing the request.
-//! - [`decision`]: classification + topology → forward, 401 or 503. Pure and tested.
+//!   built-in set, with the table of which token sources GitLab reads for each
+//!   endpoint, in which order, and the GitLab file each row comes from.
+//! - [`path`]: the path GitLab would serve (Workhorse's cleaning, Grape's trailing
+//!   `/` and `.json`), which rules match; the request is forwarded as received.
+//! - [`sources`] and [`params`]: every token a request carries — headers,
+//!   `Authorization`, and Rack/Grape parameters from the query and JSON, form and
+//!   multipart bodies — and the one GitLab authenticates.
+//! - [`decision`]: tokens + topology → forward, 400, 401 or 503. Pure and tested.
 //! - [`service`]: [`service::PodGate`], the pingora `ProxyHttp` implementation.
 //! - [`config`] and [`server`]: `proxy.toml` and `podgate proxy`.
 //!
+//! ## The routing contract
+//!
+//! A request goes to the Pod of the token GitLab will authenticate, and only if
+//! every token it carries in any source GitLab might read names that same Pod: an
+//! invalid one is a 401, two Pods are a 400 `conflicting_tokens`, and nothing is
+//! forwarded. A token header listed in `Connection:` is removed, never routed by.
+//!
 //! ## Bodies
 //!
-//! A JSON body (old runners' `jobs/request`) is read whole, at most 32 KiB (more:
-//! 413), and replayed upstream byte for byte from pingora's retry buffer. A multipart
-//! upload is read for exactly one chunk (≤ 64 KiB): pingora's retry buffer holds
-//! 64 KiB and silently drops the body if a second read overflows it, so a token after
-//! the first chunk is not looked for; the rest of the upload streams unbuffered.
+//! When a rule's token may be a parameter, a JSON or form body is read whole (at
+//! most `body_lookahead_bytes`, default 64 KiB; more: 413) and a multipart body up to
+//! `body_lookahead_bytes`, wherever the token part is within it. What was read is
+//! replayed upstream byte for byte from pingora's retry buffer (sized for it by a
+//! patch to pingora, `vendor/README.md`); the rest of an upload streams unbuffered.
+//! A body that cannot be parsed, or a multipart look-ahead with no token when the
+//! request has none elsewhere, is a 400 — never the default Pod.
 //! `Expect: 100-continue` is answered by the proxy when it reads a body.
+//!
+//! ## Request heads
+//!
+//! An HTTP/1 request without `Host` (HTTP/1.0 included) is a 400, and a request
+//! head must arrive within `head_timeout_ms` of its first byte (default 30 s).
 //!
 //! ## Operations
 //!
-//! - [`health`]: active checks; an upstream failing `fall` checks in a row takes no
-//!   traffic until it passes `rise`.
+//! - [`upstreams`]: one pingora load balancer per (Pod, pool), names resolved off
+//!   the request path; [`health`]: active checks, an upstream failing `fall` checks
+//!   in a row takes no traffic until it passes `rise`.
 //! - [`metrics`] and [`admin`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`
 //!   on their own listener. The Grafana dashboard is `dashboards/podgate-proxy.json`.
 //! - [`server`]: signals. SIGTERM drains; SIGQUIT hands the listening sockets to a new
@@ -37,7 +56,10 @@ pub mod config;
 pub mod decision;
 pub mod health;
 pub mod metrics;
+pub mod params;
+pub mod path;
 pub mod rules;
 pub mod server;
 pub mod service;
 pub mod sources;
+pub mod upstreams;

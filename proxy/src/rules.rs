@@ -87,6 +87,12 @@ pub struct Rule {
     /// For `route-by-token`: where to look, in order.
     #[serde(default)]
     pub sources: Vec<TokenSource>,
+    /// For `route-by-token`: GitLab refuses the endpoint without a token (runner
+    /// and job endpoints: Grape's `requires :token`, `authenticate_job!`), so a
+    /// request with none is answered 400 `token_not_found` here rather than sent to
+    /// the default Pod.
+    #[serde(default)]
+    pub requires_token: bool,
     /// For `route-to-pod`: the Pod.
     #[serde(default)]
     pub pod: Option<PodId>,
@@ -176,6 +182,7 @@ fn rule(
         header: None,
         cookie: None,
         action: ActionKind::RouteByToken,
+        requires_token: false,
         sources: sources
             .iter()
             .map(|s| s.parse().expect("built-in sources parse"))
@@ -190,16 +197,60 @@ fn re(s: &str) -> PathMatch {
     PathMatch::Regex(Regex::new(s).expect("built-in regex compiles"))
 }
 
-/// The built-in rules: every runner endpoint of the GitLab runner API, kas traffic,
-/// API tokens, session cookies, and a default.
+/// Runner endpoints: `authenticate_runner!` reads `params[:token]` only
+/// (`lib/api/ci/helpers/runner.rb` `current_runner`); routers read `RUNNER-TOKEN`.
+const RUNNER: &[&str] = &["param:token", "header:runner-token"];
+/// Job endpoints: `authenticate_job!` reads `params[:token] || env['HTTP_JOB_TOKEN']`
+/// (`lib/api/ci/helpers/runner.rb` `job_token`).
+const JOB: &[&str] = &["param:token", "header:job-token"];
+/// The general API (`lib/api/api_guard.rb` `find_user_from_sources`,
+/// `lib/gitlab/auth/auth_finders.rb`), in GitLab's order: a deploy token (Basic
+/// password, else `Deploy-Token`), a Bearer/OAuth token (`access_token`,
+/// `Authorization: Bearer`, `bearer_token`), a personal access token
+/// (`private_token`, `PRIVATE-TOKEN`), then a job token (`job_token`, `token`,
+/// `JOB-TOKEN`). Rails parameters: the query beats the body.
+const API: &[&str] = &[
+    "basic",
+    "header:deploy-token",
+    "rails-param:access_token",
+    "bearer",
+    "rails-param:bearer_token",
+    "rails-param:private_token",
+    "header:private-token",
+    "rails-param:job_token",
+    "rails-param:token",
+    "header:job-token",
+];
+
+/// The built-in rules: every runner endpoint of the GitLab runner API, Git and the
+/// other job-token surfaces, kas traffic, API tokens, session cookies, and a default.
+///
+/// Rules match the path GitLab would serve ([`crate::path::normalize`]). Each rule's
+/// sources are listed in the order GitLab reads them; the request goes to the Pod of
+/// the first one present, and every token present must name that Pod
+/// ([`crate::decision`]).
+///
+/// | rule | requests | sources, in GitLab's order | GitLab source |
+/// |---|---|---|---|
+/// | `jobs-request` | `POST /api/v4/jobs/request` | `param:token`, `header:runner-token` | `lib/api/ci/runner.rb`, `lib/api/ci/helpers/runner.rb` (`current_runner`: `params[:token]`); Rails never reads `RUNNER-TOKEN` for these, routers do |
+/// | `runners` | `POST /api/v4/runners`, `POST …/verify`, `POST …/reset_authentication_token`, `DELETE /api/v4/runners`, `DELETE …/managers` | `param:token`, `header:runner-token` | same |
+/// | `job-update` | `PUT /api/v4/jobs/:id` | `param:token`, `header:job-token` | `lib/api/ci/helpers/runner.rb` `job_token`: `params[:token] \|\| env['HTTP_JOB_TOKEN']` |
+/// | `job-trace` | `PATCH /api/v4/jobs/:id/trace` | `param:token`, `header:job-token` | same (the text body is not parameters) |
+/// | `job-artifacts-upload` | `POST /api/v4/jobs/:id/artifacts`, `…/authorize` | `param:token`, `header:job-token` | same; Workhorse's `/authorize` call carries the headers and query only (`workhorse/internal/api/api.go`), the final call the multipart fields |
+/// | `job-artifacts-download` | `GET`/`HEAD /api/v4/jobs/:id/artifacts[/…]` | the general API's | `authenticate_job_via_dependent_job!` → `find_current_user!` with `job_token_allowed` |
+/// | `git` | `/…/<project>.git/info/refs`, `git-upload-pack`, `git-receive-pack`, `info/lfs/…`, `gitlab-lfs/…` | `basic` | `app/controllers/repositories/git_http_client_controller.rb` (Basic only), `lib/gitlab/auth.rb` `find_for_git_client` (`gitlab-ci-token:<job token>`, `<user>:<PAT>`, deploy tokens) |
+/// | `registry-auth` | `/jwt/auth` | `basic` | `app/controllers/jwt_controller.rb` (Basic only, `find_for_git_client`) |
+/// | `kas-agent`, `kas-grpc`, `kas-podgate` | agentk's gRPC and WebSocket | `bearer` | kas: `Authorization: Bearer <agent token>` |
+/// | `api-token` | any other `/api/…` | `basic`, `header:deploy-token`, `rails-param:access_token`, `bearer`, `rails-param:bearer_token`, `rails-param:private_token`, `header:private-token`, `rails-param:job_token`, `rails-param:token`, `header:job-token` | `lib/api/api_guard.rb` `find_user_from_sources`, `lib/gitlab/auth/auth_finders.rb`; packages: `lib/api/helpers/authentication.rb` |
+/// | `session` | anything with `_gitlab_session` | the cookie's `cell-<n>-` prefix | the Cells HTTP router |
+/// | `default` | anything else | – | the legacy Pod |
 pub fn builtin() -> Vec<Rule> {
-    const RUNNER: &[&str] = &["header:runner-token", "json:token"];
     let mut rules = vec![
         // Long polls: Workhorse holds them up to 50 s on GitLab.com; allow 2 minutes+.
         rule(
             "jobs-request",
             &["POST"],
-            PathMatch::Prefix("/api/v4/jobs/request".into()),
+            re(r"^/api/v4/jobs/request$"),
             RUNNER,
             Pool::Web,
             150,
@@ -207,7 +258,7 @@ pub fn builtin() -> Vec<Rule> {
         rule(
             "runners",
             &["POST", "DELETE"],
-            re(r"^/api/v4/runners(/verify|/managers|/reset_authentication_token)?/?$"),
+            re(r"^/api/v4/runners(/verify|/managers|/reset_authentication_token)?$"),
             RUNNER,
             Pool::Web,
             60,
@@ -215,21 +266,16 @@ pub fn builtin() -> Vec<Rule> {
         rule(
             "job-trace",
             &["PATCH"],
-            re(r"^/api/v4/jobs/\d+/trace/?$"),
-            &["header:job-token", "query:job_token", "query:token"],
+            re(r"^/api/v4/jobs/\d+/trace$"),
+            JOB,
             Pool::Web,
             60,
         ),
         rule(
             "job-artifacts-upload",
             &["POST"],
-            re(r"^/api/v4/jobs/\d+/artifacts(/authorize)?/?$"),
-            &[
-                "header:job-token",
-                "query:job_token",
-                "query:token",
-                "multipart:token",
-            ],
+            re(r"^/api/v4/jobs/\d+/artifacts(/authorize)?$"),
+            JOB,
             Pool::Web,
             3600,
         ),
@@ -237,15 +283,34 @@ pub fn builtin() -> Vec<Rule> {
             "job-artifacts-download",
             &["GET", "HEAD"],
             re(r"^/api/v4/jobs/\d+/artifacts(/.*)?$"),
-            &["header:job-token", "query:job_token", "query:token"],
+            API,
             Pool::Web,
             3600,
         ),
         rule(
             "job-update",
             &["PUT"],
-            re(r"^/api/v4/jobs/\d+/?$"),
-            &["header:job-token", "json:token"],
+            re(r"^/api/v4/jobs/\d+$"),
+            JOB,
+            Pool::Web,
+            60,
+        ),
+        // Git smart HTTP and LFS: clones and pushes can run for an hour.
+        rule(
+            "git",
+            &[],
+            re(
+                r"^/.+\.git/(info/refs|git-upload-pack|git-receive-pack|info/lfs/.*|gitlab-lfs/.*)$",
+            ),
+            &["basic"],
+            Pool::Web,
+            3600,
+        ),
+        rule(
+            "registry-auth",
+            &["GET", "POST"],
+            re(r"^/jwt/auth$"),
+            &["basic"],
             Pool::Web,
             60,
         ),
@@ -275,23 +340,29 @@ pub fn builtin() -> Vec<Rule> {
             Pool::Kas,
             7200,
         ),
-        // Any other API call with a token.
+        // Any other API call with a token (packages included). Anonymous API calls
+        // exist (public projects): no token goes to the default Pod.
         rule(
             "api-token",
             &[],
             PathMatch::Prefix("/api/".into()),
-            &[
-                "header:private-token",
-                "header:job-token",
-                "bearer",
-                "basic",
-                "query:private_token",
-                "query:job_token",
-            ],
+            API,
             Pool::Web,
             60,
         ),
     ];
+    // Runner and job endpoints cannot be served without a token (`requires :token`,
+    // `authenticate_runner!`, `authenticate_job!`): 400 here, on every Pod alike.
+    const NEED_TOKEN: &[&str] = &[
+        "jobs-request",
+        "runners",
+        "job-trace",
+        "job-artifacts-upload",
+        "job-update",
+    ];
+    for r in &mut rules {
+        r.requires_token = NEED_TOKEN.contains(&r.name.as_str());
+    }
     rules.push(Rule {
         name: "session".into(),
         methods: vec![],
@@ -299,6 +370,7 @@ pub fn builtin() -> Vec<Rule> {
         header: None,
         cookie: Some("_gitlab_session".into()),
         action: ActionKind::SessionPrefix,
+        requires_token: false,
         sources: vec![],
         pod: None,
         pool: Pool::Web,
@@ -311,6 +383,7 @@ pub fn builtin() -> Vec<Rule> {
         header: None,
         cookie: None,
         action: ActionKind::Default,
+        requires_token: false,
         sources: vec![],
         pod: None,
         pool: Pool::Web,
@@ -375,6 +448,20 @@ mod tests {
             "job-artifacts-download"
         );
         assert_eq!(name("GET", "/api/v4/projects/1", &[]), "api-token");
+        assert_eq!(name("GET", "/group/sub/project.git/info/refs", &[]), "git");
+        assert_eq!(
+            name("POST", "/group/project.git/git-upload-pack", &[]),
+            "git"
+        );
+        assert_eq!(
+            name("POST", "/group/project.git/info/lfs/objects/batch", &[]),
+            "git"
+        );
+        assert_eq!(name("GET", "/jwt/auth", &[]), "registry-auth");
+        assert_eq!(
+            name("PUT", "/api/v4/projects/1/packages/generic/p/1/f", &[]),
+            "api-token"
+        );
         assert_eq!(name("GET", "/-/kubernetes-agent/", &[]), "kas-agent");
         assert_eq!(
             name("POST", "/podgate.kas.v1.ReverseTunnel/Open", &[]),

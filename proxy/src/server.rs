@@ -1,21 +1,150 @@
-//! Start the proxy: load keys, open the registry, build the pingora server, serve.
+//! Start the proxy: load keys, build the pingora server and its services, serve.
+//!
+//! Everything runs on runtimes pingora owns and stops: the proxy and admin
+//! listeners, and three background services:
+//!
+//! - **registry**: opens the registry (memory or Redis) on its own runtime, where the
+//!   registry's background tasks (topology watch and resync, refresh, GC) and its
+//!   Redis connections then live; publishes it through a [`RegistryHandle`];
+//! - **upstreams**: the per-(Pod, pool) load balancers, following the topology and
+//!   re-resolving names ([`crate::upstreams`]);
+//! - **health checks** of web and kas upstreams ([`crate::health`]).
+//!
+//! The listeners depend on the first two (pingora service dependencies), so the proxy
+//! accepts its first connection only with a topology and resolved upstreams in place.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use async_trait::async_trait;
 use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
 use pingora::listeners::{DEFAULT_L4_WRITE_BUFFER_SIZE, L4BufferSettings, ListenerConfig};
-use pingora::server::Server;
 use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::{Server, ShutdownWatch};
+use pingora::services::ServiceReadyNotifier;
+use pingora::services::background::{BackgroundService, background_service};
 use pingora::services::listening::Service;
-use podgate_registry::{MemoryBackend, Registry};
+use podgate_registry::{MemoryBackend, Registry, Topology, TopologyFile};
 use podgate_tokens::{Classifier, KeySet};
+use tokio::sync::Notify;
 
 use crate::admin::Admin;
 use crate::config::{Error, ProxyConfig};
-use crate::health::{self, Health};
 use crate::rules;
 use crate::service::PodGate;
+use crate::upstreams::discovery::SystemResolver;
+use crate::upstreams::{Upstreams, UpstreamsService};
+
+/// The registry, once the registry service has opened it. Cheap to clone; reading
+/// the topology is one lock-free load.
+#[derive(Clone, Debug, Default)]
+pub struct RegistryHandle {
+    inner: Arc<HandleInner>,
+}
+
+#[derive(Debug, Default)]
+struct HandleInner {
+    registry: OnceLock<Registry>,
+    opened: Notify,
+}
+
+/// What [`RegistryHandle::topology`] answers before the registry is open: nothing.
+static EMPTY: std::sync::LazyLock<Arc<Topology>> =
+    std::sync::LazyLock::new(|| Arc::new(Topology::default()));
+
+impl RegistryHandle {
+    /// A handle already holding `registry` (tests, embedding).
+    pub fn of(registry: Registry) -> Self {
+        let h = RegistryHandle::default();
+        h.set(registry);
+        h
+    }
+
+    /// Publish the opened registry (the first one wins).
+    pub fn set(&self, registry: Registry) {
+        let _ = self.inner.registry.set(registry);
+        self.inner.opened.notify_waiters();
+    }
+
+    /// The registry, if open.
+    pub fn get(&self) -> Option<&Registry> {
+        self.inner.registry.get()
+    }
+
+    /// The registry, once open.
+    pub async fn wait(&self) -> Registry {
+        loop {
+            let opened = self.inner.opened.notified();
+            if let Some(r) = self.get() {
+                return r.clone();
+            }
+            opened.await;
+        }
+    }
+
+    /// The current topology; empty until the registry is open (the listeners start
+    /// after it is, so requests never see that).
+    pub fn topology(&self) -> Arc<Topology> {
+        match self.get() {
+            Some(r) => r.topology(),
+            None => EMPTY.clone(),
+        }
+    }
+}
+
+/// Opens the registry on its runtime and keeps it (and its tasks) there until
+/// shutdown.
+struct RegistryService {
+    config: ProxyConfig,
+    handle: RegistryHandle,
+}
+
+#[async_trait]
+impl BackgroundService for RegistryService {
+    async fn start_with_ready_notifier(
+        &self,
+        mut shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
+        let opened = match &self.config.topology {
+            Some(t) => {
+                Registry::with_memory(
+                    MemoryBackend::new(t.to_topology(1)),
+                    self.config.registry.clone(),
+                )
+                .await
+            }
+            None => Registry::connect(self.config.registry.clone()).await,
+        };
+        let registry = match opened {
+            Ok(r) => r,
+            Err(e) => {
+                // Checked before the server started as far as possible (see
+                // `check_registry`); what is left (a Redis Cluster that cannot be
+                // reached) ends the process like any other start-up error.
+                tracing::error!(error = %e, "opening the registry");
+                eprintln!("podgate: opening the registry: {e}");
+                std::process::exit(2);
+            }
+        };
+        self.handle.set(registry.clone());
+        ready.notify_ready();
+        while shutdown.changed().await.is_ok() && !*shutdown.borrow() {}
+        let _ = registry.shutdown().await;
+    }
+}
+
+/// What opening the registry could refuse, checked before anything starts so that
+/// `podgate proxy` fails with the reason and exit code of any configuration error.
+fn check_registry(config: &ProxyConfig) -> Result<(), Error> {
+    config.registry.validate()?;
+    if config.topology.is_none()
+        && let Some(path) = &config.registry.topology_file
+    {
+        TopologyFile::load(path)?;
+    }
+    Ok(())
+}
 
 /// How the process starts.
 #[derive(Clone, Copy, Debug, Default)]
@@ -36,26 +165,7 @@ pub struct RunOptions {
 ///
 /// Returns only on a start-up error.
 pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
-    // The registry's background tasks (refresh, topology watch) get a small runtime
-    // of their own; pingora runs its own per-thread runtimes for requests.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("podgate-registry")
-        .enable_all()
-        .build()
-        .map_err(Error::Runtime)?;
-    let registry = rt.block_on(async {
-        match &config.topology {
-            Some(t) => {
-                Registry::with_memory(
-                    MemoryBackend::new(t.to_topology(1)),
-                    config.registry.clone(),
-                )
-                .await
-            }
-            None => Registry::connect(config.registry.clone()).await,
-        }
-    })?;
+    check_registry(&config)?;
     let keys = if config.keys.is_empty() {
         KeySet::new()
     } else {
@@ -67,22 +177,21 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
             problems: vec![e.to_string()],
         })?,
     );
-    let health = Arc::new(Health::default());
-    if config.health.enabled {
-        rt.spawn(health::run(
-            health.clone(),
-            registry.clone(),
-            config.health.clone(),
-        ));
-    }
+    let registry = RegistryHandle::default();
+    let upstreams = Arc::new(Upstreams::new(
+        config.health.clone(),
+        config.upstreams.clone(),
+        Arc::new(SystemResolver),
+    ));
     let rules = config.rules.clone().unwrap_or_else(rules::builtin);
     let pod_gate = PodGate::new(
         rules,
         classifier.clone(),
         registry.clone(),
+        upstreams.clone(),
         config.on_invalid,
     )
-    .with_health(health);
+    .with_body_lookahead(config.body_lookahead_bytes);
 
     let conf = ServerConf {
         threads: config.threads,
@@ -99,12 +208,31 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
     };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
+
+    let registry_service = server.add_service(background_service(
+        "registry",
+        RegistryService {
+            config: config.clone(),
+            handle: registry.clone(),
+        },
+    ));
+    let upstreams_service = server.add_service(background_service(
+        "upstreams",
+        UpstreamsService::new(upstreams.clone(), registry.clone()),
+    ));
+    upstreams_service.add_dependency(&registry_service);
+    for (pool, health) in upstreams.health_services() {
+        server.add_service(background_service(&format!("{pool} health checks"), health));
+    }
+
     let mut service = pingora::proxy::http_proxy_service(&server.configuration, pod_gate);
-    if config.h2c
-        && let Some(app) = service.app_logic_mut()
-    {
+    if let Some(app) = service.app_logic_mut() {
         let mut options = HttpServerOptions::default();
-        options.h2c = true;
+        options.h2c = config.h2c;
+        // A request head must be complete within `head_timeout_ms` of its first byte
+        // (a pingora patch, vendor/README.md): a head trickled in one line at a time
+        // would otherwise hold its connection forever.
+        options.h1_header_deadline = Some(std::time::Duration::from_millis(config.head_timeout_ms));
         app.server_options = Some(options);
     }
     // Per-connection read buffer: pingora's default is 64 KiB, held for as long as the
@@ -125,11 +253,13 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         settings.enable_h2();
         service.add_tls_with_settings(&tls.listen, None, settings);
     }
-    server.add_service(service);
+    let proxy_service = server.add_service(service);
+    proxy_service.add_dependency(&registry_service);
+    proxy_service.add_dependency(&upstreams_service);
     if config.admin_listen != "off" {
         let mut admin = Service::new("podgate admin".into(), Admin::new(classifier, registry));
         admin.add_tcp(&config.admin_listen);
-        server.add_service(admin);
+        server.add_service(admin).add_dependency(&registry_service);
     }
     tracing::info!(
         listen = %config.listen,
@@ -138,7 +268,5 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         upgrade = options.upgrade,
         "podgate proxy serving"
     );
-    // `rt` lives as long as the process: run_forever never returns.
-    let _registry_runtime = rt;
     server.run_forever()
 }

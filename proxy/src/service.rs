@@ -5,8 +5,9 @@
 //! `logging` (metrics, and one line per request with a token fingerprint only).
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -14,27 +15,27 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
-use podgate_registry::{Pod, Registry};
-use podgate_tokens::{Classification, Classifier, UnroutableReason};
+use podgate_registry::Pod;
+use podgate_tokens::Classifier;
 
-use crate::decision::{self, OnInvalid, Outcome};
-use crate::health::Health;
+use crate::decision::{self, Decision, OnInvalid, Outcome, Refusal};
 use crate::metrics::{self, METRICS};
+use crate::params::BodyKind;
 use crate::rules::{self, ActionKind, Pool, Rule};
-use crate::sources::{self, BodyScan, TokenSource};
+use crate::server::RegistryHandle;
+use crate::sources::{self, Body, Candidate, Place, TokenSource};
+use crate::upstreams::Upstreams;
 
 /// Per-request state.
 #[derive(Debug, Default)]
 pub struct Ctx {
     rule: Option<usize>,
     outcome: Option<Outcome>,
-    /// Index into the rule's sources of where the token was found.
-    source: Option<usize>,
-    /// The token, for the log line's fingerprint (never logged itself).
-    token: Option<String>,
-    /// Where round robin started for this request; attempt `n` uses `start + n`.
-    start: usize,
-    attempt: usize,
+    /// The token routed by and where it was, for the log line's fingerprint (the
+    /// token itself is never logged) and the source label.
+    token: Option<Candidate>,
+    /// The upstream addresses tried so far (a retry takes another of the Pod's).
+    tried: Vec<SocketAddr>,
     /// `X-Request-Id`: the client's if it sent a sane one, else generated.
     request_id: String,
     started: Option<Instant>,
@@ -50,25 +51,18 @@ impl Ctx {
     }
 }
 
-/// The upstreams of `pod` that `rule` sends to.
-fn pool<'a>(pod: &'a Pod, rule: &Rule) -> &'a [String] {
-    match rule.pool {
-        Pool::Web => &pod.web,
-        Pool::Kas => &pod.kas,
-    }
-}
-
 /// The router.
 pub struct PodGate {
     rules: Arc<Vec<Rule>>,
     classifier: Arc<Classifier>,
-    registry: Registry,
+    registry: RegistryHandle,
     on_invalid: OnInvalid,
-    health: Arc<Health>,
-    next: AtomicUsize,
+    upstreams: Arc<Upstreams>,
     ids: RequestIds,
-    /// `source_labels[rule][source]`: the metric label, rendered once.
-    source_labels: Vec<Vec<String>>,
+    /// `source_labels[rule][source]`: the metric label per place, rendered once.
+    source_labels: Vec<Vec<Vec<(Place, String)>>>,
+    /// Most body bytes read before routing (`body_lookahead_bytes`).
+    body_lookahead: usize,
     /// Per rule, the histogram children, looked up once rather than per request.
     histograms: Vec<metrics::RuleHistograms>,
 }
@@ -116,16 +110,17 @@ fn sane_request_id(v: &[u8]) -> bool {
 
 impl PodGate {
     /// A router over `rules`, classifying with `classifier`, routing on `registry`'s
-    /// topology.
+    /// topology to the addresses `upstreams` keeps for each Pod.
     pub fn new(
         rules: Vec<Rule>,
         classifier: Arc<Classifier>,
-        registry: Registry,
+        registry: RegistryHandle,
+        upstreams: Arc<Upstreams>,
         on_invalid: OnInvalid,
     ) -> Self {
         let source_labels = rules
             .iter()
-            .map(|r| r.sources.iter().map(ToString::to_string).collect())
+            .map(|r| r.sources.iter().map(TokenSource::labels).collect())
             .collect();
         let histograms = rules
             .iter()
@@ -134,89 +129,92 @@ impl PodGate {
         PodGate {
             histograms,
             source_labels,
+            body_lookahead: DEFAULT_BODY_LOOKAHEAD,
             rules: Arc::new(rules),
             classifier,
             registry,
             on_invalid,
-            health: Arc::new(Health::default()),
-            next: AtomicUsize::new(0),
+            upstreams,
             ids: RequestIds::new(),
         }
     }
 
-    /// Skip upstreams that `health` marks down.
-    pub fn with_health(mut self, health: Arc<Health>) -> Self {
-        self.health = health;
+    /// Read at most `bytes` of a body before routing (`body_lookahead_bytes`).
+    pub fn with_body_lookahead(mut self, bytes: usize) -> Self {
+        self.body_lookahead = bytes;
         self
     }
 
-    /// Find the token a `route-by-token` rule looks for, reading the body if a body
-    /// source is reached. `Err(status)` when the body is refused.
-    async fn find_token(
-        &self,
-        session: &mut Session,
-        rule: &Rule,
-    ) -> Result<Option<(String, usize)>, u16> {
+    /// Route by token: read what the rule's sources need (the body only when a
+    /// parameter source may be in it), then decide ([`decision::route_by_token`]).
+    /// `Err`: the client went away while its body was read.
+    async fn route_by_token(&self, session: &mut Session, rule: &Rule) -> Result<Decision> {
         let head = session.req_header();
-        for (i, src) in rule.sources.iter().enumerate() {
-            if let Some(t) = src.from_head(&head.headers, head.uri.query()) {
-                return Ok(Some((t, i)));
-            }
-        }
-        if !rule.sources.iter().any(TokenSource::needs_body) {
-            return Ok(None);
-        }
-        let content_type = head
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let json = rule.sources.iter().enumerate().find_map(|(i, s)| match s {
-            TokenSource::JsonBody(f) if contains_ignore_case(content_type, "json") => Some((i, f)),
-            _ => None,
-        });
-        if let Some((i, field)) = json {
-            let declared = head
+        let hop_by_hop = sources::connection_listed(&head.headers);
+        let mut kind = None;
+        if rule.sources.iter().any(TokenSource::reads_body) {
+            let content_type = head
                 .headers
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<usize>().ok());
-            if declared.is_some_and(|n| n > sources::MAX_TOKEN_BODY) {
-                return Err(413);
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok());
+            match BodyKind::of(content_type, &head.method) {
+                Err(e) => {
+                    return Ok(refused(Refusal::bad_request(
+                        "malformed_body",
+                        e.to_string(),
+                    )));
+                }
+                Ok(BodyKind::Opaque) => {}
+                Ok(k) => kind = Some(k),
             }
-            let body = read_body(session, ReadLimit::Whole(sources::MAX_TOKEN_BODY)).await?;
-            return Ok(match sources::json_field(&body.bytes, field) {
-                BodyScan::Found(t) => Some((t, i)),
-                _ => None,
-            });
         }
-        let multipart = rule.sources.iter().enumerate().find_map(|(i, s)| match s {
-            TokenSource::Multipart(f) => Some((i, f, sources::multipart_boundary(content_type)?)),
-            _ => None,
-        });
-        let Some((i, field, boundary)) = multipart else {
-            return Ok(None);
+        let mut body = None;
+        if let Some(k) = &kind
+            && !session.is_body_empty()
+        {
+            match read_body(session, self.body_lookahead, k.whole()).await? {
+                Ok(read) => body = Some(read),
+                Err(refusal) => return Ok(refused(refusal)),
+            }
+        }
+        let head = session.req_header();
+        let request = decision::Request {
+            headers: &head.headers,
+            query: head.uri.query(),
+            body: kind.as_ref().zip(body.as_ref()).map(|(k, b)| {
+                (
+                    k,
+                    Body {
+                        bytes: &b.bytes,
+                        complete: b.complete,
+                    },
+                )
+            }),
+            hop_by_hop: &hop_by_hop,
         };
-        // One chunk only (see `ReadLimit::OneChunk`): the rest of an upload of any
-        // size streams to the Pod unbuffered.
-        let body = read_body(session, ReadLimit::OneChunk).await?;
-        Ok(
-            match sources::multipart_field(&body.bytes, &boundary, field, body.complete) {
-                BodyScan::Found(t) => Some((t, i)),
-                _ => None,
-            },
-        )
+        Ok(decision::route_by_token(
+            rule,
+            &request,
+            &self.registry.topology(),
+            &self.classifier,
+            self.on_invalid,
+        ))
+    }
+
+    /// The metric label of a token's source.
+    fn source_label(&self, rule: usize, token: &Candidate) -> &str {
+        self.source_labels[rule][token.source]
+            .iter()
+            .find(|(place, _)| *place == token.place)
+            .map_or("none", |(_, label)| label.as_str())
     }
 }
 
-/// How much of a body `read_body` may take.
-enum ReadLimit {
-    /// All of it, refusing more than this many bytes (413).
-    Whole(usize),
-    /// Exactly one read (at most 64 KiB). pingora replays what was read from a
-    /// 64 KiB retry buffer and silently drops it if a second read overflows that
-    /// buffer, so a body that must stream (artifacts) is never read further.
-    OneChunk,
+fn refused(refusal: Refusal) -> Decision {
+    Decision {
+        outcome: Outcome::Refused(refusal),
+        token: None,
+    }
 }
 
 struct ReadBody {
@@ -224,54 +222,72 @@ struct ReadBody {
     complete: bool,
 }
 
-/// Read (part of) the request body before choosing the upstream. What is read is
-/// replayed upstream byte for byte from pingora's retry buffer; the rest streams.
-async fn read_body(session: &mut Session, limit: ReadLimit) -> Result<ReadBody, u16> {
-    session.enable_retry_buffering();
+/// Read the start of the request body before choosing the upstream: all of it when
+/// `whole` (JSON and forms; more than `limit` bytes is a 413), else until it ends or
+/// `limit` bytes are read (multipart; the rest streams unbuffered). What is read is
+/// replayed upstream byte for byte from pingora's retry buffer, sized so a read that
+/// crosses `limit` still fits. `Ok(Err(_))`: refuse the request.
+async fn read_body(
+    session: &mut Session,
+    limit: usize,
+    whole: bool,
+) -> Result<std::result::Result<ReadBody, Refusal>> {
+    let too_large = || Refusal {
+        status: 413,
+        code: "body_too_large",
+        detail: format!(
+            "the body must be read to find the token, and is larger than {limit} bytes"
+        ),
+    };
+    let declared = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if whole && declared.is_some_and(|n| n > limit) {
+        return Ok(Err(too_large()));
+    }
+    // One read returns at most pingora's 64 KiB body buffer.
+    session.enable_retry_buffering_with_capacity(limit + READ_CHUNK_MAX);
     if session
         .req_header()
         .headers
         .contains_key(http::header::EXPECT)
     {
         // Answer the client's Expect ourselves, or it waits ~1 s before sending.
-        if session.write_continue_response().await.is_err() {
-            return Err(400);
-        }
+        session.write_continue_response().await?;
         session
             .req_header_mut()
             .remove_header(&http::header::EXPECT);
     }
     let mut bytes = Vec::new();
-    loop {
-        match session.read_request_body().await {
-            Ok(Some(chunk)) => {
+    let complete = loop {
+        match session.read_request_body().await? {
+            Some(chunk) => {
                 bytes.extend_from_slice(&chunk);
-                match limit {
-                    ReadLimit::Whole(max) if bytes.len() > max => return Err(413),
-                    ReadLimit::Whole(_) => {}
-                    ReadLimit::OneChunk => {
-                        let complete = session.is_body_done();
-                        return Ok(ReadBody { bytes, complete });
-                    }
+                if whole && bytes.len() > limit {
+                    return Ok(Err(too_large()));
+                }
+                if !whole && bytes.len() >= limit {
+                    break session.is_body_done();
                 }
             }
-            Ok(None) => {
-                return Ok(ReadBody {
-                    bytes,
-                    complete: true,
-                });
-            }
-            Err(_) => return Err(400),
+            None => break true,
         }
+    };
+    if session.retry_buffer_truncated() {
+        return Ok(Err(too_large()));
     }
+    Ok(Ok(ReadBody { bytes, complete }))
 }
 
-/// Whether `hay` contains `needle` (ASCII, case-insensitive), without allocating.
-fn contains_ignore_case(hay: &str, needle: &str) -> bool {
-    hay.as_bytes()
-        .windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
-}
+/// `body_lookahead_bytes` by default: pingora's own retry buffer size.
+pub const DEFAULT_BODY_LOOKAHEAD: usize = 64 * 1024;
+
+/// The most one body read returns (pingora's HTTP/1 body buffer; HTTP/2 frames are
+/// smaller).
+const READ_CHUNK_MAX: usize = 64 * 1024;
 
 /// A value formatted by a closure, only when displayed.
 struct Lazy<F>(F);
@@ -307,6 +323,33 @@ async fn respond(
     Ok(())
 }
 
+/// Answer a refusal: its pingora error's status, and `{"message": "<status> <reason>:
+/// <code>: <detail>"}`.
+async fn respond_refusal(session: &mut Session, ctx: &Ctx, refusal: &Refusal) -> Result<()> {
+    let error = refusal.to_error();
+    let status = match error.etype() {
+        ErrorType::HTTPStatus(code) => *code,
+        _ => 400,
+    };
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let context = error
+        .context
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    respond(
+        session,
+        ctx,
+        status,
+        &format!("{status} {reason}: {context}"),
+        false,
+    )
+    .await
+}
+
 #[async_trait]
 impl ProxyHttp for PodGate {
     type CTX = Ctx;
@@ -315,7 +358,8 @@ impl ProxyHttp for PodGate {
         Ctx::default()
     }
 
-    /// Decide. `Ok(true)`: answered here (401, 413, 503); `Ok(false)`: proxy on.
+    /// Decide. `Ok(true)`: answered here (400, 401, 413, 503); `Ok(false)`: proxy
+    /// on. `Err`: the client went away while its body was read.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let started = Instant::now();
         ctx.started = Some(started);
@@ -326,10 +370,34 @@ impl ProxyHttp for PodGate {
             }
             _ => self.ids.generate(),
         };
+        // RFC 9112 §3.2: an HTTP/1 request without Host is a 400, HTTP/1.0 included
+        // (HTTP/2 carries `:authority` instead).
+        if !session.is_http2() && !head.headers.contains_key(http::header::HOST) {
+            let refusal = Refusal::bad_request("missing_host", "the request has no Host header");
+            respond_refusal(session, ctx, &refusal).await?;
+            ctx.outcome = Some(Outcome::Refused(refusal));
+            return Ok(true);
+        }
+        // `Connection` is a list field: a `close` in any of its lines ends the
+        // connection after this request (RFC 9112 §9.6). pingora reads only the first.
+        if head
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .skip(1)
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("close"))
+        {
+            session.set_keepalive(None);
+        }
+        let head = session.req_header();
+        // Rules match the path GitLab would serve; the request is forwarded as received.
+        let path = crate::path::normalize(head.uri.path());
         let Some(idx) = self
             .rules
             .iter()
-            .position(|r| r.matches(&head.method, head.uri.path(), &head.headers))
+            .position(|r| r.matches(&head.method, &path, &head.headers))
         else {
             respond(session, ctx, 404, "404 Not Found: no routing rule", false).await?;
             return Ok(true);
@@ -338,36 +406,11 @@ impl ProxyHttp for PodGate {
         let rule = &self.rules[idx];
         let topology = self.registry.topology();
         let outcome = match rule.action {
-            ActionKind::RouteByToken => match self.find_token(session, rule).await {
-                Err(413) => {
-                    respond(session, ctx, 413, "413 Request Entity Too Large", false).await?;
-                    return Ok(true);
-                }
-                Err(status) => {
-                    respond(
-                        session,
-                        ctx,
-                        status,
-                        "400 Bad Request: unreadable body",
-                        false,
-                    )
-                    .await?;
-                    return Ok(true);
-                }
-                Ok(Some((token, source))) => {
-                    let c = self.classifier.classify(&token);
-                    ctx.source = Some(source);
-                    ctx.token = Some(token);
-                    decision::decide(&c, &topology, self.on_invalid)
-                }
-                Ok(None) => decision::decide(
-                    &Classification::Unroutable {
-                        reason: UnroutableReason::Opaque,
-                    },
-                    &topology,
-                    self.on_invalid,
-                ),
-            },
+            ActionKind::RouteByToken => {
+                let decision = self.route_by_token(session, rule).await?;
+                ctx.token = decision.token;
+                decision.outcome
+            }
             ActionKind::RouteToPod => match rule.pod {
                 Some(p) => decision::to_pod(&topology, p, "pinned"),
                 None => decision::to_legacy(&topology, "default"),
@@ -382,15 +425,15 @@ impl ProxyHttp for PodGate {
             }
             ActionKind::Default => decision::to_legacy(&topology, "default"),
         };
-        // A Pod whose every upstream fails its health check: 503 now, rather than a
-        // connection attempt bound to fail.
+        // A Pod with no address to try (none listed, none resolved, every one
+        // failing its health check): 503 now, rather than a connection attempt bound
+        // to fail.
         let outcome = match outcome {
-            Outcome::Forward { pod, .. } if !self.health.any_healthy(pool(&pod, rule)) => {
-                Outcome::Unavailable(if pool(&pod, rule).is_empty() {
-                    "no_upstream"
-                } else {
-                    "no_healthy_upstream"
-                })
+            Outcome::Forward { pod, why } => {
+                match self.upstreams.availability(pod.id, rule.pool).reason() {
+                    Some(reason) => Outcome::Unavailable(reason),
+                    None => Outcome::Forward { pod, why },
+                }
             }
             o => o,
         };
@@ -404,6 +447,10 @@ impl ProxyHttp for PodGate {
                 respond(session, ctx, 401, &message, false).await?;
                 Ok(true)
             }
+            Some(Outcome::Refused(refusal)) => {
+                respond_refusal(session, ctx, refusal).await?;
+                Ok(true)
+            }
             Some(Outcome::Unavailable(why)) => {
                 let message = format!("503 Service Unavailable: {why}");
                 respond(session, ctx, 503, &message, true).await?;
@@ -413,43 +460,35 @@ impl ProxyHttp for PodGate {
         }
     }
 
-    /// The decided Pod's next upstream (round robin; a retry moves on to the next).
+    /// An address of the decided Pod, from its load balancer (round robin over the
+    /// healthy ones; a retry takes one this request has not tried, of the same Pod).
+    /// Never resolves a name: the load balancer holds addresses only.
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        if ctx.attempt == 0 {
-            ctx.start = self.next.fetch_add(1, Ordering::Relaxed);
-        }
         let Some(pod) = ctx.forwarded().cloned() else {
             return Err(Error::new_str("no routing decision"));
         };
         let rule = &self.rules[ctx.rule.unwrap_or(0)];
-        let pool = pool(&pod, rule);
-        if pool.is_empty() {
+        let Some(addr) =
+            self.upstreams
+                .select(pod.id, rule.pool, ctx.request_id.as_bytes(), &ctx.tried)
+        else {
             return Err(Error::explain(
                 ErrorType::ConnectNoRoute,
-                "Pod has no upstream for this pool",
+                "no address of the Pod left to try",
             ));
-        }
-        // The next healthy upstream from where this request's round robin stands.
-        let skip = (0..pool.len())
-            .find(|k| {
-                self.health
-                    .is_healthy(&pool[(ctx.start + ctx.attempt + k) % pool.len()])
-            })
-            .unwrap_or(0);
-        ctx.attempt += skip;
-        let addr = &pool[(ctx.start + ctx.attempt) % pool.len()];
-        let mut peer = HttpPeer::new(addr.as_str(), false, String::new());
+        };
+        ctx.tried.push(addr);
+        let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(Duration::from_secs(2));
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
         if rule.pool == Pool::Kas && session.is_http2() {
             // agentk's gRPC: HTTP/2 end to end, cleartext to kas (h2c), trailers intact.
             peer.options.set_http_version(2, 2);
         }
-        ctx.attempt += 1;
         Ok(Box::new(peer))
     }
 
-    /// Connection refused or timed out: try the same Pod's next upstream, never
+    /// Connection refused or timed out: try another address of the same Pod, never
     /// another Pod's.
     fn fail_to_connect(
         &self,
@@ -463,7 +502,8 @@ impl ProxyHttp for PodGate {
                 .connect_failures
                 .with_label_values(&[pod.id.to_string().as_str()])
                 .inc();
-            if ctx.attempt < pool(pod, &self.rules[ctx.rule.unwrap_or(0)]).len() {
+            let pool = self.rules[ctx.rule.unwrap_or(0)].pool;
+            if self.upstreams.untried_left(pod.id, pool, &ctx.tried) {
                 e.set_retry(true);
             }
         }
@@ -524,6 +564,11 @@ impl ProxyHttp for PodGate {
         upstream_request: &mut pingora::http::RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        // Hop-by-hop headers the client listed in `Connection:` end here (RFC 9110
+        // §7.6.1): a token in one was not routed by, so it must not reach the Pod.
+        for name in sources::connection_listed(&upstream_request.headers) {
+            upstream_request.remove_header(&name);
+        }
         if let Some(pod) = ctx.forwarded() {
             upstream_request.insert_header("x-podgate-pod", pod.id.to_string())?;
         }
@@ -552,8 +597,8 @@ impl ProxyHttp for PodGate {
         let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
         let outcome = ctx.outcome.as_ref().map_or("-", Outcome::label);
         let pod = ctx.forwarded().map_or(0, |p| p.id.get());
-        let source_label = match (ctx.rule, ctx.source) {
-            (Some(r), Some(s)) => self.source_labels[r][s].as_str(),
+        let source_label = match (ctx.rule, &ctx.token) {
+            (Some(r), Some(t)) => self.source_label(r, t),
             _ => "none",
         };
         let mut pod_buf = itoa_buf::Buf::default();
@@ -577,23 +622,20 @@ impl ProxyHttp for PodGate {
         let (method, path) = (head.method.as_str(), head.uri.path());
         // Formatted only when the line is emitted: nothing is hashed or rendered on
         // a request whose log level is off.
-        let source = Lazy(|f: &mut fmt::Formatter<'_>| match (ctx.rule, ctx.source) {
-            (Some(r), Some(s)) => write!(f, "{}", self.rules[r].sources[s]),
-            _ => f.write_str("-"),
-        });
+        let source = source_label;
         let token = Lazy(|f: &mut fmt::Formatter<'_>| match &ctx.token {
-            Some(t) => f.write_str(&podgate_tokens::fingerprint(t)),
+            Some(t) => f.write_str(&podgate_tokens::fingerprint(&t.token)),
             None => f.write_str("-"),
         });
         match e {
             None => tracing::info!(
-                method, path, status, rule, outcome, pod, source = %source, token = %token, request_id, elapsed, "request"
+                method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, "request"
             ),
             Some(e) if *e.esource() == ErrorSource::Downstream => {
-                tracing::debug!(method, path, status, rule, outcome, pod, source = %source, token = %token, request_id, elapsed, error = %e, "client went away")
+                tracing::debug!(method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, error = %e, "client went away")
             }
             Some(e) => {
-                tracing::warn!(method, path, status, rule, outcome, pod, source = %source, token = %token, request_id, elapsed, error = %e, "request failed")
+                tracing::warn!(method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, error = %e, "request failed")
             }
         }
     }

@@ -1,6 +1,9 @@
-//! Where a request carries its token, and how to get it out without disturbing the
-//! request: headers and the query string are read in place; a JSON body is read whole
-//! (it is small and bounded); a multipart form is read only until its `token` field.
+//! Where a request carries a token, and every token it carries.
+//!
+//! A rule lists its sources **in the order GitLab reads them** (the table is in
+//! [`crate::rules`]). [`collect`] gathers every non-empty value of every source, so
+//! [`crate::decision`] can route by the one GitLab authenticates and refuse a request
+//! whose tokens disagree.
 
 use std::fmt;
 use std::str::FromStr;
@@ -8,221 +11,264 @@ use std::str::FromStr;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-/// Most body bytes read to find a token (Workhorse refuses `jobs/request` bodies
-/// larger than this with 413, so no legitimate runner sends more).
-pub const MAX_TOKEN_BODY: usize = 32 * 1024;
+use crate::params::{self, BodyKind, Malformed, MultipartEnd, Pairs};
 
 /// One place a token may be.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TokenSource {
-    /// A header holding the bare token (`RUNNER-TOKEN`, `JOB-TOKEN`, `PRIVATE-TOKEN`).
+    /// A header holding the bare token (`RUNNER-TOKEN`, `JOB-TOKEN`, `PRIVATE-TOKEN`,
+    /// `Deploy-Token`).
     Header(http::HeaderName),
     /// `Authorization: Bearer <token>`.
     Bearer,
-    /// `Authorization: Basic base64(user:<token>)`: the token is the password.
+    /// `Authorization: Basic base64(user:<token>)`: the token is the password
+    /// (`gitlab-ci-token:<job token>`, `<user>:<PAT>`, `<deploy user>:<deploy token>`).
     Basic,
-    /// A query parameter (`token`, `private_token`, `job_token`).
+    /// A Grape parameter (`params[:name]` in the runner and job endpoints): the query
+    /// string and a JSON, form or multipart body, the body's value beating the query's
+    /// (`Rack::Request#params` is `GET.merge(POST)`; [`crate::params`]).
+    Param(String),
+    /// A Rails parameter (`current_request.params[...]` in GitLab's auth finders,
+    /// `lib/gitlab/auth/auth_finders.rb`): the same places, but the query's value
+    /// beats the body's (`ActionDispatch::Http::Parameters#parameters` is
+    /// `request_parameters.merge(query_parameters)`).
+    RailsParam(String),
+    /// A query parameter only.
     Query(String),
-    /// A top-level string field of a JSON body (`token`).
-    JsonBody(String),
-    /// A field of a `multipart/form-data` body (`token`).
-    Multipart(String),
+}
+
+/// Where a value was found, for metrics and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// The request head (a header or `Authorization`).
+    Head,
+    /// The query string.
+    Query,
+    /// A body of this kind (`json`, `form`, `multipart`).
+    Body(&'static str),
+}
+
+/// One token found in a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// The token.
+    pub token: String,
+    /// Index of its source in the rule's `sources`.
+    pub source: usize,
+    /// Where exactly.
+    pub place: Place,
+}
+
+/// What a request carries for a rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    /// Every token, in source order (within a source: query, then body, each in
+    /// request order).
+    pub candidates: Vec<Candidate>,
+    /// Index into `candidates` of the token GitLab authenticates: the first source
+    /// that has one; within a parameter, the body's last value, else the query's last.
+    pub chosen: Option<usize>,
+    /// A multipart body was cut by the look-ahead: fields after it are unknown.
+    pub truncated: bool,
+}
+
+/// A body prefix read before routing.
+#[derive(Clone, Copy, Debug)]
+pub struct Body<'a> {
+    /// The bytes read, from the start of the body.
+    pub bytes: &'a [u8],
+    /// Whether they are the whole body.
+    pub complete: bool,
+}
+
+/// Headers listed in `Connection:` (hop-by-hop, RFC 9110 §7.6.1): removed before
+/// forwarding, so never used to route.
+pub fn connection_listed(headers: &HeaderMap) -> Vec<http::HeaderName> {
+    headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| http::HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .filter(|n| {
+            // `Connection: upgrade` / `keep-alive` / `close` name no header a token
+            // could be in; `Upgrade` itself must reach the upstream for WebSockets.
+            *n != http::header::UPGRADE
+        })
+        .collect()
+}
+
+/// Every token the request carries in `sources`, and the one GitLab authenticates.
+/// `body` is the prefix read for a parameter source (`None`: not read, because the
+/// rule has no parameter source or the body carries no parameters).
+pub fn collect(
+    sources: &[TokenSource],
+    headers: &HeaderMap,
+    query: Option<&str>,
+    body: Option<(&BodyKind, Body<'_>)>,
+    hop_by_hop: &[http::HeaderName],
+) -> Result<Found, Malformed> {
+    let mut found = Found::default();
+    let mut values = Vec::new();
+    for (i, src) in sources.iter().enumerate() {
+        let start = found.candidates.len();
+        let mut chosen = None;
+        match src {
+            TokenSource::Header(name) if hop_by_hop.contains(name) => {}
+            TokenSource::Header(name) => {
+                for v in headers.get_all(name) {
+                    if let Some(t) = v.to_str().ok().map(str::trim).filter(|t| !t.is_empty()) {
+                        values.push(t.to_owned());
+                    }
+                }
+                push(&mut found, &mut values, i, Place::Head);
+            }
+            TokenSource::Bearer | TokenSource::Basic => {
+                if !hop_by_hop.contains(&http::header::AUTHORIZATION) {
+                    for v in headers.get_all(http::header::AUTHORIZATION) {
+                        if let Some(t) = credentials(v, src) {
+                            values.push(t);
+                        }
+                    }
+                }
+                push(&mut found, &mut values, i, Place::Head);
+            }
+            TokenSource::Query(name) => {
+                if let Some(q) = query {
+                    params::form_values(q.as_bytes(), name, Pairs::Query, &mut values)?;
+                }
+                push(&mut found, &mut values, i, Place::Query);
+            }
+            TokenSource::Param(name) | TokenSource::RailsParam(name) => {
+                if let Some(q) = query {
+                    params::form_values(q.as_bytes(), name, Pairs::Query, &mut values)?;
+                }
+                push(&mut found, &mut values, i, Place::Query);
+                let query_end = found.candidates.len();
+                if let Some((kind, body)) = body {
+                    body_values(kind, body, name, &mut values, &mut found.truncated)?;
+                    push(&mut found, &mut values, i, Place::Body(kind.label()));
+                }
+                let end = found.candidates.len();
+                // The last value of the winning place: the body for Grape, the query
+                // for Rails.
+                let (first, second) = if matches!(src, TokenSource::Param(_)) {
+                    ((query_end, end), (start, query_end))
+                } else {
+                    ((start, query_end), (query_end, end))
+                };
+                chosen = [first, second]
+                    .into_iter()
+                    .find(|(a, b)| b > a)
+                    .map(|(_, b)| b - 1);
+            }
+        }
+        if chosen.is_none() && found.candidates.len() > start {
+            chosen = Some(found.candidates.len() - 1);
+        }
+        if found.chosen.is_none() {
+            found.chosen = chosen;
+        }
+    }
+    Ok(found)
+}
+
+fn push(found: &mut Found, values: &mut Vec<String>, source: usize, place: Place) {
+    for token in values.drain(..) {
+        found.candidates.push(Candidate {
+            token,
+            source,
+            place,
+        });
+    }
+}
+
+/// Every value of `name` in a body of `kind`.
+fn body_values(
+    kind: &BodyKind,
+    body: Body<'_>,
+    name: &str,
+    values: &mut Vec<String>,
+    truncated: &mut bool,
+) -> Result<(), Malformed> {
+    match kind {
+        BodyKind::Json => params::json_values(body.bytes, name, values),
+        BodyKind::Form => params::form_values(body.bytes, name, Pairs::Form, values),
+        BodyKind::Untyped => {
+            // Rack reads a form, Grape JSON: a body that is JSON is read as JSON,
+            // anything else as a form.
+            let before = values.len();
+            if params::json_values(body.bytes, name, values).is_err() {
+                values.truncate(before);
+                params::form_values(body.bytes, name, Pairs::Form, values)?;
+            }
+            Ok(())
+        }
+        BodyKind::Multipart(boundary) => {
+            let end = params::multipart_values(body.bytes, boundary, name, body.complete, values)?;
+            *truncated |= end == MultipartEnd::Truncated;
+            Ok(())
+        }
+        BodyKind::Opaque => Ok(()),
+    }
+}
+
+/// The token of an `Authorization` value of `src`'s scheme (`Bearer` or `Basic`,
+/// case-insensitive).
+fn credentials(v: &http::HeaderValue, src: &TokenSource) -> Option<String> {
+    let (scheme, rest) = v.to_str().ok()?.trim().split_once(' ')?;
+    let rest = rest.trim();
+    match src {
+        TokenSource::Bearer if scheme.eq_ignore_ascii_case("bearer") => {
+            (!rest.is_empty()).then(|| rest.to_owned())
+        }
+        TokenSource::Basic if scheme.eq_ignore_ascii_case("basic") => {
+            use base64::Engine as _;
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(rest)
+                .ok()?;
+            let text = String::from_utf8(decoded).ok()?;
+            let (_, password) = text.split_once(':')?;
+            (!password.is_empty()).then(|| password.to_owned())
+        }
+        _ => None,
+    }
 }
 
 impl TokenSource {
-    /// Whether the body must be read to look here.
-    pub fn needs_body(&self) -> bool {
-        matches!(self, TokenSource::JsonBody(_) | TokenSource::Multipart(_))
+    /// Whether a body may hold this source's token.
+    pub fn reads_body(&self) -> bool {
+        matches!(self, TokenSource::Param(_) | TokenSource::RailsParam(_))
     }
 
-    /// Look in the request head (headers and query). Body sources return `None`.
-    pub fn from_head(&self, headers: &HeaderMap, query: Option<&str>) -> Option<String> {
-        match self {
-            TokenSource::Header(name) => headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned),
-            TokenSource::Bearer => authorization(headers, "bearer").map(str::to_owned),
-            TokenSource::Basic => {
-                use base64::Engine as _;
-                let raw = authorization(headers, "basic")?;
-                let decoded = base64::engine::general_purpose::STANDARD.decode(raw).ok()?;
-                let text = String::from_utf8(decoded).ok()?;
-                let (_, password) = text.split_once(':')?;
-                (!password.is_empty()).then(|| password.to_owned())
+    /// The metric label of a value found at `place` (`json:token`, `query:token`,
+    /// `header:job-token`, `basic`).
+    pub fn label(&self, place: Place) -> String {
+        match (self, place) {
+            (TokenSource::Param(n) | TokenSource::RailsParam(n), Place::Body(kind)) => {
+                format!("{kind}:{n}")
             }
-            TokenSource::Query(name) => query_param(query?, name),
-            TokenSource::JsonBody(_) | TokenSource::Multipart(_) => None,
+            (TokenSource::Param(n) | TokenSource::RailsParam(n) | TokenSource::Query(n), _) => {
+                format!("query:{n}")
+            }
+            _ => self.to_string(),
         }
     }
-}
 
-/// The credentials of `Authorization: <scheme> <credentials>` (scheme case-insensitive).
-fn authorization<'a>(headers: &'a HeaderMap, scheme: &str) -> Option<&'a str> {
-    let v = headers
-        .get(http::header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .trim();
-    let (s, rest) = v.split_once(' ')?;
-    s.eq_ignore_ascii_case(scheme)
-        .then(|| rest.trim())
-        .filter(|t| !t.is_empty())
-}
-
-/// The first value of query parameter `name`, percent-decoded.
-pub fn query_param(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_decode(k)? == name)
-            .then(|| percent_decode(v))
-            .flatten()
-            .filter(|v| !v.is_empty())
-    })
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// What reading a body for a token found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BodyScan {
-    /// The token.
-    Found(String),
-    /// The body (or prefix) holds no such field.
-    Absent,
-    /// More bytes are needed to decide.
-    NeedMore,
-    /// The body cannot be read as the declared type (malformed JSON or form).
-    Malformed(&'static str),
-}
-
-/// The top-level string field `field` of a complete JSON object.
-pub fn json_field(body: &[u8], field: &str) -> BodyScan {
-    #[derive(Deserialize)]
-    struct Any<'a>(
-        #[serde(borrow)] std::collections::HashMap<std::borrow::Cow<'a, str>, serde_json::Value>,
-    );
-    match serde_json::from_slice::<Any<'_>>(body) {
-        Ok(Any(map)) => match map.get(field) {
-            Some(serde_json::Value::String(t)) if !t.is_empty() => BodyScan::Found(t.clone()),
-            _ => BodyScan::Absent,
-        },
-        Err(_) if body.iter().all(u8::is_ascii_whitespace) => BodyScan::Absent,
-        Err(_) => BodyScan::Malformed("body is not a JSON object"),
-    }
-}
-
-/// The boundary of a `multipart/form-data` content type.
-pub fn multipart_boundary(content_type: &str) -> Option<String> {
-    let (mime, params) = content_type.split_once(';')?;
-    if !mime.trim().eq_ignore_ascii_case("multipart/form-data") {
-        return None;
-    }
-    params.split(';').find_map(|p| {
-        let (k, v) = p.trim().split_once('=')?;
-        k.trim()
-            .eq_ignore_ascii_case("boundary")
-            .then(|| v.trim().trim_matches('"').to_owned())
-            .filter(|b| !b.is_empty())
-    })
-}
-
-/// Find form field `field` in a prefix of a multipart body. Reads parts in order and
-/// stops at the first part that is neither the field nor small: an artifact `file`
-/// part means the token, if any, is not in the body before it.
-pub fn multipart_field(prefix: &[u8], boundary: &str, field: &str, complete: bool) -> BodyScan {
-    let delim = format!("--{boundary}");
-    let mut pos = match find(prefix, delim.as_bytes(), 0) {
-        Some(p) => p + delim.len(),
-        None if complete || prefix.len() >= MAX_TOKEN_BODY => return BodyScan::Absent,
-        None => return BodyScan::NeedMore,
-    };
-    loop {
-        // After a delimiter: "--" ends the form, else CRLF then the part's headers.
-        if prefix[pos..].starts_with(b"--") {
-            return BodyScan::Absent;
-        }
-        let Some(head_end) = find(prefix, b"\r\n\r\n", pos) else {
-            return more(prefix, complete);
+    /// Every label [`Self::label`] can return, to render them once.
+    pub fn labels(&self) -> Vec<(Place, String)> {
+        let places: &[Place] = match self {
+            TokenSource::Param(_) | TokenSource::RailsParam(_) => &[
+                Place::Query,
+                Place::Body("json"),
+                Place::Body("form"),
+                Place::Body("multipart"),
+            ],
+            TokenSource::Query(_) => &[Place::Query],
+            _ => &[Place::Head],
         };
-        let head = String::from_utf8_lossy(&prefix[pos..head_end]);
-        let name = part_name(&head);
-        let body_start = head_end + 4;
-        let next = find(prefix, format!("\r\n{delim}").as_bytes(), body_start);
-        match (name.as_deref() == Some(field), next) {
-            (true, Some(end)) => {
-                return match std::str::from_utf8(&prefix[body_start..end]) {
-                    Ok(t) if !t.trim().is_empty() => BodyScan::Found(t.trim().to_owned()),
-                    _ => BodyScan::Malformed("multipart token field is not text"),
-                };
-            }
-            (true, None) => return more(prefix, complete),
-            (false, Some(end)) => pos = end + 2 + delim.len(),
-            // A large part (the artifact) before any token: stop reading.
-            (false, None) => {
-                return if complete || prefix.len() >= MAX_TOKEN_BODY || head.contains("filename=") {
-                    BodyScan::Absent
-                } else {
-                    BodyScan::NeedMore
-                };
-            }
-        }
+        places.iter().map(|p| (*p, self.label(*p))).collect()
     }
-}
-
-fn more(prefix: &[u8], complete: bool) -> BodyScan {
-    if complete || prefix.len() >= MAX_TOKEN_BODY {
-        BodyScan::Absent
-    } else {
-        BodyScan::NeedMore
-    }
-}
-
-fn part_name(head: &str) -> Option<String> {
-    head.lines()
-        .find(|l| {
-            l.split_once(':')
-                .is_some_and(|(k, _)| k.trim().eq_ignore_ascii_case("content-disposition"))
-        })?
-        .split(';')
-        .find_map(|p| {
-            let (k, v) = p.trim().split_once('=')?;
-            (k.trim() == "name").then(|| v.trim().trim_matches('"').to_owned())
-        })
-}
-
-fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    if from > hay.len() || needle.is_empty() {
-        return None;
-    }
-    hay[from..]
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
 }
 
 impl fmt::Display for TokenSource {
@@ -231,9 +277,9 @@ impl fmt::Display for TokenSource {
             TokenSource::Header(h) => write!(f, "header:{}", h.as_str()),
             TokenSource::Bearer => f.write_str("bearer"),
             TokenSource::Basic => f.write_str("basic"),
+            TokenSource::Param(p) => write!(f, "param:{p}"),
+            TokenSource::RailsParam(p) => write!(f, "rails-param:{p}"),
             TokenSource::Query(q) => write!(f, "query:{q}"),
-            TokenSource::JsonBody(j) => write!(f, "json:{j}"),
-            TokenSource::Multipart(m) => write!(f, "multipart:{m}"),
         }
     }
 }
@@ -256,11 +302,14 @@ impl FromStr for TokenSource {
                 .map_err(|_| format!("{s:?}: not a valid header name")),
             "bearer" if arg.is_empty() => Ok(TokenSource::Bearer),
             "basic" if arg.is_empty() => Ok(TokenSource::Basic),
+            "param" => need("parameter name").map(TokenSource::Param),
+            "rails-param" => need("parameter name").map(TokenSource::RailsParam),
             "query" => need("parameter name").map(TokenSource::Query),
-            "json" => need("field name").map(TokenSource::JsonBody),
-            "multipart" => need("field name").map(TokenSource::Multipart),
+            "json" | "multipart" | "form" => Err(format!(
+                "{s:?}: body fields are read as GitLab reads them, from every body type: use param:{arg}"
+            )),
             _ => Err(format!(
-                "{s:?}: expected header:NAME, bearer, basic, query:NAME, json:FIELD or multipart:FIELD"
+                "{s:?}: expected header:NAME, bearer, basic, param:NAME, rails-param:NAME or query:NAME"
             )),
         }
     }
@@ -286,7 +335,7 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.insert(
+            h.append(
                 http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
                 v.parse().unwrap(),
             );
@@ -294,33 +343,125 @@ mod tests {
         h
     }
 
+    fn srcs(list: &[&str]) -> Vec<TokenSource> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn tokens(f: &Found) -> Vec<&str> {
+        f.candidates.iter().map(|c| c.token.as_str()).collect()
+    }
+
+    fn chosen(f: &Found) -> Option<&str> {
+        f.chosen.map(|i| f.candidates[i].token.as_str())
+    }
+
     #[test]
-    fn head_sources() {
+    fn body_beats_query_and_the_last_value_wins() {
+        let s = srcs(&["param:token", "header:runner-token"]);
+        let h = headers(&[("runner-token", "hdr")]);
+        let body = Body {
+            bytes: b"token=b1&token=b2",
+            complete: true,
+        };
+        let f = collect(
+            &s,
+            &h,
+            Some("token=q1&token=q2"),
+            Some((&BodyKind::Form, body)),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(tokens(&f), ["q1", "q2", "b1", "b2", "hdr"]);
+        assert_eq!(chosen(&f), Some("b2"));
+        assert_eq!(f.candidates[3].place, Place::Body("form"));
+        // No body value: the query's last.
+        let f = collect(&s, &h, Some("token=q1&token=q2"), None, &[]).unwrap();
+        assert_eq!(chosen(&f), Some("q2"));
+        // Rails parameters: the query beats the body.
+        let rails = srcs(&["rails-param:token"]);
+        let f = collect(
+            &rails,
+            &h,
+            Some("token=q1&token=q2"),
+            Some((&BodyKind::Form, body)),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(chosen(&f), Some("q2"));
+        // No parameter at all: the header.
+        let f = collect(&s, &h, None, None, &[]).unwrap();
+        assert_eq!(chosen(&f), Some("hdr"));
+    }
+
+    #[test]
+    fn authorization_schemes_and_hop_by_hop_headers() {
+        let s = srcs(&["header:job-token", "bearer", "basic"]);
+        // user "gitlab-ci-token", password "glcbt-1".
         let h = headers(&[
-            ("job-token", " glcbt-abc "),
-            ("authorization", "Bearer glrt-xyz"),
+            ("job-token", " glcbt-j "),
+            ("job-token", "glcbt-k"),
+            ("authorization", "basic Z2l0bGFiLWNpLXRva2VuOmdsY2J0LTE="),
         ]);
-        let src: TokenSource = "header:JOB-TOKEN".parse().unwrap();
-        assert_eq!(src.from_head(&h, None).as_deref(), Some("glcbt-abc"));
+        let f = collect(&s, &h, None, None, &[]).unwrap();
+        assert_eq!(tokens(&f), ["glcbt-j", "glcbt-k", "glcbt-1"]);
+        assert_eq!(chosen(&f), Some("glcbt-k"));
+        let hop = connection_listed(&headers(&[("connection", "close, Job-Token, upgrade")]));
         assert_eq!(
-            TokenSource::Bearer.from_head(&h, None).as_deref(),
-            Some("glrt-xyz")
+            hop,
+            [
+                http::HeaderName::from_static("close"),
+                http::HeaderName::from_static("job-token")
+            ]
         );
-        assert_eq!(TokenSource::Basic.from_head(&h, None), None);
-        // user "x", password "glpat-1": the token is the password.
-        let basic = headers(&[("authorization", "basic eDpnbHBhdC0x")]);
+        let f = collect(&s, &h, None, None, &hop).unwrap();
+        assert_eq!(tokens(&f), ["glcbt-1"]);
+        let bearer = headers(&[("authorization", "Bearer glpat-x")]);
         assert_eq!(
-            TokenSource::Basic.from_head(&basic, None).as_deref(),
-            Some("glpat-1")
+            chosen(&collect(&s, &bearer, None, None, &[]).unwrap()),
+            Some("glpat-x")
         );
-        let q = TokenSource::Query("job_token".into());
+    }
+
+    #[test]
+    fn malformed_parameters_and_truncated_multipart() {
+        let s = srcs(&["param:token"]);
+        let h = HeaderMap::new();
+        assert!(collect(&s, &h, Some("token=%zz"), None, &[]).is_err());
+        let json = Body {
+            bytes: b"{\"token\":",
+            complete: true,
+        };
         assert_eq!(
-            q.from_head(&h, Some("a=1&job_token=glcbt-%2Bq&b"))
-                .as_deref(),
-            Some("glcbt-+q")
+            collect(&s, &h, None, Some((&BodyKind::Json, json)), &[]),
+            Err(Malformed::Json)
         );
-        assert_eq!(q.from_head(&h, Some("job_token=")), None);
-        assert_eq!(q.from_head(&h, None), None);
+        let mp = Body {
+            bytes:
+                b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\n\r\nPK",
+            complete: false,
+        };
+        let f = collect(
+            &s,
+            &h,
+            None,
+            Some((&BodyKind::Multipart("B".into()), mp)),
+            &[],
+        )
+        .unwrap();
+        assert!(f.truncated && f.candidates.is_empty());
+        // An untyped POST body that is JSON is read as JSON, else as a form.
+        let untyped = Body {
+            bytes: b"{\"token\":\"j\"}",
+            complete: true,
+        };
+        let f = collect(&s, &h, None, Some((&BodyKind::Untyped, untyped)), &[]).unwrap();
+        assert_eq!(chosen(&f), Some("j"));
+        let untyped = Body {
+            bytes: b"token=f",
+            complete: true,
+        };
+        let f = collect(&s, &h, None, Some((&BodyKind::Untyped, untyped)), &[]).unwrap();
+        assert_eq!(chosen(&f), Some("f"));
     }
 
     #[test]
@@ -329,17 +470,23 @@ mod tests {
             "header:runner-token",
             "bearer",
             "basic",
+            "param:token",
+            "rails-param:private_token",
             "query:token",
-            "json:token",
-            "multipart:token",
         ] {
             assert_eq!(s.parse::<TokenSource>().unwrap().to_string(), s);
         }
         assert!(
-            "json"
+            "param"
                 .parse::<TokenSource>()
                 .unwrap_err()
-                .contains("field name")
+                .contains("parameter name")
+        );
+        assert!(
+            "json:token"
+                .parse::<TokenSource>()
+                .unwrap_err()
+                .contains("param:token")
         );
         assert!(
             "cookie:x"
@@ -347,51 +494,9 @@ mod tests {
                 .unwrap_err()
                 .contains("expected")
         );
-    }
-
-    #[test]
-    fn json_bodies() {
-        assert_eq!(
-            json_field(br#"{"info":{"token":"no"},"token":"glrt-1"}"#, "token"),
-            BodyScan::Found("glrt-1".into())
-        );
-        assert_eq!(
-            json_field(br#"{"system_id":"s"}"#, "token"),
-            BodyScan::Absent
-        );
-        assert_eq!(json_field(br#"{"token": 5}"#, "token"), BodyScan::Absent);
-        assert_eq!(json_field(b"", "token"), BodyScan::Absent);
-        assert!(matches!(
-            json_field(b"{\"token\":", "token"),
-            BodyScan::Malformed(_)
-        ));
-    }
-
-    #[test]
-    fn multipart_bodies() {
-        let b = "XyZ";
-        assert_eq!(
-            multipart_boundary("multipart/form-data; boundary=\"XyZ\"").as_deref(),
-            Some(b)
-        );
-        assert_eq!(multipart_boundary("application/json"), None);
-        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"token\"\r\n\r\nglcbt-77\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.zip\"\r\n\r\nPK....";
-        assert_eq!(
-            multipart_field(body, b, "token", false),
-            BodyScan::Found("glcbt-77".into())
-        );
-        // Only part of the token part has arrived.
-        assert_eq!(
-            multipart_field(&body[..50], b, "token", false),
-            BodyScan::NeedMore
-        );
-        // The file comes first: no token in the body, stop reading at once.
-        let file_first = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.zip\"\r\n\r\nPK....";
-        assert_eq!(
-            multipart_field(file_first, b, "token", false),
-            BodyScan::Absent
-        );
-        let end = b"--XyZ\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n1\r\n--XyZ--\r\n";
-        assert_eq!(multipart_field(end, b, "token", true), BodyScan::Absent);
+        let p: TokenSource = "param:token".parse().unwrap();
+        assert_eq!(p.label(Place::Body("json")), "json:token");
+        assert_eq!(p.label(Place::Query), "query:token");
+        assert_eq!(p.labels().len(), 4);
     }
 }

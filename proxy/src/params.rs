@@ -1,0 +1,445 @@
+//! Request parameters the way Rack and Grape read them, to find every value of a
+//! token parameter (`token`, `private_token`, `job_token`, …) a request carries.
+//!
+//! GitLab's API is Grape on Rack. `params[:token]` there is built from:
+//!
+//! - the query string and a form body (`application/x-www-form-urlencoded` or any
+//!   `multipart/*` with a boundary), merged as `GET.merge(POST)`: a body value beats
+//!   the query's (`Rack::Request#params`, `rack/lib/rack/request.rb`);
+//! - a JSON body, parsed by Grape's formatter and merged over the form hash
+//!   (`Grape::Middleware::Formatter#read_rack_input`, `lib/grape/middleware/formatter.rb`).
+//!   A POST with no content type is read both as a form (`Rack::Request#form_data?`)
+//!   and as JSON (Grape's default format).
+//!
+//! Within one source a repeated key keeps its **last** value
+//! (`Rack::QueryParser#normalize_params`). `token[]=…` or `token[k]=…` make
+//! `params[:token]` an array or a hash, which GitLab's `type: String` parameters
+//! refuse; an invalid `%` escape is a 400 (`Rack::QueryParser::InvalidParameterError`,
+//! and GitLab's `Gitlab::Middleware::HandleMalformedStrings`). Multipart parts are
+//! found as Rack's parser finds them (`rack/lib/rack/multipart/parser.rb`): the
+//! `Content-Disposition` header and its `name=` parameter are matched without regard
+//! to case, the name itself is case-sensitive, and a part with a `filename` is a file
+//! (a hash, not a string).
+//!
+//! Every function here collects **all** values in order, so the caller can both pick
+//! the one GitLab keeps (the last of the winning source) and check that every value
+//! agrees (the proxy's safety rule).
+
+use std::borrow::Cow;
+
+use thiserror::Error;
+
+/// Why a request's parameters cannot be read as GitLab would. Not transient: the
+/// client must fix its request (the proxy answers 400).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum Malformed {
+    /// An invalid `%` escape (Rack refuses the whole parameter set).
+    #[error("invalid %-encoding in the {0}")]
+    PercentEncoding(&'static str),
+    /// A JSON body that is not JSON.
+    #[error("the body is not valid JSON")]
+    Json,
+    /// A multipart body that Rack could not parse.
+    #[error("multipart body: {0}")]
+    Multipart(&'static str),
+    /// The token parameter is an array, a hash or a file, not a string.
+    #[error("parameter {0:?} is not a single string")]
+    NotAString(String),
+}
+
+/// How a body is turned into parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BodyKind {
+    /// `application/json` (or `…+json`): Grape's JSON parser.
+    Json,
+    /// `application/x-www-form-urlencoded`.
+    Form,
+    /// `multipart/*` with this boundary.
+    Multipart(String),
+    /// No content type on a POST: Rack reads a form, Grape reads JSON.
+    Untyped,
+    /// Any other type (`text/plain` traces, octet streams): not parameters.
+    Opaque,
+}
+
+impl BodyKind {
+    /// The kind of body a request with this `Content-Type` and method carries.
+    /// `Err` for a multipart type without a boundary (Rack: "bad content body").
+    pub fn of(content_type: Option<&str>, method: &http::Method) -> Result<BodyKind, Malformed> {
+        let Some(ct) = content_type.map(str::trim).filter(|c| !c.is_empty()) else {
+            // Grape reads an untyped POST, PUT, PATCH or DELETE body in the API's
+            // default format, JSON (`read_body_input`); Rack reads an untyped POST as
+            // a form too (`Rack::Request#form_data?`).
+            return Ok(match *method {
+                http::Method::POST => BodyKind::Untyped,
+                http::Method::PUT | http::Method::PATCH | http::Method::DELETE => BodyKind::Json,
+                _ => BodyKind::Opaque,
+            });
+        };
+        let media = ct.split(';').next().unwrap_or("").trim();
+        if media.eq_ignore_ascii_case("application/json")
+            || media.len() > 5 && media[media.len() - 5..].eq_ignore_ascii_case("+json")
+        {
+            Ok(BodyKind::Json)
+        } else if media.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+            Ok(BodyKind::Form)
+        } else if media.len() >= 10 && media[..10].eq_ignore_ascii_case("multipart/") {
+            boundary(ct)
+                .map(BodyKind::Multipart)
+                .ok_or(Malformed::Multipart("no boundary in the content type"))
+        } else {
+            Ok(BodyKind::Opaque)
+        }
+    }
+
+    /// Whether the body must be read whole to find parameters (JSON and forms; a
+    /// multipart body is read only up to the look-ahead).
+    pub fn whole(&self) -> bool {
+        matches!(self, BodyKind::Json | BodyKind::Form | BodyKind::Untyped)
+    }
+
+    /// The metric label of where a body parameter was found.
+    pub fn label(&self) -> &'static str {
+        match self {
+            BodyKind::Json => "json",
+            BodyKind::Form | BodyKind::Untyped => "form",
+            BodyKind::Multipart(_) => "multipart",
+            BodyKind::Opaque => "body",
+        }
+    }
+}
+
+/// The `boundary` parameter of a multipart content type (Rack's `MULTIPART`
+/// pattern: `boundary=` found without regard to case, quotes optional).
+fn boundary(content_type: &str) -> Option<String> {
+    content_type.split(';').skip(1).find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| v.trim().trim_matches('"').to_owned())
+            .filter(|b| !b.is_empty())
+    })
+}
+
+/// Where `key=value` pairs come from: Rack 2.2 splits a query string on `&` and `;`
+/// (`parse_query(query_string, '&;')`) but a form body on `&` only
+/// (`parse_query(form_vars, '&')`, `rack/lib/rack/request.rb`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pairs {
+    /// The query string.
+    Query,
+    /// An `application/x-www-form-urlencoded` body.
+    Form,
+}
+
+/// Every non-empty value of `name` in a query string or form body, in order.
+pub fn form_values(
+    data: &[u8],
+    name: &str,
+    pairs: Pairs,
+    out: &mut Vec<String>,
+) -> Result<(), Malformed> {
+    let where_ = match pairs {
+        Pairs::Query => "query string",
+        Pairs::Form => "form body",
+    };
+    let separator = |b: &u8| *b == b'&' || (pairs == Pairs::Query && *b == b';');
+    for pair in data.split(separator) {
+        let pair = trim_leading_spaces(pair);
+        if pair.is_empty() {
+            continue;
+        }
+        let (k, v) = match pair.iter().position(|b| *b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &b""[..]),
+        };
+        let key = unescape(k).ok_or(Malformed::PercentEncoding(where_))?;
+        let value = unescape(v).ok_or(Malformed::PercentEncoding(where_))?;
+        match rack_key(&key) {
+            (k, "") if k == name && !value.is_empty() => out.push(value.into_owned()),
+            (k, "") if k == name => {}
+            // `token[` is a key of its own; `token[]`, `token[k]`: an array or hash.
+            (k, after) if k == name && after != "[" => {
+                return Err(Malformed::NotAString(name.to_owned()));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Rack 2.2's split of a parameter name into its top-level key and the rest
+/// (`normalize_params`: `name =~ %r(\A[\[\]]*([^\[\]]+)\]*)`): leading brackets
+/// are dropped, so `[token]` and `token]` are `token`, and `token[]` is `token` with
+/// `[]` after it.
+fn rack_key(name: &str) -> (&str, &str) {
+    let rest = name.trim_start_matches(['[', ']']);
+    let end = rest.find(['[', ']']).unwrap_or(rest.len());
+    let (key, after) = rest.split_at(end);
+    (key, after.trim_start_matches(']'))
+}
+
+fn trim_leading_spaces(b: &[u8]) -> &[u8] {
+    let n = b.iter().take_while(|c| **c == b' ').count();
+    &b[n..]
+}
+
+/// `application/x-www-form-urlencoded` unescaping: `+` is a space, `%XX` a byte;
+/// `None` for an invalid escape.
+fn unescape(b: &[u8]) -> Option<Cow<'_, str>> {
+    if !b.iter().any(|c| matches!(c, b'%' | b'+')) {
+        return Some(String::from_utf8_lossy(b));
+    }
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Some(Cow::Owned(String::from_utf8_lossy(&out).into_owned()))
+}
+
+/// Every value of top-level key `name` of a JSON object body, in order (a key
+/// repeated in the object counts each time; Ruby's parser keeps the last). A string
+/// is taken as it is, a number as its text (Grape coerces it); `null` is absent; an
+/// array, object or boolean is not a string. A body that is JSON but not an object
+/// has no parameters (Grape merges only hashes).
+pub fn json_values(body: &[u8], name: &str, out: &mut Vec<String>) -> Result<(), Malformed> {
+    use serde::de::{DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, Visitor};
+
+    struct Collect<'a> {
+        name: &'a str,
+        out: &'a mut Vec<String>,
+    }
+
+    impl<'de> Visitor<'de> for Collect<'_> {
+        type Value = Result<(), Malformed>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut verdict = Ok(());
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                if key == self.name {
+                    match map.next_value::<serde_json::Value>()? {
+                        serde_json::Value::String(s) if !s.is_empty() => self.out.push(s),
+                        serde_json::Value::String(_) | serde_json::Value::Null => {}
+                        serde_json::Value::Number(n) => self.out.push(n.to_string()),
+                        _ => verdict = Err(Malformed::NotAString(self.name.to_owned())),
+                    }
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(verdict)
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Ok(()))
+        }
+
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(Ok(()))
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(Ok(()))
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(Ok(()))
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(Ok(()))
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(Ok(()))
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(Ok(()))
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Collect<'_> {
+        type Value = Result<(), Malformed>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(());
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let verdict = (&mut de)
+        .deserialize_any(Collect { name, out })
+        .map_err(|_| Malformed::Json)?;
+    de.end().map_err(|_| Malformed::Json)?;
+    verdict
+}
+
+/// How far a multipart scan got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MultipartEnd {
+    /// The closing delimiter was seen: every part was read.
+    Complete,
+    /// The prefix ended first (the look-ahead is spent, or the client's first bytes
+    /// were all that was read): parts after it are unknown.
+    Truncated,
+}
+
+/// Every value of form field `name` in a multipart body prefix, in order. `complete`
+/// says the prefix is the whole body: then a missing closing delimiter is an error,
+/// as Rack's "bad content body".
+pub fn multipart_values(
+    prefix: &[u8],
+    boundary: &str,
+    name: &str,
+    complete: bool,
+    out: &mut Vec<String>,
+) -> Result<MultipartEnd, Malformed> {
+    let delim = format!("--{boundary}");
+    let truncated = || {
+        if complete {
+            Err(Malformed::Multipart("the body ends inside a part"))
+        } else {
+            Ok(MultipartEnd::Truncated)
+        }
+    };
+    // Rack skips a preamble up to the first delimiter.
+    let Some(first) = find(prefix, delim.as_bytes(), 0) else {
+        return if complete {
+            Err(Malformed::Multipart("no boundary delimiter in the body"))
+        } else {
+            Ok(MultipartEnd::Truncated)
+        };
+    };
+    let next_delim = format!("\r\n{delim}");
+    let mut pos = first + delim.len();
+    loop {
+        let rest = &prefix[pos..];
+        if rest.starts_with(b"--") {
+            return Ok(MultipartEnd::Complete);
+        }
+        if rest.len() < 2 {
+            return truncated();
+        }
+        if !rest.starts_with(b"\r\n") {
+            return Err(Malformed::Multipart("no line break after a delimiter"));
+        }
+        let head_start = pos + 2;
+        let Some(head_end) = find(prefix, b"\r\n\r\n", head_start) else {
+            return truncated();
+        };
+        let head = String::from_utf8_lossy(&prefix[head_start..head_end]);
+        let body_start = head_end + 4;
+        let end = find(prefix, next_delim.as_bytes(), body_start);
+        if let Some(disposition) = part_disposition(&head)
+            && disposition.name.as_deref() == Some(name)
+        {
+            if disposition.file {
+                return Err(Malformed::NotAString(name.to_owned()));
+            }
+            let Some(end) = end else {
+                return truncated();
+            };
+            let value = String::from_utf8_lossy(&prefix[body_start..end]);
+            if !value.is_empty() {
+                out.push(value.into_owned());
+            }
+        }
+        match end {
+            Some(end) => pos = end + next_delim.len(),
+            None => return truncated(),
+        }
+    }
+}
+
+/// What Rack reads from a part's `Content-Disposition`.
+struct Disposition {
+    name: Option<String>,
+    file: bool,
+}
+
+/// Rack: `Content-Disposition:[^:]*;\s*name=(VALUE)` and `filename=` /
+/// `filename*=`, all case-insensitive (`rack/lib/rack/multipart/parser.rb`).
+fn part_disposition(head: &str) -> Option<Disposition> {
+    let line = head.split("\r\n").find(|l| {
+        l.split_once(':')
+            .is_some_and(|(k, _)| k.trim().eq_ignore_ascii_case("content-disposition"))
+    })?;
+    let (_, value) = line.split_once(':')?;
+    let mut d = Disposition {
+        name: None,
+        file: false,
+    };
+    for param in split_params(value).skip(1) {
+        let Some((k, v)) = param.split_once('=') else {
+            continue;
+        };
+        let k = k.trim();
+        if k.eq_ignore_ascii_case("name") && d.name.is_none() {
+            d.name = Some(unquote(v.trim()));
+        } else if k.eq_ignore_ascii_case("filename") || k.eq_ignore_ascii_case("filename*") {
+            d.file = true;
+        }
+    }
+    Some(d)
+}
+
+/// `;`-separated parameters, with `;` inside double quotes kept.
+fn split_params(s: &str) -> impl Iterator<Item = &str> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            ';' if !quoted => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts.into_iter()
+}
+
+fn unquote(v: &str) -> String {
+    match v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+        Some(inner) => inner.replace("\\\"", "\""),
+        None => v.to_owned(),
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    if from > hay.len() || needle.is_empty() {
+        return None;
+    }
+    hay[from..]
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| p + from)
+}
+
+#[cfg(test)]
+mod tests;
