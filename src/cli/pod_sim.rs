@@ -39,6 +39,33 @@ pub(crate) struct PodSimArgs {
     /// Answer every n-th job pick with 409 Conflict (0: never).
     #[arg(long, default_value_t = 0)]
     conflict_every: u64,
+    /// The URL runners reach this Pod at (e.g. the proxy's), used in job payloads
+    /// (`CI_SERVER_URL`, `git_info.repo_url`). Default: `http://<listen address>`.
+    #[arg(long)]
+    external_url: Option<String>,
+    /// A line of the generated jobs' script; repeat for more lines (default: echo a
+    /// line and write `out/result.txt`).
+    #[arg(long = "job-script", value_name = "LINE")]
+    job_script: Vec<String>,
+    /// The generated jobs' container image.
+    #[arg(long, value_name = "IMAGE", conflicts_with = "no_job_image")]
+    job_image: Option<String>,
+    /// Generated jobs have no image (`"image": null`), for shell runners.
+    #[arg(long)]
+    no_job_image: bool,
+    /// An artifact path of the generated jobs; repeat for more (default: `out/`).
+    #[arg(
+        long = "job-artifact",
+        value_name = "PATH",
+        conflicts_with = "no_job_artifacts"
+    )]
+    job_artifacts: Vec<String>,
+    /// Generated jobs upload no artifacts.
+    #[arg(long)]
+    no_job_artifacts: bool,
+    /// The generated jobs' stage.
+    #[arg(long, value_name = "STAGE")]
+    job_stage: Option<String>,
 }
 
 pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
@@ -54,6 +81,23 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
     config.job_rate = args.job_rate;
     config.long_poll = Duration::from_secs(args.long_poll);
     config.conflict_every = args.conflict_every;
+    config.external_url = args.external_url;
+    if !args.job_script.is_empty() {
+        config.job.script = args.job_script;
+    }
+    if args.no_job_image {
+        config.job.image = None;
+    } else if let Some(image) = args.job_image {
+        config.job.image = Some(image);
+    }
+    if args.no_job_artifacts {
+        config.job.artifacts.clear();
+    } else if !args.job_artifacts.is_empty() {
+        config.job.artifacts = args.job_artifacts;
+    }
+    if let Some(stage) = args.job_stage {
+        config.job.stage = stage;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -70,6 +114,14 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
             sim.state().registration_token()
         );
         println!("pod-sim: metrics on http://{}/metrics", sim.addr());
+        println!(
+            "pod-sim: jobs clone {}/{}.git at {}",
+            sim.external_url(),
+            sim.project_path(),
+            sim.commit_sha()
+                .unwrap_or("(no repository: is git installed?)")
+        );
+        println!("pod-sim: control API on http://{}/-/podsim", sim.addr());
         super::shutdown_signal().await;
         let misrouted = sim.metrics().misrouted.get();
         println!("pod-sim: stopping; misrouted requests: {misrouted}");
