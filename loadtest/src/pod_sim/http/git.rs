@@ -44,11 +44,7 @@ pub(crate) struct GitRequest {
 }
 
 /// Whether `path` is a Git smart HTTP request: its metric label and what to run.
-pub(crate) fn route(
-    _shared: &Shared,
-    path: &str,
-    method: &Method,
-) -> Option<(&'static str, GitRequest)> {
+pub(crate) fn route(path: &str, method: &Method) -> Option<(&'static str, GitRequest)> {
     let (repo, rest) = path.split_once(".git/")?;
     let (label, service) = match (method, rest) {
         (&Method::GET, "info/refs") => ("git_info_refs", Service::InfoRefs),

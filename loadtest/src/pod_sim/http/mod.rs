@@ -145,7 +145,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> (&'static str, Respon
     if let Some(rest) = path.strip_prefix("/-/podsim") {
         return ("control", control::route(shared, req, rest).await);
     }
-    if let Some((endpoint, resp)) = git::route(shared, &path, req.method()) {
+    if let Some((endpoint, resp)) = git::route(&path, req.method()) {
         return (endpoint, resp.run(shared, req).await);
     }
     let Some(rest) = path.strip_prefix("/api/v4/") else {
