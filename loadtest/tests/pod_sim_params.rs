@@ -380,6 +380,22 @@ async fn job_endpoints_take_the_token_parameter_then_job_token() {
     .await;
     assert_eq!(r.status, 403, "the query token wins over JOB-TOKEN");
 
+    // A form-encoded trace patch: Rack reads its token from the body, and the body as
+    // received is what is appended.
+    let body = format!("token={token}");
+    let r = form(
+        a,
+        "PATCH",
+        &format!("{path}/trace"),
+        &["content-range: 3-3", "job-token: glcbt-wrong"],
+        &body,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.header("range")),
+        (202, Some(format!("0-{}", 3 + body.len()).as_str()))
+    );
+
     // Artifacts: the token field after the file part, before it, or only the header
     // (as gitlab-python-runner sends: file part first, then two fields).
     let up = format!("{path}/artifacts");
@@ -397,6 +413,28 @@ async fn job_endpoints_take_the_token_parameter_then_job_token() {
     ];
     let r = multipart(a, "POST", &up, &[&hdr], &parts).await;
     assert_eq!(r.status, 201);
+    // A repeated token field keeps its last value, wherever the file part is.
+    for (parts, status) in [
+        (
+            vec![
+                file("file", "a.zip", b"two"),
+                field("token", "glcbt-wrong"),
+                field("token", &token),
+            ],
+            201,
+        ),
+        (
+            vec![
+                field("token", &token),
+                file("file", "a.zip", b"x"),
+                field("token", "glcbt-wrong"),
+            ],
+            403,
+        ),
+    ] {
+        let r = multipart(a, "POST", &up, &[], &parts).await;
+        assert_eq!(r.status, status);
+    }
     // A wrong token field beats a right header.
     let parts = [
         file("file", "a.zip", b"three"),
