@@ -77,7 +77,12 @@ pub struct Pod {
     /// Whether it takes traffic.
     #[serde(default)]
     pub state: PodState,
-    /// Relative share of traffic for requests not bound to a Pod (≥ 1).
+    /// Deprecated; routing ignores it (≥ 1, default 1). A request bound to a Pod
+    /// goes to that Pod and an unbound one to the default Pod, so there is no
+    /// traffic to share between Pods, and one number per Pod cannot weight the
+    /// upstreams inside it: the proxy spreads a Pod's traffic evenly over its
+    /// healthy upstream addresses (`podgate-proxy`'s `upstreams`). Still accepted,
+    /// so existing topology files and the Pod JSON stored in Redis keep parsing.
     #[serde(default = "default_weight")]
     pub weight: u32,
     /// Free-form labels (`region = "eu"`).

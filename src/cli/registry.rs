@@ -76,7 +76,8 @@ enum PodsCommand {
         /// kas upstream `host:port` (repeatable).
         #[arg(long)]
         kas: Vec<String>,
-        /// Relative weight.
+        /// Deprecated and ignored by routing (a Pod's traffic is spread evenly over
+        /// its upstreams); accepted so existing scripts keep working.
         #[arg(long, default_value_t = 1)]
         weight: u32,
         /// Label `key=value` (repeatable).

@@ -448,3 +448,40 @@ pub async fn admin_get(proxy: &Proxy, path: &str) -> (u16, String) {
     let (status, _, body) = send(proxy.admin, &format!("GET {path} HTTP/1.1"), b"").await;
     (status, body)
 }
+
+/// [`start_proxy`], keeping the proxy's log (its stderr, at the default level or
+/// `PODGATE_TEST_LOG`'s) in `proxy.log` in `dir`; read it with [`proxy_log`].
+pub async fn start_proxy_logged(config_body: &str, dir: tempfile::TempDir) -> Proxy {
+    let (port, admin) = (free_port(), free_port());
+    let config = format!(
+        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\ngrace_period_secs = 0\nupgrade_sock = \"{sock}\"\n{config_body}",
+        sock = dir.path().join("upgrade.sock").display()
+    );
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, config).unwrap();
+    let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_podgate"));
+    cmd.args(["proxy", "--config", path.to_str().unwrap()]);
+    if let Ok(filter) = std::env::var("PODGATE_TEST_LOG") {
+        cmd.env("PODGATE_LOG", filter);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap();
+    let proxy = Proxy {
+        child,
+        port,
+        admin,
+        config: path,
+        dir,
+    };
+    wait_accepting(port).await;
+    proxy
+}
+
+/// What a proxy started with [`start_proxy_logged`] has logged so far.
+pub fn proxy_log(proxy: &Proxy) -> String {
+    std::fs::read_to_string(proxy.dir.path().join("proxy.log")).unwrap_or_default()
+}

@@ -1,0 +1,187 @@
+//! Upstreams named by host name: resolved off the request path by the proxy's
+//! load balancers. A name that resolves works like an address; one that does not
+//! costs only its own Pod (a JSON 503 and a log line), never the process.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Stub, admin_get, proxy_log, send, start_proxy_logged, v1};
+use podgate_registry::testing::{eventually, free_port};
+
+/// The value of the metric line starting with `prefix` (labels included).
+fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `text` without terminal colour codes (the log is coloured even into a file).
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ parameters final-letter
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn runner_request(pod: u64) -> String {
+    format!(
+        "POST /api/v4/jobs/request HTTP/1.1\r\nrunner-token: {}",
+        v1(pod)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostname_upstream_works_and_an_unresolvable_one_costs_only_its_pod() {
+    let (legacy, pod2) = (Stub::start(1).await, Stub::start(2).await);
+    let config = format!(
+        r#"[topology]
+        default_pod = 1
+        [[topology.pods]]
+        id = 1
+        name = "legacy"
+        web = ["{legacy}"]
+        [[topology.pods]]
+        id = 2
+        name = "pod-2"
+        web = ["localhost:{pod2_port}"]
+        [[topology.pods]]
+        id = 3
+        name = "pod-3"
+        web = ["no-such-host.invalid:80"]
+        "#,
+        legacy = legacy.addr,
+        pod2_port = pod2.addr.port(),
+    );
+    let mut proxy = start_proxy_logged(&config, tempfile::tempdir().unwrap()).await;
+
+    // A host name resolves (to the stub on 127.0.0.1).
+    let (status, _, body) = send(proxy.port, &runner_request(2), b"{}").await;
+    assert_eq!((status, body.as_str()), (200, r#"{"pod":2}"#));
+
+    // A name that does not resolve: a JSON 503 for its Pod, nothing forwarded.
+    let (status, headers, body) = send(proxy.port, &runner_request(3), b"{}").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
+    assert_eq!(headers.get("retry-after").map(String::as_str), Some("5"));
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let message = json["message"].as_str().unwrap();
+    assert!(message.contains("unresolved_upstream"), "{message}");
+
+    // The other Pods are unaffected, and the process still serves.
+    let (status, _, body) = send(proxy.port, "GET /api/v4/version HTTP/1.1", b"").await;
+    assert_eq!((status, body.as_str()), (200, r#"{"pod":1}"#));
+    for _ in 0..3 {
+        let (status, _, _) = send(proxy.port, &runner_request(3), b"{}").await;
+        assert_eq!(status, 503);
+        let (status, _, body) = send(proxy.port, &runner_request(2), b"{}").await;
+        assert_eq!((status, body.as_str()), (200, r#"{"pod":2}"#));
+    }
+    assert_eq!(pod2.seen().len(), 4);
+    assert_eq!(legacy.seen().len(), 1);
+    assert!(
+        proxy.child.try_wait().unwrap().is_none(),
+        "the proxy exited"
+    );
+
+    // The log says which upstream of which Pod, and why; nothing panicked.
+    let log = eventually(
+        Duration::from_secs(10),
+        "the resolution warning",
+        || async {
+            let log = plain(&proxy_log(&proxy));
+            log.contains("does not resolve").then_some(log)
+        },
+    )
+    .await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("does not resolve"))
+        .unwrap();
+    assert!(line.contains("no-such-host.invalid:80"), "{line}");
+    assert!(line.contains("pod=3"), "{line}");
+    assert!(!log.contains("panicked"), "{log}");
+
+    // The health gauge tells the two apart.
+    let (_, text) = admin_get(&proxy, "/metrics").await;
+    assert_eq!(
+        metric(
+            &text,
+            r#"podgate_proxy_upstream_healthy{pod="3",pool="web",upstream="no-such-host.invalid:80"}"#
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            &format!(
+                r#"podgate_proxy_upstream_healthy{{pod="2",pool="web",upstream="localhost:{}"}}"#,
+                pod2.addr.port()
+            )
+        ),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+/// A host name whose address refuses connections, beside a live one: every request
+/// is answered by the same Pod, the dead address costing a retry at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_hostname_upstream_fails_over_within_its_pod() {
+    let (legacy, alive) = (Stub::start(1).await, Stub::start(5).await);
+    let dead = free_port();
+    let config = format!(
+        r#"[health]
+        enabled = false
+        [topology]
+        default_pod = 1
+        [[topology.pods]]
+        id = 1
+        name = "legacy"
+        web = ["{legacy}"]
+        [[topology.pods]]
+        id = 5
+        name = "pod-5"
+        web = ["localhost:{dead}", "localhost:{alive}"]
+        "#,
+        legacy = legacy.addr,
+        alive = alive.addr.port(),
+    );
+    let proxy = start_proxy_logged(&config, tempfile::tempdir().unwrap()).await;
+    for i in 0..6 {
+        let (status, _, body) = send(proxy.port, &runner_request(5), b"{}").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, r#"{"pod":5}"#),
+            "request {i}"
+        );
+    }
+    assert_eq!(alive.seen().len(), 6);
+    assert!(legacy.seen().is_empty());
+    let (_, text) = admin_get(&proxy, "/metrics").await;
+    let failures = metric(
+        &text,
+        r#"podgate_proxy_upstream_connect_failures_total{pod="5"}"#,
+    )
+    .unwrap_or(0.0);
+    assert!(
+        (1.0..=6.0).contains(&failures),
+        "round robin tries the dead address for some requests: {failures}"
+    );
+}
