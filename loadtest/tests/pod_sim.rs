@@ -351,6 +351,18 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
     )
     .await;
     assert_eq!(r.status, 204);
+    // That manager is gone; one never seen is not found either.
+    for system_id in ["s_1", "s_never"] {
+        let r = post_json(
+            a,
+            "DELETE",
+            "/api/v4/runners/managers",
+            &[],
+            json!({"token": new, "system_id": system_id}),
+        )
+        .await;
+        assert_eq!(r.status, 404, "{system_id}");
+    }
     let r = post_json(a, "DELETE", "/api/v4/runners", &[], json!({"token": new})).await;
     assert_eq!(r.status, 204);
     assert_eq!(

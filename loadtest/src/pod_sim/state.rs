@@ -1,7 +1,7 @@
 //! The Pod's state: runners, the job queue, jobs and their traces and artifacts.
 //! No I/O besides the artifact files, so the rules are unit-tested here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -141,6 +141,8 @@ struct Inner {
     next_runner: u64,
     /// Runner token → runner id.
     runners: HashMap<String, u64>,
+    /// (runner id, system id) of the runner managers seen.
+    managers: HashSet<(u64, String)>,
     next_job: u64,
     queue: VecDeque<u64>,
     jobs: HashMap<u64, Job>,
@@ -302,6 +304,17 @@ impl State {
     pub fn runner(&self, token: &str) -> Owner<u64> {
         let found = self.lock().runners.get(token).copied();
         self.owner(token, found)
+    }
+
+    /// `current_runner_manager`: the runner `runner` runs on `system_id`
+    /// (`params.fetch(:system_id, '<legacy>')`, `lib/api/ci/helpers/runner.rb`).
+    pub fn ensure_manager(&self, runner: u64, system_id: &str) {
+        self.lock().managers.insert((runner, system_id.to_owned()));
+    }
+
+    /// Remove a runner manager: whether there was one.
+    pub fn remove_manager(&self, runner: u64, system_id: &str) -> bool {
+        self.lock().managers.remove(&(runner, system_id.to_owned()))
     }
 
     /// Forget a runner's token.

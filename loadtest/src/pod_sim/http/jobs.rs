@@ -42,6 +42,7 @@ pub(crate) async fn request(shared: &Shared, req: Request<Incoming>) -> Response
         Ok(id) => id,
         Err(r) => return r,
     };
+    super::runners::ensure_manager(shared, runner, &parsed.params);
     let last_update = parsed
         .params
         .get("last_update")

@@ -1,7 +1,9 @@
 //! Registration and the other runner-token endpoints (`lib/api/ci/runner.rb`,
 //! `resource :runners`). Each declares `requires :token, type: String` (400 when it
 //! is missing) and authenticates `params[:token]` only: the `RUNNER-TOKEN` header
-//! new runners also send is not read (403 for a wrong token).
+//! new runners also send is not read (403 for a wrong token). Verify, reset and
+//! `jobs/request` record the runner manager of `system_id` (`DELETE
+//! /runners/managers` of an unknown one is 404).
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -71,12 +73,25 @@ pub(crate) async fn verify(shared: &Shared, req: Request<Incoming>) -> Response<
     }
     let token = runner_token(&parsed.params);
     match authenticate_runner(shared, &token) {
-        Ok(id) => reply(
-            StatusCode::OK,
-            json!({ "id": id, "token": token, "token_expires_at": expires_at() }),
-        ),
+        Ok(id) => {
+            ensure_manager(shared, id, &parsed.params);
+            reply(
+                StatusCode::OK,
+                json!({ "id": id, "token": token, "token_expires_at": expires_at() }),
+            )
+        }
         Err(r) => r,
     }
+}
+
+/// `authenticate_runner!` with `ensure_runner_manager: true` records the manager of
+/// `params[:system_id]`, `<legacy>` without one.
+pub(crate) fn ensure_manager(shared: &Shared, runner: u64, params: &super::super::params::Params) {
+    let system_id = params
+        .get("system_id")
+        .and_then(Value::as_str)
+        .unwrap_or("<legacy>");
+    shared.state.ensure_manager(runner, system_id);
 }
 
 /// `DELETE /runners`.
@@ -117,8 +132,16 @@ pub(crate) async fn managers(shared: &Shared, req: Request<Incoming>) -> Respons
     if let Err(r) = declared.check(&parsed.params) {
         return r;
     }
+    let system_id = parsed
+        .params
+        .get("system_id")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     match authenticate_runner(shared, &runner_token(&parsed.params)) {
-        Ok(_) => empty(StatusCode::NO_CONTENT),
+        Ok(runner) if shared.state.remove_manager(runner, system_id) => {
+            empty(StatusCode::NO_CONTENT)
+        }
+        Ok(_) => message(StatusCode::NOT_FOUND, "404 Runner manager not found"),
         Err(r) => r,
     }
 }
@@ -138,8 +161,9 @@ pub(crate) async fn reset(shared: &Shared, req: Request<Incoming>) -> Response<B
         return r;
     }
     let token = runner_token(&parsed.params);
-    if let Err(r) = authenticate_runner(shared, &token) {
-        return r;
+    match authenticate_runner(shared, &token) {
+        Ok(id) => ensure_manager(shared, id, &parsed.params),
+        Err(r) => return r,
     }
     match shared.state.reset_token(&token) {
         Ok(Some(new)) => reply(
