@@ -4,7 +4,7 @@
 //!
 //! The contract:
 //! - the request goes to the Pod of the token **GitLab authenticates** (the first of
-//!   the rule's sources that has one, see [`crate::sources::collect`]);
+//!   the rule's sources that has one, see [`crate::sources::lookup`]);
 //! - **every** token the request carries in any source GitLab might read must name
 //!   that same Pod (an unroutable token names the default Pod): one invalid token is a
 //!   401, two Pods are a 400 `conflicting_tokens`, and nothing is forwarded;
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::params::BodyKind;
 use crate::rules::Rule;
-use crate::sources::{self, Body, Candidate};
+use crate::sources::{self, Body, Candidate, Lookup};
 
 /// What to do with a request whose token is invalid.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,45 +169,45 @@ pub fn route_by_token(
     classifier: &Classifier,
     on_invalid: OnInvalid,
 ) -> Decision {
-    let found = match sources::collect(
+    let (candidates, chosen) = match sources::lookup(
         &rule.sources,
         request.headers,
         request.query,
         request.body,
         request.hop_by_hop,
     ) {
-        Ok(f) => f,
-        Err(e) => {
+        Lookup::Found { candidates, chosen } => (candidates, chosen),
+        Lookup::Malformed(e) => {
             return Decision {
                 outcome: Outcome::Refused(Refusal::bad_request("malformed_body", e.to_string())),
                 token: None,
             };
         }
-    };
-    let Some(chosen) = found.chosen else {
-        let outcome = if found.truncated {
-            Outcome::Refused(Refusal::bad_request(
-                "token_not_found",
-                "no token within the body look-ahead; send it in a header or before the file part",
-            ))
-        } else if rule.requires_token {
-            Outcome::Refused(Refusal::bad_request(
-                "token_not_found",
-                "this endpoint needs a token and the request carries none",
-            ))
-        } else {
-            to_legacy(topology, "no_token")
-        };
-        return Decision {
-            outcome,
-            token: None,
-        };
+        Lookup::Absent { truncated } => {
+            let outcome = if truncated {
+                Outcome::Refused(Refusal::bad_request(
+                    "token_not_found",
+                    "no token within the body look-ahead; send it in a header or before the file part",
+                ))
+            } else if rule.requires_token {
+                Outcome::Refused(Refusal::bad_request(
+                    "token_not_found",
+                    "this endpoint needs a token and the request carries none",
+                ))
+            } else {
+                to_legacy(topology, "no_token")
+            };
+            return Decision {
+                outcome,
+                token: None,
+            };
+        }
     };
     // Every token must name the same Pod (an unroutable one names the default Pod).
     let label = |c: &Candidate| rule.sources[c.source].label(c.place);
     let mut chosen_class = None;
     let mut first: Option<(Option<PodId>, usize)> = None;
-    for (i, c) in found.candidates.iter().enumerate() {
+    for (i, c) in candidates.iter().enumerate() {
         let class = classifier.classify(&c.token);
         let pod = match &class {
             Classification::Routable(id) => Some(id.pod),
@@ -226,15 +226,17 @@ pub fn route_by_token(
             None => first = Some((pod, i)),
             Some((p, j)) if p != pod => {
                 let name = |p: Option<PodId>| p.map_or("no Pod".to_owned(), |p| format!("Pod {p}"));
-                let other = &found.candidates[j];
+                let other = &candidates[j];
                 return Decision {
                     outcome: Outcome::Refused(Refusal::bad_request(
                         "conflicting_tokens",
                         format!(
-                            "the token in {} names {}, the token in {} names {}",
+                            "the token in {} ({}) names {}, the token in {} ({}) names {}",
                             label(other),
+                            podgate_tokens::fingerprint(&other.token),
                             name(p),
                             label(c),
+                            podgate_tokens::fingerprint(&c.token),
                             name(pod)
                         ),
                     )),
@@ -247,7 +249,7 @@ pub fn route_by_token(
             chosen_class = Some(class);
         }
     }
-    let token = found.candidates[chosen].clone();
+    let token = candidates[chosen].clone();
     let outcome = match chosen_class {
         Some(class) => decide(&class, topology, on_invalid),
         None => to_legacy(topology, "no_token"),

@@ -8,8 +8,7 @@
 //!   the query's (`Rack::Request#params`, `rack/lib/rack/request.rb`);
 //! - a JSON body, parsed by Grape's formatter and merged over the form hash
 //!   (`Grape::Middleware::Formatter#read_rack_input`, `lib/grape/middleware/formatter.rb`).
-//!   A POST with no content type is read both as a form (`Rack::Request#form_data?`)
-//!   and as JSON (Grape's default format).
+//!   A POST with no content type is a form (`Rack::Request#form_data?`).
 //!
 //! Within one source a repeated key keeps its **last** value
 //! (`Rack::QueryParser#normalize_params`). `token[]=…` or `token[k]=…` make
@@ -56,8 +55,6 @@ pub enum BodyKind {
     Form,
     /// `multipart/*` with this boundary.
     Multipart(String),
-    /// No content type on a POST: Rack reads a form, Grape reads JSON.
-    Untyped,
     /// Any other type (`text/plain` traces, octet streams): not parameters.
     Opaque,
 }
@@ -67,13 +64,15 @@ impl BodyKind {
     /// `Err` for a multipart type without a boundary (Rack: "bad content body").
     pub fn of(content_type: Option<&str>, method: &http::Method) -> Result<BodyKind, Malformed> {
         let Some(ct) = content_type.map(str::trim).filter(|c| !c.is_empty()) else {
-            // Grape reads an untyped POST, PUT, PATCH or DELETE body in the API's
-            // default format, JSON (`read_body_input`); Rack reads an untyped POST as
-            // a form too (`Rack::Request#form_data?`).
-            return Ok(match *method {
-                http::Method::POST => BodyKind::Untyped,
-                http::Method::PUT | http::Method::PATCH | http::Method::DELETE => BodyKind::Json,
-                _ => BodyKind::Opaque,
+            // Rack reads an untyped POST body as a form (`Rack::Request#form_data?`).
+            // Grape reads it in the default format, which GitLab leaves at `:txt`
+            // (`lib/api/api.rb` sets only `format :json`; grape
+            // `lib/grape/endpoint.rb`: `default_format: … || :txt`), and has no
+            // parser for text: no JSON.
+            return Ok(if *method == http::Method::POST {
+                BodyKind::Form
+            } else {
+                BodyKind::Opaque
             });
         };
         let media = ct.split(';').next().unwrap_or("").trim();
@@ -95,14 +94,14 @@ impl BodyKind {
     /// Whether the body must be read whole to find parameters (JSON and forms; a
     /// multipart body is read only up to the look-ahead).
     pub fn whole(&self) -> bool {
-        matches!(self, BodyKind::Json | BodyKind::Form | BodyKind::Untyped)
+        matches!(self, BodyKind::Json | BodyKind::Form)
     }
 
     /// The metric label of where a body parameter was found.
     pub fn label(&self) -> &'static str {
         match self {
             BodyKind::Json => "json",
-            BodyKind::Form | BodyKind::Untyped => "form",
+            BodyKind::Form => "form",
             BodyKind::Multipart(_) => "multipart",
             BodyKind::Opaque => "body",
         }

@@ -93,6 +93,11 @@ pub struct Rule {
     /// the default Pod.
     #[serde(default)]
     pub requires_token: bool,
+    /// Largest body read whole to find a token, when smaller than
+    /// `body_lookahead_bytes` (413 above it). `jobs/request`: 32 KiB, as Workhorse
+    /// (`workhorse/internal/builds/register.go`, `maxRegisterBodySize`).
+    #[serde(default)]
+    pub max_body_bytes: Option<usize>,
     /// For `route-to-pod`: the Pod.
     #[serde(default)]
     pub pod: Option<PodId>,
@@ -147,6 +152,9 @@ impl Rule {
             }
             _ => {}
         }
+        if self.max_body_bytes == Some(0) {
+            bad.push(format!("{at}.max_body_bytes: must be positive"));
+        }
         if self.read_timeout_secs == 0 {
             bad.push(format!("{at}.read_timeout_secs: must be positive"));
         }
@@ -183,6 +191,7 @@ fn rule(
         cookie: None,
         action: ActionKind::RouteByToken,
         requires_token: false,
+        max_body_bytes: None,
         sources: sources
             .iter()
             .map(|s| s.parse().expect("built-in sources parse"))
@@ -318,7 +327,8 @@ pub fn builtin() -> Vec<Rule> {
         rule(
             "kas-agent",
             &[],
-            PathMatch::Prefix("/-/kubernetes-agent/".into()),
+            // Normalised like every path: `/-/kubernetes-agent/` has lost its `/`.
+            re(r"^/-/kubernetes-agent(/.*)?$"),
             &["bearer"],
             Pool::Kas,
             7200,
@@ -362,6 +372,9 @@ pub fn builtin() -> Vec<Rule> {
     ];
     for r in &mut rules {
         r.requires_token = NEED_TOKEN.contains(&r.name.as_str());
+        if r.name == "jobs-request" {
+            r.max_body_bytes = Some(32 * 1024);
+        }
     }
     rules.push(Rule {
         name: "session".into(),
@@ -371,6 +384,7 @@ pub fn builtin() -> Vec<Rule> {
         cookie: Some("_gitlab_session".into()),
         action: ActionKind::SessionPrefix,
         requires_token: false,
+        max_body_bytes: None,
         sources: vec![],
         pod: None,
         pool: Pool::Web,
@@ -384,6 +398,7 @@ pub fn builtin() -> Vec<Rule> {
         cookie: None,
         action: ActionKind::Default,
         requires_token: false,
+        max_body_bytes: None,
         sources: vec![],
         pod: None,
         pool: Pool::Web,

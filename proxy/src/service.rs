@@ -172,9 +172,25 @@ impl PodGate {
         if let Some(k) = &kind
             && !session.is_body_empty()
         {
-            match read_body(session, self.body_lookahead, k.whole()).await? {
-                Ok(read) => body = Some(read),
-                Err(refusal) => return Ok(refused(refusal)),
+            let limit = match rule.max_body_bytes {
+                Some(max) if k.whole() => max.min(self.body_lookahead),
+                _ => self.body_lookahead,
+            };
+            let read = read_body(session, limit, k.whole()).await?;
+            if session.retry_buffer_truncated() {
+                return Ok(refused(too_large(limit)));
+            }
+            if k.whole() && !read.complete {
+                // A JSON or form body past the look-ahead. Runner and job endpoints
+                // carry small bodies (Workhorse refuses `jobs/request` over 32 KiB):
+                // refuse. The general API takes large ones (commits, snippets):
+                // route by the head, as the cells router does.
+                if rule.requires_token {
+                    return Ok(refused(too_large(limit)));
+                }
+                kind = None;
+            } else {
+                body = Some(read);
             }
         }
         let head = session.req_header();
@@ -222,23 +238,24 @@ struct ReadBody {
     complete: bool,
 }
 
-/// Read the start of the request body before choosing the upstream: all of it when
-/// `whole` (JSON and forms; more than `limit` bytes is a 413), else until it ends or
-/// `limit` bytes are read (multipart; the rest streams unbuffered). What is read is
-/// replayed upstream byte for byte from pingora's retry buffer, sized so a read that
-/// crosses `limit` still fits. `Ok(Err(_))`: refuse the request.
-async fn read_body(
-    session: &mut Session,
-    limit: usize,
-    whole: bool,
-) -> Result<std::result::Result<ReadBody, Refusal>> {
-    let too_large = || Refusal {
+/// A 413 for a body that must be read whole and is larger than `limit`.
+fn too_large(limit: usize) -> Refusal {
+    Refusal {
         status: 413,
         code: "body_too_large",
         detail: format!(
             "the body must be read to find the token, and is larger than {limit} bytes"
         ),
-    };
+    }
+}
+
+/// Read the start of the request body before choosing the upstream, until it ends
+/// or more than (`whole`: JSON, forms) or at least (multipart) `limit` bytes are
+/// read; a body declared larger than `limit` that must be read whole is not read at
+/// all (`complete` false, no bytes). What is read is replayed upstream byte for byte
+/// from pingora's retry buffer, sized so the read that crosses `limit` still fits;
+/// the rest streams.
+async fn read_body(session: &mut Session, limit: usize, whole: bool) -> Result<ReadBody> {
     let declared = session
         .req_header()
         .headers
@@ -246,7 +263,10 @@ async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<usize>().ok());
     if whole && declared.is_some_and(|n| n > limit) {
-        return Ok(Err(too_large()));
+        return Ok(ReadBody {
+            bytes: Vec::new(),
+            complete: false,
+        });
     }
     // One read returns at most pingora's 64 KiB body buffer.
     session.enable_retry_buffering_with_capacity(limit + READ_CHUNK_MAX);
@@ -266,20 +286,14 @@ async fn read_body(
         match session.read_request_body().await? {
             Some(chunk) => {
                 bytes.extend_from_slice(&chunk);
-                if whole && bytes.len() > limit {
-                    return Ok(Err(too_large()));
-                }
-                if !whole && bytes.len() >= limit {
+                if (whole && bytes.len() > limit) || (!whole && bytes.len() >= limit) {
                     break session.is_body_done();
                 }
             }
             None => break true,
         }
     };
-    if session.retry_buffer_truncated() {
-        return Ok(Err(too_large()));
-    }
-    Ok(Ok(ReadBody { bytes, complete }))
+    Ok(ReadBody { bytes, complete })
 }
 
 /// `body_lookahead_bytes` by default: pingora's own retry buffer size.
@@ -628,9 +642,15 @@ impl ProxyHttp for PodGate {
             None => f.write_str("-"),
         });
         match e {
-            None => tracing::info!(
-                method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, "request"
-            ),
+            None => match &ctx.outcome {
+                // Refused here: say why, so a client's mistake is visible in the log.
+                Some(Outcome::Refused(r)) => tracing::info!(
+                    method, path, status, rule, outcome, source, token = %token, request_id, elapsed, refusal = %r.detail, "refused"
+                ),
+                _ => tracing::info!(
+                    method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, "request"
+                ),
+            },
             Some(e) if *e.esource() == ErrorSource::Downstream => {
                 tracing::debug!(method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, error = %e, "client went away")
             }

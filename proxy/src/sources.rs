@@ -59,17 +59,56 @@ pub struct Candidate {
     pub place: Place,
 }
 
-/// What a request carries for a rule.
+/// What a lookup of a rule's sources finds in a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// At least one token.
+    Found {
+        /// Every token, in source order (within a parameter: query, then body, each
+        /// in request order). All of them must name one Pod.
+        candidates: Vec<Candidate>,
+        /// Index into `candidates` of the token GitLab authenticates.
+        chosen: usize,
+    },
+    /// No token in any source GitLab reads.
+    Absent {
+        /// A multipart body's look-ahead ended before the body did: a token may be
+        /// in the part not read.
+        truncated: bool,
+    },
+    /// The parameters cannot be read as GitLab reads them (GitLab answers 400).
+    Malformed(Malformed),
+}
+
+/// Every token `request` carries in `sources`, and the one GitLab authenticates.
+/// `body` is the prefix read for a parameter source (`None`: not read, because the
+/// rule has no parameter source or the body carries no parameters).
+pub fn lookup(
+    sources: &[TokenSource],
+    headers: &HeaderMap,
+    query: Option<&str>,
+    body: Option<(&BodyKind, Body<'_>)>,
+    hop_by_hop: &[http::HeaderName],
+) -> Lookup {
+    match collect(sources, headers, query, body, hop_by_hop) {
+        Err(e) => Lookup::Malformed(e),
+        Ok(Found {
+            candidates,
+            chosen: Some(chosen),
+            ..
+        }) => Lookup::Found { candidates, chosen },
+        Ok(Found { truncated, .. }) => Lookup::Absent { truncated },
+    }
+}
+
+/// What [`collect`] gathers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Found {
-    /// Every token, in source order (within a source: query, then body, each in
-    /// request order).
-    pub candidates: Vec<Candidate>,
-    /// Index into `candidates` of the token GitLab authenticates: the first source
-    /// that has one; within a parameter, the body's last value, else the query's last.
-    pub chosen: Option<usize>,
-    /// A multipart body was cut by the look-ahead: fields after it are unknown.
-    pub truncated: bool,
+struct Found {
+    candidates: Vec<Candidate>,
+    /// The first source that has a token; within a Grape parameter the body's last
+    /// value, else the query's last (a Rails parameter: the other way round).
+    chosen: Option<usize>,
+    truncated: bool,
 }
 
 /// A body prefix read before routing.
@@ -98,10 +137,7 @@ pub fn connection_listed(headers: &HeaderMap) -> Vec<http::HeaderName> {
         .collect()
 }
 
-/// Every token the request carries in `sources`, and the one GitLab authenticates.
-/// `body` is the prefix read for a parameter source (`None`: not read, because the
-/// rule has no parameter source or the body carries no parameters).
-pub fn collect(
+fn collect(
     sources: &[TokenSource],
     headers: &HeaderMap,
     query: Option<&str>,
@@ -194,16 +230,6 @@ fn body_values(
     match kind {
         BodyKind::Json => params::json_values(body.bytes, name, values),
         BodyKind::Form => params::form_values(body.bytes, name, Pairs::Form, values),
-        BodyKind::Untyped => {
-            // Rack reads a form, Grape JSON: a body that is JSON is read as JSON,
-            // anything else as a form.
-            let before = values.len();
-            if params::json_values(body.bytes, name, values).is_err() {
-                values.truncate(before);
-                params::form_values(body.bytes, name, Pairs::Form, values)?;
-            }
-            Ok(())
-        }
         BodyKind::Multipart(boundary) => {
             let end = params::multipart_values(body.bytes, boundary, name, body.complete, values)?;
             *truncated |= end == MultipartEnd::Truncated;
@@ -449,19 +475,39 @@ mod tests {
         )
         .unwrap();
         assert!(f.truncated && f.candidates.is_empty());
-        // An untyped POST body that is JSON is read as JSON, else as a form.
-        let untyped = Body {
-            bytes: b"{\"token\":\"j\"}",
-            complete: true,
-        };
-        let f = collect(&s, &h, None, Some((&BodyKind::Untyped, untyped)), &[]).unwrap();
-        assert_eq!(chosen(&f), Some("j"));
-        let untyped = Body {
-            bytes: b"token=f",
-            complete: true,
-        };
-        let f = collect(&s, &h, None, Some((&BodyKind::Untyped, untyped)), &[]).unwrap();
-        assert_eq!(chosen(&f), Some("f"));
+    }
+
+    #[test]
+    fn lookup_is_found_absent_or_malformed() {
+        let s = srcs(&["param:token", "header:job-token"]);
+        let h = headers(&[("job-token", "glcbt-h")]);
+        assert_eq!(
+            lookup(&s, &h, Some("token=q"), None, &[]),
+            Lookup::Found {
+                candidates: vec![
+                    Candidate {
+                        token: "q".into(),
+                        source: 0,
+                        place: Place::Query
+                    },
+                    Candidate {
+                        token: "glcbt-h".into(),
+                        source: 1,
+                        place: Place::Head
+                    },
+                ],
+                chosen: 0,
+            }
+        );
+        let empty = HeaderMap::new();
+        assert_eq!(
+            lookup(&s, &empty, Some("other=1"), None, &[]),
+            Lookup::Absent { truncated: false }
+        );
+        assert_eq!(
+            lookup(&s, &empty, Some("token[]=x"), None, &[]),
+            Lookup::Malformed(Malformed::NotAString("token".into()))
+        );
     }
 
     #[test]

@@ -82,8 +82,8 @@ fn body_kinds() {
         Ok(BodyKind::Multipart("XyZ".into()))
     );
     assert!(BodyKind::of(Some("multipart/form-data"), &post).is_err());
-    assert_eq!(BodyKind::of(None, &post), Ok(BodyKind::Untyped));
-    assert_eq!(BodyKind::of(None, &http::Method::PUT), Ok(BodyKind::Json));
+    assert_eq!(BodyKind::of(None, &post), Ok(BodyKind::Form));
+    assert_eq!(BodyKind::of(None, &http::Method::PUT), Ok(BodyKind::Opaque));
     assert_eq!(BodyKind::of(None, &http::Method::GET), Ok(BodyKind::Opaque));
     assert_eq!(
         BodyKind::of(Some("text/plain"), &post),

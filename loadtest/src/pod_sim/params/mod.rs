@@ -138,7 +138,11 @@ pub(crate) async fn read(req: Request<Incoming>, limits: &Limits<'_>) -> Result<
         raw = collect(body, limits.max_body).await?;
         if !raw.is_empty() {
             match media.as_deref() {
-                None | Some("application/json") => {
+                // No content type: Grape's default format, which GitLab leaves at
+                // `:txt` (`lib/api/api.rb` sets only `format :json`; grape
+                // `lib/grape/endpoint.rb`: `default_format: … || :txt`): no parser.
+                None => {}
+                Some("application/json") => {
                     let v: Value = serde_json::from_slice(&raw).map_err(|_| {
                         Error::BadRequest("message body does not match declared format".into())
                     })?;
@@ -152,8 +156,7 @@ pub(crate) async fn read(req: Request<Incoming>, limits: &Limits<'_>) -> Result<
             }
         }
         if !post_done && form_data {
-            // A POST without a content type whose JSON was not an object: Rack
-            // still reads it as a form.
+            // A POST without a content type: Rack reads it as a form.
             post = rack::parse_nested_query(strip_nul(&raw), rack::FORM_SEPARATORS)?;
         }
     } else if form_data || parseable {
