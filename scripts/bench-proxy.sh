@@ -10,8 +10,16 @@
 # - one connection, one request at a time (the latency a proxy hop adds when nothing
 #   queues): "added p50" compares this pass with the direct one.
 #
+# Three request shapes: the token in the JSON body as a JWT (`jwt`) and as a GitLab v1
+# token (`v1`), as old runners send it, and a new runner's `RUNNER-TOKEN` header with
+# the same token in the body (`hdr`: the proxy reads the body too, to check that the
+# two agree).
+#
 #   ./scripts/bench-proxy.sh                 # 10 s per run, 32 connections
 #   DURATION=30 CONNS=64 ./scripts/bench-proxy.sh
+#   PODGATE=path/to/podgate ./scripts/bench-proxy.sh          # a binary already built
+#   PODGATE_BASELINE=path/to/old/podgate ./scripts/bench-proxy.sh
+#                                            # an older build side by side ("before")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
@@ -24,8 +32,11 @@ podgate_ensure_system_packages
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-32}
 
-cargo build --release --locked --bin podgate >&2
-PODGATE=./target/release/podgate
+if [ -z "${PODGATE:-}" ]; then
+  cargo build --release --locked --bin podgate >&2
+  PODGATE=./target/release/podgate
+fi
+BASELINE=${PODGATE_BASELINE:-}
 
 W=$(mktemp -d)
 PIDS=()
@@ -45,7 +56,7 @@ wait_port() {
   echo "nothing listens on $1" >&2
   return 1
 }
-UP=$(port); PG=$(port); HA=$(port); NX=$(port); ADMIN=$(port)
+UP=$(port); PG=$(port); HA=$(port); NX=$(port); ADMIN=$(port); PB=$(port); ADMIN_B=$(port)
 
 # The upstream: nginx answering like a Pod's Workhorse, 200 with a small JSON body.
 cat > "$W/upstream.conf" <<EOF
@@ -117,18 +128,28 @@ name = "pod-1"
 web = ["127.0.0.1:$UP"]
 EOF
 $PODGATE proxy --config "$W/proxy.toml" & PIDS+=($!)
+TARGETS="direct:$UP podgate:$PG haproxy:$HA nginx:$NX"
+if [ -n "$BASELINE" ]; then
+  sed -e "s/127.0.0.1:$PG/127.0.0.1:$PB/" -e "s/127.0.0.1:$ADMIN/127.0.0.1:$ADMIN_B/" \
+    "$W/proxy.toml" > "$W/baseline.toml"
+  "$BASELINE" proxy --config "$W/baseline.toml" & PIDS+=($!)
+  TARGETS="direct:$UP before:$PB podgate:$PG haproxy:$HA nginx:$NX"
+fi
 
-for p in $UP $HA $NX $PG; do wait_port "$p"; done
+for t in $TARGETS; do wait_port "${t##*:}"; done
 
-lua() {
+lua() { # name token [header]
   cat > "$W/$1.lua" <<EOF
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+${3:+wrk.headers["Runner-Token"] = "$2"}
 wrk.body = '{"token":"$2","system_id":"s_0123456789ab","last_update":"0","info":{"name":"gitlab-runner","version":"17.6.0","executor":"docker","features":{"variables":true,"artifacts":true,"cache":true}}}'
 EOF
 }
 lua jwt "$JWT"
 lua v1 "$V1"
+lua hdr "$V1" header
+TOKENS="jwt v1 hdr"
 
 # Latency "312.00us" / "1.20ms" / "2.00s" → microseconds.
 to_us() { awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n }'; }
@@ -147,8 +168,8 @@ run() { # target port token [conns] → "rps p50 p99"
 
 printf '%-6s %-9s %10s %8s %8s   %9s %8s %8s\n' token target "req/s" p50_us p99_us "1conn_r/s" p50_us p99_us
 declare -A R L
-for tok in jwt v1; do
-  for t in direct:$UP podgate:$PG haproxy:$HA nginx:$NX; do
+for tok in $TOKENS; do
+  for t in $TARGETS; do
     name=${t%%:*}; p=${t##*:}
     read -r rps p50 p99 < <(run "$name" "$p" "$tok")
     read -r lrps lp50 lp99 < <(run "$name" "$p" "$tok" 1)
@@ -158,7 +179,16 @@ for tok in jwt v1; do
   done
 done
 echo
-for tok in jwt v1; do
+for tok in $TOKENS; do
+  if [ -n "$BASELINE" ]; then
+    read -r g_rps _ _ <<<"${R[$tok.podgate]}"
+    read -r b_rps _ _ <<<"${R[$tok.before]}"
+    read -r _ d_p50 _ <<<"${L[$tok.direct]}"
+    read -r _ g_p50 _ <<<"${L[$tok.podgate]}"
+    read -r _ b_p50 _ <<<"${L[$tok.before]}"
+    awk -v t="$tok" -v g="$g_rps" -v b="$b_rps" -v gp="$g_p50" -v bp="$b_p50" -v dp="$d_p50" 'BEGIN {
+      printf "%-4s podgate/before req/s %.2fx; added p50 at one connection: podgate %.0f us, before %.0f us\n", t, g / b, gp - dp, bp - dp }'
+  fi
   read -r g_rps _ _ <<<"${R[$tok.podgate]}"
   read -r h_rps _ _ <<<"${R[$tok.haproxy]}"
   read -r n_rps _ _ <<<"${R[$tok.nginx]}"

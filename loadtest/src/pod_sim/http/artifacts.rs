@@ -22,8 +22,7 @@ use super::super::Shared;
 use super::super::params::{self, Params};
 use super::super::state::{Artifact, JobState, Owner};
 use super::{
-    Body, Declare, authenticate_job, grape_error, header, job_id, job_token, message, misrouted,
-    read, reply,
+    Body, Declare, authenticated_job, grape_error, header, job_id, message, misrouted, read, reply,
 };
 
 /// `Ci::JobArtifact.file_formats`.
@@ -57,14 +56,10 @@ pub(crate) async fn upload(shared: &Shared, req: Request<Incoming>, id: &str) ->
             "artifact_format does not have a valid value",
         );
     }
-    let id = match job_id(id) {
+    let id = match authenticated_job(shared, &parsed, id) {
         Ok(id) => id,
         Err(r) => return r,
     };
-    let token = job_token(&parsed.params, &parsed.headers);
-    if let Err(r) = authenticate_job(shared, &token, id) {
-        return r;
-    }
     let path = params::multipart::artifact_path(shared.artifacts.path(), id);
     if let Err(e) = file.path.persist(&path) {
         return message(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string());

@@ -17,8 +17,8 @@ use super::super::Shared;
 use super::super::repo::{self, BRANCH};
 use super::super::state::{Job, JobState, Pick, Update};
 use super::{
-    Body, Declare, authenticate_job, authenticate_runner, empty, job_id, job_status, job_token,
-    message, read, reply, runner_token,
+    Body, Declare, authenticate_runner, authenticated_job, empty, job_status, message, read,
+    read_declared, reply, runner_token,
 };
 
 /// `jobs/request`: a job at once if one is queued; else hold until the queue ticket
@@ -85,26 +85,19 @@ pub(crate) async fn request(shared: &Shared, req: Request<Incoming>) -> Response
 /// header counts only without one), then `authenticate_job!`. Answers with
 /// `Job-Status` and GitLab's status text as the body.
 pub(crate) async fn update(shared: &Shared, req: Request<Incoming>, id: &str) -> Response<Body> {
-    let parsed = match read(shared, req).await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
     let declared = Declare {
         required: &["token"],
         strings: &["state", "checksum", "failure_reason"],
         hashes: &["output", "info"],
     };
-    if let Err(r) = declared.check(&parsed.params) {
-        return r;
-    }
-    let id = match job_id(id) {
+    let parsed = match read_declared(shared, req, &declared).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let id = match authenticated_job(shared, &parsed, id) {
         Ok(id) => id,
         Err(r) => return r,
     };
-    let token = job_token(&parsed.params, &parsed.headers);
-    if let Err(r) = authenticate_job(shared, &token, id) {
-        return r;
-    }
     let state = match parsed.params.get("state").and_then(Value::as_str) {
         Some("running") | None => JobState::Running,
         Some("success") => JobState::Success,

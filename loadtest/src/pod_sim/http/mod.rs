@@ -209,6 +209,18 @@ pub(crate) fn param_error(e: params::Error) -> Response<Body> {
     }
 }
 
+/// Read the parameters and check them against a Grape `params` block; `Err` is the
+/// response to send.
+pub(crate) async fn read_declared(
+    shared: &Shared,
+    req: Request<Incoming>,
+    declared: &Declare<'_>,
+) -> Result<Parsed, Response<Body>> {
+    let parsed = read(shared, req).await?;
+    declared.check(&parsed.params)?;
+    Ok(parsed)
+}
+
 /// A Grape `params` block: `requires` and `optional` parameters of `type: String`,
 /// and `type: Hash` ones; 400 naming every failure, as Grape does.
 pub(crate) struct Declare<'a> {
@@ -306,6 +318,18 @@ pub(crate) fn authenticate_runner(shared: &Shared, token: &str) -> Result<u64, R
 
 pub(crate) fn job_status(state: JobState) -> HeaderValue {
     HeaderValue::from_static(state.as_str())
+}
+
+/// The path's job id, authenticated by the request's job token
+/// ([`job_id`], [`job_token`], [`authenticate_job`]).
+pub(crate) fn authenticated_job(
+    shared: &Shared,
+    parsed: &Parsed,
+    id: &str,
+) -> Result<u64, Response<Body>> {
+    let id = job_id(id)?;
+    authenticate_job(shared, &job_token(&parsed.params, &parsed.headers), id)?;
+    Ok(id)
 }
 
 /// `authenticate_job!` (`lib/api/ci/helpers/runner.rb`): job `id` must exist, `token`

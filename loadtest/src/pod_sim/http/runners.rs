@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::super::Shared;
 use super::super::state::Owner;
 use super::{
-    Body, Declare, authenticate_runner, empty, forbidden, message, misrouted, read, reply,
+    Body, Declare, authenticate_runner, empty, forbidden, message, misrouted, read_declared, reply,
     runner_token,
 };
 
@@ -23,10 +23,6 @@ fn expires_at() -> Value {
 /// `POST /runners`: the registration token is `params[:token]`
 /// (`Ci::Runners::RegisterRunnerService.new(params[:token], …)`).
 pub(crate) async fn register(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
-    let parsed = match read(shared, req).await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
     let declared = Declare {
         required: &["token"],
         strings: &[
@@ -37,9 +33,10 @@ pub(crate) async fn register(shared: &Shared, req: Request<Incoming>) -> Respons
         ],
         hashes: &["info"],
     };
-    if let Err(r) = declared.check(&parsed.params) {
-        return r;
-    }
+    let parsed = match read_declared(shared, req, &declared).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     match shared
         .state
         .check_registration(&runner_token(&parsed.params))
@@ -59,18 +56,15 @@ pub(crate) async fn register(shared: &Shared, req: Request<Incoming>) -> Respons
 
 /// `POST /runners/verify`.
 pub(crate) async fn verify(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
-    let parsed = match read(shared, req).await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
     let declared = Declare {
         required: &["token"],
         strings: &["system_id"],
         hashes: &["info"],
     };
-    if let Err(r) = declared.check(&parsed.params) {
-        return r;
-    }
+    let parsed = match read_declared(shared, req, &declared).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let token = runner_token(&parsed.params);
     match authenticate_runner(shared, &token) {
         Ok(id) => {
@@ -96,18 +90,15 @@ pub(crate) fn ensure_manager(shared: &Shared, runner: u64, params: &super::super
 
 /// `DELETE /runners`.
 pub(crate) async fn unregister(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
-    let parsed = match read(shared, req).await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
     let declared = Declare {
         required: &["token"],
         strings: &[],
         hashes: &[],
     };
-    if let Err(r) = declared.check(&parsed.params) {
-        return r;
-    }
+    let parsed = match read_declared(shared, req, &declared).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let token = runner_token(&parsed.params);
     match authenticate_runner(shared, &token) {
         Ok(_) => {
@@ -120,18 +111,15 @@ pub(crate) async fn unregister(shared: &Shared, req: Request<Incoming>) -> Respo
 
 /// `DELETE /runners/managers` (`requires :token, :system_id`).
 pub(crate) async fn managers(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
-    let parsed = match read(shared, req).await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
     let declared = Declare {
         required: &["token", "system_id"],
         strings: &[],
         hashes: &[],
     };
-    if let Err(r) = declared.check(&parsed.params) {
-        return r;
-    }
+    let parsed = match read_declared(shared, req, &declared).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let system_id = parsed
         .params
         .get("system_id")
@@ -148,18 +136,15 @@ pub(crate) async fn managers(shared: &Shared, req: Request<Incoming>) -> Respons
 
 /// `POST /runners/reset_authentication_token`.
 pub(crate) async fn reset(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
-    let parsed = match read(shared, req).await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
     let declared = Declare {
         required: &["token"],
         strings: &[],
         hashes: &[],
     };
-    if let Err(r) = declared.check(&parsed.params) {
-        return r;
-    }
+    let parsed = match read_declared(shared, req, &declared).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let token = runner_token(&parsed.params);
     match authenticate_runner(shared, &token) {
         Ok(id) => ensure_manager(shared, id, &parsed.params),

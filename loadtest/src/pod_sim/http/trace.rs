@@ -12,9 +12,7 @@ use hyper::body::Incoming;
 
 use super::super::Shared;
 use super::super::state::{JobState, Trace};
-use super::{
-    Body, Declare, authenticate_job, empty, header, job_id, job_status, job_token, message, read,
-};
+use super::{Body, Declare, authenticated_job, empty, header, job_status, message, read_declared};
 
 /// Ruby's `String#to_i`: optional leading whitespace and sign, then digits (`_`
 /// allowed between them); anything else ends the number; no digits is 0.
@@ -49,26 +47,19 @@ pub(crate) fn range_start(content_range: &str) -> i64 {
 }
 
 pub(crate) async fn patch(shared: &Shared, req: Request<Incoming>, id: &str) -> Response<Body> {
-    let parsed = match read(shared, req).await {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
     let declared = Declare {
         required: &[],
         strings: &["token"],
         hashes: &[],
     };
-    if let Err(r) = declared.check(&parsed.params) {
-        return r;
-    }
-    let id = match job_id(id) {
+    let parsed = match read_declared(shared, req, &declared).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let id = match authenticated_job(shared, &parsed, id) {
         Ok(id) => id,
         Err(r) => return r,
     };
-    let token = job_token(&parsed.params, &parsed.headers);
-    if let Err(r) = authenticate_job(shared, &token, id) {
-        return r;
-    }
     let Some(content_range) = header(&parsed.headers, "content-range") else {
         return message(StatusCode::BAD_REQUEST, "400 Missing header Content-Range");
     };
