@@ -350,9 +350,8 @@ pub fn multipart_values(
         let head = String::from_utf8_lossy(&prefix[head_start..head_end]);
         let body_start = head_end + 4;
         let end = find(prefix, next_delim.as_bytes(), body_start);
-        if let Some(disposition) = part_disposition(&head)
-            && disposition.name.as_deref() == Some(name)
-        {
+        let disposition = part_disposition(&head);
+        if disposition.names.iter().any(|n| n == name) {
             if disposition.file {
                 return Err(Malformed::NotAString(name.to_owned()));
             }
@@ -371,36 +370,65 @@ pub fn multipart_values(
     }
 }
 
-/// What Rack reads from a part's `Content-Disposition`.
+/// What a part is called, and whether it is a file.
 struct Disposition {
-    name: Option<String>,
+    /// Every name the part may have: what a quote-aware reading of
+    /// `Content-Disposition` gives, and what Rack 2.2's greedy pattern gives (they
+    /// differ when a quoted value holds `; name=`), else its `Content-ID` (Rack's
+    /// fallback). Seeing a name too many is safe: one more token to agree.
+    names: Vec<String>,
+    /// It has a `filename`: Rack makes it a hash, not a string.
     file: bool,
 }
 
-/// Rack: `Content-Disposition:[^:]*;\s*name=(VALUE)` and `filename=` /
-/// `filename*=`, all case-insensitive (`rack/lib/rack/multipart/parser.rb`).
-fn part_disposition(head: &str) -> Option<Disposition> {
-    let line = head.split("\r\n").find(|l| {
-        l.split_once(':')
-            .is_some_and(|(k, _)| k.trim().eq_ignore_ascii_case("content-disposition"))
-    })?;
-    let (_, value) = line.split_once(':')?;
+/// Rack 2.2 (`rack/lib/rack/multipart.rb`, `multipart/parser.rb`):
+/// `MULTIPART_CONTENT_DISPOSITION = /Content-Disposition:[^:]*;\s*name=(VALUE)/ni`
+/// with `VALUE = /"(?:\\"|[^"])*"|TOKEN/`; `[^:]*` is greedy, so the last
+/// `; name=` before a `:` wins, quotes or not.
+static RACK_NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new(
+        r#"(?is)content-disposition:[^:]*;\s*name=("(?:\\"|[^"])*"|[^\s()<>,;:\\"/\[\]?=]+)"#,
+    )
+    .expect("Rack's pattern compiles")
+});
+
+/// A part's names (see [`Disposition`]) and whether it is a file, from its head.
+fn part_disposition(head: &str) -> Disposition {
     let mut d = Disposition {
-        name: None,
+        names: Vec::new(),
         file: false,
     };
-    for param in split_params(value).skip(1) {
-        let Some((k, v)) = param.split_once('=') else {
-            continue;
-        };
-        let k = k.trim();
-        if k.eq_ignore_ascii_case("name") && d.name.is_none() {
-            d.name = Some(unquote(v.trim()));
-        } else if k.eq_ignore_ascii_case("filename") || k.eq_ignore_ascii_case("filename*") {
-            d.file = true;
+    let header = |wanted: &str| {
+        head.split("\r\n").find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(wanted).then_some(v)
+        })
+    };
+    if let Some(value) = header("content-disposition") {
+        for param in split_params(value).skip(1) {
+            let Some((k, v)) = param.split_once('=') else {
+                continue;
+            };
+            let k = k.trim();
+            if k.eq_ignore_ascii_case("name") && d.names.is_empty() {
+                d.names.push(unquote(v.trim()));
+            } else if k.eq_ignore_ascii_case("filename") || k.eq_ignore_ascii_case("filename*") {
+                d.file = true;
+            }
         }
     }
-    Some(d)
+    if let Some(c) = RACK_NAME.captures(head) {
+        let rack = unquote(&c[1]);
+        if !d.names.contains(&rack) {
+            d.names.push(rack);
+        }
+    }
+    if d.names.is_empty()
+        && let Some(id) = header("content-id")
+    {
+        d.names.push(id.trim().to_owned());
+    }
+    d
 }
 
 /// `;`-separated parameters, with `;` inside double quotes kept.
@@ -423,9 +451,21 @@ fn split_params(s: &str) -> impl Iterator<Item = &str> {
     parts.into_iter()
 }
 
+/// Rack's `dequote`: surrounding quotes dropped, then every `\x` becomes `x`.
 fn unquote(v: &str) -> String {
     match v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
-        Some(inner) => inner.replace("\\\"", "\""),
+        Some(inner) => {
+            let mut out = String::with_capacity(inner.len());
+            let mut chars = inner.chars();
+            while let Some(c) = chars.next() {
+                out.push(if c == '\\' {
+                    chars.next().unwrap_or(c)
+                } else {
+                    c
+                });
+            }
+            out
+        }
         None => v.to_owned(),
     }
 }
