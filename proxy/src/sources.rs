@@ -1,7 +1,7 @@
 //! Where a request carries a token, and every token it carries.
 //!
 //! A rule lists its sources **in the order GitLab reads them** (the table is in
-//! [`crate::rules`]). [`collect`] gathers every non-empty value of every source, so
+//! [`crate::rules`]). [`lookup`] gathers every non-empty value of every source, so
 //! [`crate::decision`] can route by the one GitLab authenticates and refuse a request
 //! whose tokens disagree.
 
