@@ -139,10 +139,12 @@ fi
 for t in $TARGETS; do wait_port "${t##*:}"; done
 
 lua() { # name token [header]
+  local header=""
+  if [ -n "${3:-}" ]; then header="wrk.headers[\"Runner-Token\"] = \"$2\""; fi
   cat > "$W/$1.lua" <<EOF
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-${3:+wrk.headers["Runner-Token"] = "$2"}
+$header
 wrk.body = '{"token":"$2","system_id":"s_0123456789ab","last_update":"0","info":{"name":"gitlab-runner","version":"17.6.0","executor":"docker","features":{"variables":true,"artifacts":true,"cache":true}}}'
 EOF
 }
