@@ -86,7 +86,7 @@ fn default_admin() -> String {
     "127.0.0.1:9191".into()
 }
 fn default_body_lookahead() -> usize {
-    crate::service::DEFAULT_BODY_LOOKAHEAD
+    crate::body::DEFAULT_BODY_LOOKAHEAD
 }
 fn default_head_timeout() -> u64 {
     30_000

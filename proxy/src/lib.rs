@@ -15,7 +15,8 @@
 //!   `Authorization`, and Rack/Grape parameters from the query and JSON, form and
 //!   multipart bodies — and the one GitLab authenticates.
 //! - [`decision`]: tokens + topology → forward, 400, 401 or 503. Pure and tested.
-//! - [`service`]: [`service::PodGate`], the pingora `ProxyHttp` implementation.
+//! - [`service`]: [`service::PodGate`], the pingora `ProxyHttp` implementation;
+//!   [`body`]: the body prefix it reads before routing.
 //! - [`config`] and [`server`]: `proxy.toml` and `podgate proxy`.
 //!
 //! ## The routing contract
@@ -52,12 +53,14 @@
 //!   binary started with `--upgrade`.
 
 pub mod admin;
+pub mod body;
 pub mod config;
 pub mod decision;
 pub mod health;
 pub mod metrics;
 pub mod params;
 pub mod path;
+mod request_id;
 pub mod rules;
 pub mod server;
 pub mod service;

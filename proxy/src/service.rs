@@ -7,7 +7,6 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -18,9 +17,11 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use podgate_registry::Pod;
 use podgate_tokens::Classifier;
 
+use crate::body::{DEFAULT_BODY_LOOKAHEAD, read_body, too_large};
 use crate::decision::{self, Decision, OnInvalid, Outcome, Refusal};
 use crate::metrics::{self, METRICS};
 use crate::params::BodyKind;
+use crate::request_id::{RequestIds, sane_request_id};
 use crate::rules::{self, ActionKind, Pool, Rule};
 use crate::server::RegistryHandle;
 use crate::sources::{self, Body, Candidate, Place, TokenSource};
@@ -65,47 +66,6 @@ pub struct PodGate {
     body_lookahead: usize,
     /// Per rule, the histogram children, looked up once rather than per request.
     histograms: Vec<metrics::RuleHistograms>,
-}
-
-/// Request ids for requests that come without one: a random per-process prefix and a
-/// counter, 32 hex digits, unique across processes and restarts.
-struct RequestIds {
-    prefix: u64,
-    next: AtomicU64,
-}
-
-impl RequestIds {
-    fn new() -> Self {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        h.write_u32(std::process::id());
-        RequestIds {
-            prefix: h.finish(),
-            next: AtomicU64::new(0),
-        }
-    }
-
-    fn generate(&self) -> String {
-        format!(
-            "{:016x}{:016x}",
-            self.prefix,
-            self.next.fetch_add(1, Ordering::Relaxed)
-        )
-    }
-}
-
-/// A client's `X-Request-Id` is kept if it is short and plain (it goes into logs and
-/// upstream headers); anything else is replaced.
-fn sane_request_id(v: &[u8]) -> bool {
-    !v.is_empty()
-        && v.len() <= 128
-        && v.iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/'))
 }
 
 impl PodGate {
@@ -232,76 +192,6 @@ fn refused(refusal: Refusal) -> Decision {
         token: None,
     }
 }
-
-struct ReadBody {
-    bytes: Vec<u8>,
-    complete: bool,
-}
-
-/// A 413 for a body that must be read whole and is larger than `limit`.
-fn too_large(limit: usize) -> Refusal {
-    Refusal {
-        status: 413,
-        code: "body_too_large",
-        detail: format!(
-            "the body must be read to find the token, and is larger than {limit} bytes"
-        ),
-    }
-}
-
-/// Read the start of the request body before choosing the upstream, until it ends
-/// or more than (`whole`: JSON, forms) or at least (multipart) `limit` bytes are
-/// read; a body declared larger than `limit` that must be read whole is not read at
-/// all (`complete` false, no bytes). What is read is replayed upstream byte for byte
-/// from pingora's retry buffer, sized so the read that crosses `limit` still fits;
-/// the rest streams.
-async fn read_body(session: &mut Session, limit: usize, whole: bool) -> Result<ReadBody> {
-    let declared = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<usize>().ok());
-    if whole && declared.is_some_and(|n| n > limit) {
-        return Ok(ReadBody {
-            bytes: Vec::new(),
-            complete: false,
-        });
-    }
-    // One read returns at most pingora's 64 KiB body buffer.
-    session.enable_retry_buffering_with_capacity(limit + READ_CHUNK_MAX);
-    if session
-        .req_header()
-        .headers
-        .contains_key(http::header::EXPECT)
-    {
-        // Answer the client's Expect ourselves, or it waits ~1 s before sending.
-        session.write_continue_response().await?;
-        session
-            .req_header_mut()
-            .remove_header(&http::header::EXPECT);
-    }
-    let mut bytes = Vec::new();
-    let complete = loop {
-        match session.read_request_body().await? {
-            Some(chunk) => {
-                bytes.extend_from_slice(&chunk);
-                if (whole && bytes.len() > limit) || (!whole && bytes.len() >= limit) {
-                    break session.is_body_done();
-                }
-            }
-            None => break true,
-        }
-    };
-    Ok(ReadBody { bytes, complete })
-}
-
-/// `body_lookahead_bytes` by default: pingora's own retry buffer size.
-pub const DEFAULT_BODY_LOOKAHEAD: usize = 64 * 1024;
-
-/// The most one body read returns (pingora's HTTP/1 body buffer; HTTP/2 frames are
-/// smaller).
-const READ_CHUNK_MAX: usize = 64 * 1024;
 
 /// A value formatted by a closure, only when displayed.
 struct Lazy<F>(F);
