@@ -56,13 +56,15 @@ impl std::str::FromStr for PodState {
     }
 }
 
-fn default_weight() -> u32 {
-    1
-}
-
 /// One Pod: a self-contained GitLab deployment and its kas.
+///
+/// Earlier versions had a `weight`, which routing never read (a request bound to a
+/// Pod goes to that Pod, an unbound one to the default Pod: there is no traffic to
+/// share between Pods, and within a Pod the proxy spreads traffic evenly over its
+/// healthy upstream addresses). It is gone from the model; topology files and the Pod
+/// JSON stored in Redis that still carry it parse as before ([`PodWire`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, from = "PodWire")]
 pub struct Pod {
     /// The Pod (cell) id that routable tokens name.
     pub id: PodId,
@@ -77,14 +79,6 @@ pub struct Pod {
     /// Whether it takes traffic.
     #[serde(default)]
     pub state: PodState,
-    /// Deprecated; routing ignores it (≥ 1, default 1). A request bound to a Pod
-    /// goes to that Pod and an unbound one to the default Pod, so there is no
-    /// traffic to share between Pods, and one number per Pod cannot weight the
-    /// upstreams inside it: the proxy spreads a Pod's traffic evenly over its
-    /// healthy upstream addresses (`podgate-proxy`'s `upstreams`). Still accepted,
-    /// so existing topology files and the Pod JSON stored in Redis keep parsing.
-    #[serde(default = "default_weight")]
-    pub weight: u32,
     /// Free-form labels (`region = "eu"`).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -94,8 +88,43 @@ pub struct Pod {
     pub session_prefix: Option<String>,
 }
 
+/// A [`Pod`] as stored: the same fields, plus the retired `weight`, accepted and
+/// dropped so that stored topologies written by earlier versions keep parsing.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodWire {
+    id: PodId,
+    name: String,
+    #[serde(default)]
+    web: Vec<String>,
+    #[serde(default)]
+    kas: Vec<String>,
+    #[serde(default)]
+    state: PodState,
+    #[serde(default, rename = "weight")]
+    _retired_weight: Option<u32>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    session_prefix: Option<String>,
+}
+
+impl From<PodWire> for Pod {
+    fn from(w: PodWire) -> Self {
+        Pod {
+            id: w.id,
+            name: w.name,
+            web: w.web,
+            kas: w.kas,
+            state: w.state,
+            labels: w.labels,
+            session_prefix: w.session_prefix,
+        }
+    }
+}
+
 impl Pod {
-    /// A Pod with one web upstream, active, weight 1.
+    /// A Pod with one web upstream, active.
     pub fn new(id: PodId, name: impl Into<String>, web: impl Into<String>) -> Self {
         Pod {
             id,
@@ -103,7 +132,6 @@ impl Pod {
             web: vec![web.into()],
             kas: Vec::new(),
             state: PodState::Active,
-            weight: 1,
             labels: BTreeMap::new(),
             session_prefix: None,
         }
@@ -131,9 +159,6 @@ impl Pod {
         }
         if self.web.is_empty() && self.kas.is_empty() {
             bad.push(format!("{at}: needs at least one web or kas upstream"));
-        }
-        if self.weight == 0 {
-            bad.push(format!("{at}.weight: must be at least 1"));
         }
         if let Some(p) = &self.session_prefix
             && (p.is_empty() || !p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'))
@@ -348,6 +373,22 @@ mod tests {
     }
 
     #[test]
+    fn a_retired_weight_still_parses_and_is_not_written() {
+        let t = TopologyFile::parse(
+            "[[pods]]\nid = 1\nname = 'x'\nweb = ['a:1']\nweight = 3",
+            "t",
+        )
+        .unwrap()
+        .to_topology(1);
+        let pod = t.pod(PodId::new(1).unwrap()).unwrap();
+        let json = serde_json::to_string(pod.as_ref()).unwrap();
+        assert!(!json.contains("weight"), "{json}");
+        let stored = r#"{"id":1,"name":"x","web":["a:1"],"state":"active","weight":1}"#;
+        assert_eq!(serde_json::from_str::<Pod>(stored).unwrap().name, "x");
+        assert!(serde_json::from_str::<Pod>(r#"{"id":1,"name":"x","wieght":1}"#).is_err());
+    }
+
+    #[test]
     fn validation_names_every_bad_field() {
         let text = r#"
             default_pod = 9
@@ -355,7 +396,6 @@ mod tests {
             id = 1
             name = ""
             web = ["no-port", "host:0"]
-            weight = 0
             [[pods]]
             id = 1
             name = "dup"
@@ -371,7 +411,6 @@ mod tests {
             "default_pod = 9",
             "web[0] = \"no-port\"",
             "web[1] = \"host:0\"",
-            "weight",
             "name",
         ] {
             assert!(err.contains(needle), "{needle:?} missing from: {err}");

@@ -76,10 +76,11 @@ enum PodsCommand {
         /// kas upstream `host:port` (repeatable).
         #[arg(long)]
         kas: Vec<String>,
-        /// Deprecated and ignored by routing (a Pod's traffic is spread evenly over
-        /// its upstreams); accepted so existing scripts keep working.
-        #[arg(long, default_value_t = 1)]
-        weight: u32,
+        /// Retired: Pods have no weight (a Pod's traffic is spread evenly over its
+        /// healthy upstreams). Accepted with a warning so existing scripts keep
+        /// working.
+        #[arg(long, hide = true)]
+        weight: Option<u32>,
         /// Label `key=value` (repeatable).
         #[arg(long, value_parser = parse_label)]
         label: Vec<(String, String)>,
@@ -220,13 +221,15 @@ async fn pods(
             session_prefix,
             default,
         } => {
+            if weight.is_some() {
+                eprintln!("podgate registry: --weight is retired and ignored: Pods have no weight");
+            }
             let pod = Pod {
                 id,
                 name,
                 web,
                 kas,
                 state: current.pod(id).map_or(PodState::Active, |p| p.state),
-                weight,
                 labels: label.into_iter().collect::<BTreeMap<_, _>>(),
                 session_prefix,
             };
@@ -260,8 +263,8 @@ fn print_topology(t: &Topology, json: bool) -> anyhow::Result<()> {
     }
     println!("topology version {}", t.version);
     println!(
-        "{:>4}  {:<16} {:<9} {:>6}  {:<32} kas",
-        "id", "name", "state", "weight", "web"
+        "{:>4}  {:<16} {:<9} {:<32} kas",
+        "id", "name", "state", "web"
     );
     for p in t.pods.values() {
         let default = if t.default_pod == Some(p.id) {
@@ -270,11 +273,10 @@ fn print_topology(t: &Topology, json: bool) -> anyhow::Result<()> {
             " "
         };
         println!(
-            "{:>3}{default}  {:<16} {:<9} {:>6}  {:<32} {}",
+            "{:>3}{default}  {:<16} {:<9} {:<32} {}",
             p.id.get(),
             p.name,
             p.state,
-            p.weight,
             p.web.join(","),
             p.kas.join(",")
         );

@@ -169,7 +169,6 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             web: vec![s.addr().to_string()],
             kas: vec![],
             state: PodState::Active,
-            weight: 1,
             labels: BTreeMap::new(),
             session_prefix: None,
         })

@@ -15,9 +15,8 @@
 //!   connect failure takes another address of the **same** Pod; no path leads to
 //!   another Pod's upstreams.
 //!
-//! `Pod.weight` is not read here: traffic bound to a Pod goes to that Pod, unbound
-//! traffic to the default Pod, and one number per Pod cannot weight the upstreams
-//! inside it (see the field's documentation in `podgate-registry`).
+//! Pods have no weight: traffic bound to a Pod goes to that Pod, unbound traffic to
+//! the default Pod (see `podgate_registry::Pod`).
 //!
 //! [`UpstreamsService`] runs it all as a pingora background service: it waits for
 //! the registry (opened by `server`'s registry service), builds the table from the
