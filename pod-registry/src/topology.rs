@@ -62,7 +62,7 @@ impl std::str::FromStr for PodState {
 /// Pod goes to that Pod, an unbound one to the default Pod: there is no traffic to
 /// share between Pods, and within a Pod the proxy spreads traffic evenly over its
 /// healthy upstream addresses). It is gone from the model; topology files and the Pod
-/// JSON stored in Redis that still carry it parse as before ([`PodWire`]).
+/// JSON stored in Redis that still carry it parse as before.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, from = "PodWire")]
 pub struct Pod {
