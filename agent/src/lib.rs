@@ -15,14 +15,16 @@
 //!   under load, `GetPods` with kube-rs, metrics and health endpoints.
 //! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port.
 //! - [`obs`]: the `/metrics`, `/healthz`, `/readyz` listener of kas and agentk.
-//! - `testing::kube` (feature `test-util`): an in-process Kubernetes API server that
-//!   `kubectl` accepts, for testing agentk without a cluster.
+//! - [`kube_sim`]: a simulated Kubernetes API server that `kubectl` and kube-rs
+//!   accept (`podgate kube-sim`); `testing::kube` (feature `test-util`) runs it on a
+//!   free port for tests.
 //!
 //! The Graph API and the Workspaces reconciliation loop are later issues.
 
 pub mod agentk;
 pub mod auth;
 pub mod kas;
+pub mod kube_sim;
 pub mod obs;
 pub mod proto;
 #[cfg(feature = "test-util")]

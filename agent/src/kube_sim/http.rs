@@ -1,0 +1,188 @@
+//! HTTP dispatch: discovery documents, then
+//! `/api/v1/[namespaces/<ns>/]<plural>[/<name>]` to list, watch, get, create,
+//! replace, patch and delete; every error a Kubernetes `Status` object.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+
+use super::patch::{PatchKind, decode_body};
+use super::resources::{discovery, key, kind};
+use super::store::Shared;
+
+/// A response body: whole, or a watch stream.
+pub(super) type Body = BoxBody<Bytes, Infallible>;
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into()).boxed()
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    let mut r = Response::new(full(v.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// A `Status` object, as the API server reports errors.
+pub(super) fn status(code: StatusCode, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    })
+}
+
+/// A response carrying a `Status`.
+pub(super) fn error(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+    json_response(code, &status(code, reason, message))
+}
+
+fn not_found() -> Response<Body> {
+    error(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+fn query(uri: &http::Uri) -> BTreeMap<String, String> {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (!k.is_empty()).then(|| (k.to_owned(), percent_decode(v)))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 3 <= bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Shared {
+    /// Answer one request.
+    pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().trim_end_matches('/').to_owned();
+        let q = query(req.uri());
+        let method = req.method().clone();
+        if let Some(doc) = discovery(&path) {
+            return json_response(StatusCode::OK, &doc);
+        }
+        let Some(rest) = path.strip_prefix("/api/v1/") else {
+            return not_found();
+        };
+        let parts: Vec<&str> = rest.split('/').collect();
+        let (namespace, plural, name) = match parts.as_slice() {
+            ["namespaces", ns, plural] => (Some(*ns), *plural, None),
+            ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
+            ["namespaces", name] => (None, "namespaces", Some(*name)),
+            [plural] => (None, *plural, None),
+            _ => return not_found(),
+        };
+        let Some(k) = kind(plural) else {
+            return not_found();
+        };
+        let ns = namespace.unwrap_or("");
+        match (&method, name) {
+            (&Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+                self.watch(k, namespace, &q)
+            }
+            (&Method::GET, None) => match self.list(k, namespace, &q) {
+                Ok(list) => json_response(StatusCode::OK, &list),
+                Err(e) => error(StatusCode::BAD_REQUEST, "BadRequest", &e),
+            },
+            (&Method::GET, Some(name)) => match self.lock().objects.get(&key(k, ns, name)) {
+                Some(o) => json_response(StatusCode::OK, o),
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("{} \"{name}\" not found", k.plural),
+                ),
+            },
+            (&Method::POST | &Method::PUT | &Method::PATCH, _) => {
+                let content_type = req
+                    .headers()
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                let bytes = match req.into_body().collect().await {
+                    Ok(b) => b.to_bytes(),
+                    Err(_) => {
+                        return error(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body");
+                    }
+                };
+                let (patch, body) = match decode_body(&content_type, &bytes) {
+                    Ok(v) => v,
+                    Err((code, reason, message)) => return error(code, reason, &message),
+                };
+                // Server-side apply creates when absent.
+                let method = if method == Method::PATCH
+                    && patch == PatchKind::Apply
+                    && name.is_some_and(|n| !self.lock().objects.contains_key(&key(k, ns, n)))
+                {
+                    Method::POST
+                } else {
+                    method
+                };
+                let (code, v) = self.apply(method, k.plural, ns, name, body);
+                json_response(code, &v)
+            }
+            (&Method::DELETE, Some(name)) => {
+                let (code, v) = self.apply(Method::DELETE, k.plural, ns, Some(name), Value::Null);
+                json_response(code, &v)
+            }
+            _ => error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "method not allowed",
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        assert_eq!(percent_decode("app%3Dweb%2Ctier+in"), "app=web,tier in");
+    }
+}

@@ -1,0 +1,269 @@
+//! `kube-sim`: a simulated Kubernetes API server, in-process. No real one can be
+//! installed on these machines and kube-rs ships none, so agentk, the Graph API and
+//! `podgate kube-sim` talk to this. It speaks enough of the real API for `kubectl`
+//! and kube-rs clients:
+//!
+//! - discovery: `/version`, `/api`, `/apis`, `/api/v1` (pods, configmaps, namespaces)
+//!   and the OpenAPI v3 index, where kubectl learns that the server validates fields
+//!   itself (so `kubectl apply` needs no schemas);
+//! - list with `resourceVersion`, `labelSelector` (`=`, `==`, `!=`, `in`, `notin`,
+//!   `key`, `!key`) and `fieldSelector` (`metadata.name`, `metadata.namespace`,
+//!   `status.phase`): what `kubectl get -l … --field-selector …` sends;
+//! - watch streams (`ADDED`/`MODIFIED`/`DELETED`, `BOOKMARK` when asked), resumed
+//!   from a `resourceVersion`; one older than the retained history gets the real
+//!   server's `410 Gone` (an `ERROR` event with an `Expired` status): what
+//!   `kubectl get -w` and kube-runtime's watcher consume;
+//! - get, create (409 on a duplicate), replace (409 on a stale `resourceVersion`),
+//!   merge / strategic-merge / server-side apply patches (`kubectl apply`,
+//!   `kubectl label`), delete; errors as `Status` objects, which kubectl prints as
+//!   `Error from server (NotFound): …`.
+//!
+//! Layout: [`KubeSim`] here is the handle (direct reads and writes, seeding, and
+//! [`KubeSim::serve`]); `resources` holds the served kinds and discovery documents;
+//! `selector` label and field selectors; `patch` body decoding and merge patches;
+//! `store` the objects, resource versions and change history; `watch` the watch
+//! streams; `http` the request dispatch.
+
+mod http;
+mod patch;
+mod resources;
+mod selector;
+mod store;
+mod watch;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::Method;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use resources::kind_named;
+use store::Shared;
+
+/// Errors of kube-sim. None is worth retrying: each names input to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A seed document could not be read or is not an object kube-sim serves.
+    #[error("seed document {document}{}: {message}", name.as_deref().map(|n| format!(" ({n})")).unwrap_or_default())]
+    Seed {
+        /// Which document, counting from 1.
+        document: usize,
+        /// `Kind namespace/name`, where the document got that far.
+        name: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Results of kube-sim.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A simulated cluster: a cheap, cloneable handle on one store. Serve it with
+/// [`KubeSim::serve`]; read and write it directly as another client would.
+#[derive(Clone)]
+pub struct KubeSim {
+    shared: Arc<Shared>,
+}
+
+impl KubeSim {
+    /// A cluster holding the namespaces `default` and `kube-system`, keeping at most
+    /// `history_limit` events (at least one) for watch resumption.
+    pub fn new(history_limit: usize) -> Self {
+        let shared = Arc::new(Shared::new(history_limit));
+        for ns in ["default", "kube-system"] {
+            shared.apply(
+                Method::POST,
+                "namespaces",
+                "",
+                None,
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            );
+        }
+        KubeSim { shared }
+    }
+
+    /// Serve the Kubernetes API on `listener` until `shutdown` resolves; then stop
+    /// and end every open connection (watches included), as a real API server going
+    /// away would. Accept errors (such as running out of file descriptors) are
+    /// logged and retried after a short pause.
+    pub async fn serve(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        // Connections live in this set: dropping it ends them.
+        let mut connections = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = &mut shutdown => return,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "kube-sim: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            while connections.try_join_next().is_some() {}
+            let s = self.shared.clone();
+            connections.spawn(async move {
+                let svc = service_fn(move |req| {
+                    let s = s.clone();
+                    async move { Ok::<_, Infallible>(s.handle(req).await) }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    }
+
+    /// Create or replace an object directly (as another client would); returns the
+    /// stored object or a `Status`.
+    pub fn put(&self, plural: &str, namespace: &str, object: Value) -> Value {
+        let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        let exists = self.get(plural, namespace, &name).is_some();
+        let (_, v) = self.shared.apply(
+            if exists { Method::PUT } else { Method::POST },
+            plural,
+            namespace,
+            Some(&name).filter(|_| exists).map(String::as_str),
+            object,
+        );
+        v
+    }
+
+    /// Delete an object directly; whether it existed.
+    pub fn delete(&self, plural: &str, namespace: &str, name: &str) -> bool {
+        self.shared
+            .apply(Method::DELETE, plural, namespace, Some(name), Value::Null)
+            .0
+            .is_success()
+    }
+
+    /// An object, if present (`namespace` is `""` for cluster-scoped kinds).
+    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.shared
+            .lock()
+            .objects
+            .get(&(plural.to_owned(), namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.lock().rv
+    }
+
+    /// Load objects from a multi-document YAML text (`---` between documents), each
+    /// created or replaced as [`KubeSim::put`] does; namespaced objects without a
+    /// namespace go to `default`. Empty documents are skipped. Returns how many
+    /// objects were loaded; on an error, the documents before the bad one stay loaded.
+    pub fn load_seed(&self, yaml: &str) -> Result<usize> {
+        let mut loaded = 0;
+        for (i, doc) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
+            let document = i + 1;
+            let fail = |name: Option<String>, message: String| Error::Seed {
+                document,
+                name,
+                message,
+            };
+            let object = Value::deserialize(doc).map_err(|e| fail(None, e.to_string()))?;
+            if object.is_null() {
+                continue;
+            }
+            if !object.is_object() {
+                return Err(fail(None, "not a mapping".into()));
+            }
+            let api_version = object["apiVersion"].as_str().unwrap_or("");
+            let kind_name = object["kind"].as_str().unwrap_or("");
+            let name = object["metadata"]["name"].as_str().unwrap_or("");
+            let Some(k) = kind_named(api_version, kind_name) else {
+                return Err(fail(
+                    None,
+                    format!(
+                        "apiVersion {api_version:?} kind {kind_name:?} is not served (v1 Pod, ConfigMap, Namespace are)"
+                    ),
+                ));
+            };
+            let namespace = if k.namespaced {
+                object["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("default")
+                    .to_owned()
+            } else {
+                String::new()
+            };
+            let label = if k.namespaced {
+                format!("{kind_name} {namespace}/{name}")
+            } else {
+                format!("{kind_name} {name}")
+            };
+            if name.is_empty() {
+                return Err(fail(Some(label), "metadata.name: Required value".into()));
+            }
+            let stored = self.put(k.plural, &namespace, object);
+            if stored["kind"] == "Status" {
+                let message = stored["message"].as_str().unwrap_or("refused").to_owned();
+                return Err(fail(Some(label), message));
+            }
+            loaded += 1;
+        }
+        Ok(loaded)
+    }
+}
+
+/// A kubeconfig for a kube-sim at `server_url` (`http://127.0.0.1:<port>`): no
+/// authentication, plain HTTP, namespace `default`.
+pub fn kubeconfig(server_url: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server_url}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: default\ncurrent-context: test\nusers:\n- name: test\n  user: {{}}\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_load_and_bad_documents_are_named() {
+        let sim = KubeSim::new(10);
+        let n = sim
+            .load_seed(
+                "apiVersion: v1\nkind: Namespace\nmetadata: {name: apps}\n---\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: apps, labels: {app: web}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg}\ndata: {a: b}\n",
+            )
+            .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(
+            sim.get("pods", "apps", "web").unwrap()["status"]["phase"],
+            "Pending"
+        );
+        assert_eq!(
+            sim.get("configmaps", "default", "cfg").unwrap()["data"]["a"],
+            "b"
+        );
+        assert!(sim.get("namespaces", "", "apps").is_some());
+
+        let e = sim
+            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("seed document 2:"), "{e}");
+        assert!(e.contains("\"apps/v1\""), "{e}");
+        let e = sim
+            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {namespace: x}\n")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "seed document 1 (Pod x/): metadata.name: Required value");
+        let e = sim.load_seed("a: [\n").unwrap_err().to_string();
+        assert!(e.starts_with("seed document 1: "), "{e}");
+        let e = sim.load_seed("- 1\n").unwrap_err().to_string();
+        assert_eq!(e, "seed document 1: not a mapping");
+    }
+}

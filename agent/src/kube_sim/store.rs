@@ -1,0 +1,262 @@
+//! The object store: one lock around every object, the resource version counter and
+//! the recent change history; each write is broadcast to live watches.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use super::http::status;
+use super::patch::merge;
+use super::resources::{Key, Kind, kind};
+use super::selector::{fields_match, labels_match, parse_selector};
+
+/// One change, as watches see it.
+#[derive(Clone, Debug)]
+pub(super) struct Event {
+    pub(super) rv: u64,
+    pub(super) plural: &'static str,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub(super) kind: &'static str,
+    pub(super) object: Value,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Store {
+    pub(super) rv: u64,
+    /// (plural, namespace, name) → object.
+    pub(super) objects: BTreeMap<Key, Value>,
+    /// Recent events, oldest first; older ones are compacted away.
+    pub(super) history: VecDeque<Event>,
+    uid: u64,
+}
+
+/// What the HTTP side and the handle share.
+pub(super) struct Shared {
+    store: Mutex<Store>,
+    pub(super) events: broadcast::Sender<Event>,
+    history_limit: usize,
+    pub(super) bookmark_every: Duration,
+}
+
+impl Shared {
+    /// An empty store keeping `history_limit` events (at least one) for resumption.
+    pub(super) fn new(history_limit: usize) -> Self {
+        Shared {
+            store: Mutex::new(Store {
+                rv: 100,
+                ..Store::default()
+            }),
+            events: broadcast::channel(4096).0,
+            history_limit: history_limit.max(1),
+            bookmark_every: Duration::from_millis(500),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Create (POST), replace (PUT), patch (PATCH, `body` is the patch) or delete;
+    /// returns the status and the object or a `Status`.
+    pub(super) fn apply(
+        &self,
+        method: Method,
+        plural: &str,
+        namespace: &str,
+        name: Option<&str>,
+        body: Value,
+    ) -> (StatusCode, Value) {
+        let Some(k) = kind(plural) else {
+            return (
+                StatusCode::NOT_FOUND,
+                status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                ),
+            );
+        };
+        let ns = if k.namespaced { namespace } else { "" };
+        let mut store = self.lock();
+        let name = name
+            .map(str::to_owned)
+            .or_else(|| body["metadata"]["name"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let key = (plural.to_owned(), ns.to_owned(), name.clone());
+        let not_found = || {
+            (
+                StatusCode::NOT_FOUND,
+                status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("{} \"{name}\" not found", k.plural),
+                ),
+            )
+        };
+        let (event, object, code) = match method {
+            Method::POST => {
+                if name.is_empty() {
+                    return (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        status(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "Invalid",
+                            "metadata.name: Required value",
+                        ),
+                    );
+                }
+                if store.objects.contains_key(&key) {
+                    return (
+                        StatusCode::CONFLICT,
+                        status(
+                            StatusCode::CONFLICT,
+                            "AlreadyExists",
+                            &format!("{} \"{name}\" already exists", k.plural),
+                        ),
+                    );
+                }
+                let mut o = body;
+                store.uid += 1;
+                let uid = format!("00000000-0000-4000-8000-{:012x}", store.uid);
+                o["apiVersion"] = json!("v1");
+                o["kind"] = json!(k.kind);
+                o["metadata"]["uid"] = json!(uid);
+                o["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+                if k.namespaced {
+                    o["metadata"]["namespace"] = json!(ns);
+                }
+                if k.kind == "Pod" && o["status"]["phase"].is_null() {
+                    o["status"]["phase"] = json!("Pending");
+                }
+                ("ADDED", o, StatusCode::CREATED)
+            }
+            Method::PUT => {
+                let Some(old) = store.objects.get(&key) else {
+                    return not_found();
+                };
+                let want = body["metadata"]["resourceVersion"].as_str();
+                if want.is_some_and(|w| Some(w) != old["metadata"]["resourceVersion"].as_str()) {
+                    return (
+                        StatusCode::CONFLICT,
+                        status(
+                            StatusCode::CONFLICT,
+                            "Conflict",
+                            &format!(
+                                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                                k.plural
+                            ),
+                        ),
+                    );
+                }
+                let mut o = body;
+                o["metadata"]["uid"] = old["metadata"]["uid"].clone();
+                o["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
+                if k.namespaced {
+                    o["metadata"]["namespace"] = json!(ns);
+                }
+                o["apiVersion"] = json!("v1");
+                o["kind"] = json!(k.kind);
+                ("MODIFIED", o, StatusCode::OK)
+            }
+            Method::PATCH => {
+                let Some(old) = store.objects.get(&key) else {
+                    return not_found();
+                };
+                let mut o = old.clone();
+                merge(&mut o, &body);
+                ("MODIFIED", o, StatusCode::OK)
+            }
+            Method::DELETE => {
+                let Some(o) = store.objects.remove(&key) else {
+                    return not_found();
+                };
+                ("DELETED", o, StatusCode::OK)
+            }
+            _ => {
+                return (
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    status(
+                        StatusCode::METHOD_NOT_ALLOWED,
+                        "MethodNotAllowed",
+                        "method not allowed",
+                    ),
+                );
+            }
+        };
+        store.rv += 1;
+        let rv = store.rv;
+        let mut object = object;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        if event != "DELETED" {
+            store.objects.insert(key, object.clone());
+        }
+        let e = Event {
+            rv,
+            plural: k.plural,
+            kind: event,
+            object: object.clone(),
+        };
+        store.history.push_back(e.clone());
+        while store.history.len() > self.history_limit {
+            store.history.pop_front();
+        }
+        drop(store);
+        let _ = self.events.send(e);
+        (code, object)
+    }
+
+    /// Whether `o` is in `namespace` (all namespaces when `None`) and meets the
+    /// `labelSelector` and `fieldSelector` of query `q`; an error is a bad selector.
+    pub(super) fn matching(
+        &self,
+        k: Kind,
+        namespace: Option<&str>,
+        q: &BTreeMap<String, String>,
+        o: &Value,
+    ) -> Result<bool, String> {
+        if k.namespaced
+            && let Some(ns) = namespace
+            && o["metadata"]["namespace"].as_str() != Some(ns)
+        {
+            return Ok(false);
+        }
+        if let Some(sel) = q.get("labelSelector")
+            && !labels_match(&parse_selector(sel)?, &o["metadata"]["labels"])
+        {
+            return Ok(false);
+        }
+        match q.get("fieldSelector") {
+            Some(sel) => fields_match(sel, o),
+            None => Ok(true),
+        }
+    }
+
+    /// A `<Kind>List` of the matching objects at the current resource version.
+    pub(super) fn list(
+        &self,
+        k: Kind,
+        namespace: Option<&str>,
+        q: &BTreeMap<String, String>,
+    ) -> Result<Value, String> {
+        let store = self.lock();
+        let mut items = Vec::new();
+        for ((plural, _, _), o) in &store.objects {
+            if plural != k.plural {
+                continue;
+            }
+            if self.matching(k, namespace, q, o)? {
+                items.push(o.clone());
+            }
+        }
+        Ok(json!({
+            "kind": format!("{}List", k.kind),
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": store.rv.to_string()},
+            "items": items,
+        }))
+    }
+}
