@@ -55,6 +55,8 @@ enum Command {
     Agentk(cli::agentk::AgentkArgs),
     /// Simulate one GitLab Pod's runner API (with misroute detection).
     PodSim(cli::pod_sim::PodSimArgs),
+    /// Simulate a Kubernetes API server that kubectl and agentk accept.
+    KubeSim(cli::kube_sim::KubeSimArgs),
     /// Run the edge router.
     Proxy {
         /// The proxy configuration (TOML).
@@ -74,6 +76,7 @@ fn main() -> ExitCode {
         Command::Token(cmd) => cli::token::run(cmd),
         Command::Registry(args) => cli::registry::run(args),
         Command::PodSim(args) => cli::pod_sim::run(args),
+        Command::KubeSim(args) => cli::kube_sim::run(args),
         Command::Kas(args) => cli::kas::run(args),
         Command::Agentk(args) => cli::agentk::run(args),
         Command::Loadtest(cmd) => cli::loadtest::run(cmd),

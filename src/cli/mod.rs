@@ -3,6 +3,7 @@
 
 pub(crate) mod agentk;
 pub(crate) mod kas;
+pub(crate) mod kube_sim;
 pub(crate) mod loadtest;
 pub(crate) mod pod_sim;
 pub(crate) mod registry;

@@ -1,0 +1,87 @@
+//! `podgate kube-sim --listen ADDR [--seed FILE.yaml]`: a simulated Kubernetes API
+//! server that `kubectl` and agentk accept, until SIGTERM/SIGINT.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Args;
+use podgate_agent::kube_sim::{self, KubeSim};
+
+/// Flags of `podgate kube-sim`.
+#[derive(Debug, Args)]
+pub(crate) struct KubeSimArgs {
+    /// Where to listen (port 0: a free port, printed at start).
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: SocketAddr,
+    /// Objects to load at start: a multi-document YAML file (`---` between
+    /// documents) of v1 Namespaces, Pods and ConfigMaps.
+    #[arg(long, value_name = "FILE.yaml")]
+    seed: Option<PathBuf>,
+    /// Write the kubeconfig here (default: a temporary file, removed at exit).
+    #[arg(long, value_name = "PATH")]
+    kubeconfig_out: Option<PathBuf>,
+    /// Changes kept for watches resuming from a resourceVersion; older ones get
+    /// `410 Gone`.
+    #[arg(long, default_value_t = 10_000)]
+    history: usize,
+}
+
+pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
+    let sim = KubeSim::new(args.history);
+    if let Some(path) = &args.seed {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --seed {}", path.display()))?;
+        let n = sim
+            .load_seed(&text)
+            .with_context(|| format!("loading --seed {}", path.display()))?;
+        println!("kube-sim: loaded {n} objects from {}", path.display());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        let mut addr = listener.local_addr()?;
+        // A kubeconfig needs an address to dial, not a wildcard.
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr.ip() {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            });
+        }
+        let url = format!("http://{addr}");
+        let config = kube_sim::kubeconfig(&url);
+        // Held until exit: a temporary kubeconfig is removed when it drops.
+        let (_temp, path) = match &args.kubeconfig_out {
+            Some(path) => {
+                std::fs::write(path, &config)
+                    .with_context(|| format!("writing --kubeconfig-out {}", path.display()))?;
+                (None, path.clone())
+            }
+            None => {
+                let file = tempfile::Builder::new()
+                    .prefix("podgate-kube-sim-")
+                    .suffix(".kubeconfig")
+                    .tempfile()
+                    .context("creating a temporary kubeconfig")?;
+                std::fs::write(file.path(), &config).context("writing the kubeconfig")?;
+                let path = file.path().to_owned();
+                (Some(file), path)
+            }
+        };
+        println!("kube-sim: Kubernetes API on {url}");
+        println!("kube-sim: kubeconfig {}", path.display());
+        println!(
+            "kube-sim: try `kubectl --kubeconfig {} get pods -A`",
+            path.display()
+        );
+        sim.serve(listener, super::shutdown_signal()).await;
+        println!("kube-sim: stopping");
+        Ok(ExitCode::SUCCESS)
+    })
+}

@@ -1,0 +1,278 @@
+//! `podgate kube-sim` as a process, driven by the installed `kubectl` (the test fails
+//! when kubectl is missing): objects from a seed file, get with a label selector,
+//! apply, delete, `get -w` seeing an apply, a bad seed named, and a clean SIGTERM.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+const SEED: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: shop
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-1
+  namespace: shop
+  labels: {app: web}
+spec:
+  containers: [{name: nginx, image: "nginx:1.27"}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: db-1
+  namespace: shop
+  labels: {app: db}
+spec:
+  containers: [{name: pg, image: "postgres:16"}]
+status:
+  phase: Running
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+data:
+  mode: demo
+"#;
+
+const NEW_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-2
+  namespace: shop
+  labels: {app: web}
+spec:
+  containers: [{name: nginx, image: "nginx:1.27"}]
+"#;
+
+/// A running `podgate kube-sim`, killed if the test panics before SIGTERM.
+struct Sim {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Forward the lines of `r` to a channel, from a thread.
+fn line_channel(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The next line starting with `prefix`, the rest of it.
+fn expect_prefix(lines: &mpsc::Receiver<String>, prefix: &str) -> String {
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("no line starting {prefix:?}: {e}"));
+        if let Some(rest) = line.strip_prefix(prefix) {
+            return rest.to_owned();
+        }
+    }
+}
+
+/// Run kubectl to completion: (success, stdout, stderr).
+fn kubectl(config: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let mut child = kubectl_command(config, args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl is installed");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn kubectl_command(config: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("kubectl");
+    c.arg("--kubeconfig").arg(config).args(args);
+    c.env("HOME", std::env::temp_dir()); // no discovery cache from elsewhere
+    c
+}
+
+fn names(list_json: &str) -> Vec<String> {
+    let list: Value = serde_json::from_str(list_json).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn kube_sim_serves_kubectl_from_a_seed_file_until_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("seed.yaml");
+    std::fs::write(&seed, SEED).unwrap();
+    let config_out = dir.path().join("kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["kube-sim", "--listen", "127.0.0.1:0", "--seed"])
+        .arg(&seed)
+        .arg("--kubeconfig-out")
+        .arg(&config_out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = line_channel(child.stdout.take().unwrap());
+    let mut sim = Sim { child, lines };
+    assert_eq!(
+        expect_prefix(&sim.lines, "kube-sim: loaded "),
+        format!("4 objects from {}", seed.display())
+    );
+    let url = expect_prefix(&sim.lines, "kube-sim: Kubernetes API on ");
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let config = PathBuf::from(expect_prefix(&sim.lines, "kube-sim: kubeconfig "));
+    assert_eq!(config, config_out);
+    assert!(std::fs::read_to_string(&config).unwrap().contains(&url));
+
+    // The seeded objects, across namespaces.
+    let (ok, out, err) = kubectl(&config, &["get", "pods", "-A", "-o", "name"], None);
+    assert!(ok, "get -A: {err}");
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["pod/db-1", "pod/web-1"]);
+    let (ok, out, err) = kubectl(
+        &config,
+        &["get", "configmap", "settings", "-o", "json"],
+        None,
+    );
+    assert!(ok, "get cm: {err}");
+    let cm: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(cm["data"]["mode"], "demo");
+    assert_eq!(cm["metadata"]["namespace"], "default");
+
+    // A label selector, as JSON.
+    let (ok, out, err) = kubectl(
+        &config,
+        &["get", "pods", "-n", "shop", "-l", "app=web", "-o", "json"],
+        None,
+    );
+    assert!(ok, "get -l: {err}");
+    assert_eq!(names(&out), ["web-1"]);
+
+    // get -w sees an ADDED event from an apply made once the initial list is out.
+    let mut watch = kubectl_command(
+        &config,
+        &[
+            "get",
+            "pods",
+            "-n",
+            "shop",
+            "-w",
+            "--output-watch-events",
+            "-o",
+            "custom-columns=EVENT:.type,NAME:.object.metadata.name",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("kubectl is installed");
+    let events = line_channel(watch.stdout.take().unwrap());
+    let event = |want: &str| {
+        loop {
+            let line = events
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|e| panic!("kubectl -w never printed {want:?}: {e}"));
+            if line.split_whitespace().collect::<Vec<_>>().join(" ") == want {
+                return;
+            }
+        }
+    };
+    event("ADDED db-1");
+    event("ADDED web-1");
+    let (ok, out, err) = kubectl(&config, &["apply", "-f", "-"], Some(NEW_POD));
+    assert!(ok, "apply: {out}\n{err}");
+    assert!(out.contains("pod/web-2 created"), "{out}");
+    event("ADDED web-2");
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    let (ok, out, err) = kubectl(
+        &config,
+        &["get", "pods", "-n", "shop", "-l", "app=web", "-o", "json"],
+        None,
+    );
+    assert!(ok, "get -l: {err}");
+    assert_eq!(names(&out), ["web-1", "web-2"]);
+
+    // delete, then it is gone.
+    let (ok, out, err) = kubectl(
+        &config,
+        &["delete", "pod", "-n", "shop", "web-1", "--wait=false"],
+        None,
+    );
+    assert!(ok, "delete: {out}\n{err}");
+    assert!(out.contains("pod \"web-1\" deleted"), "{out}");
+    let (ok, _, err) = kubectl(&config, &["get", "pod", "-n", "shop", "web-1"], None);
+    assert!(!ok && err.contains("NotFound"), "{err}");
+
+    // SIGTERM: a clean stop.
+    let ok = Command::new("kill")
+        .args(["-TERM", &sim.child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    expect_prefix(&sim.lines, "kube-sim: stopping");
+    let status = sim.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_bad_seed_document_is_named_and_nothing_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("seed.yaml");
+    std::fs::write(
+        &seed,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["kube-sim", "--listen", "127.0.0.1:0", "--seed"])
+        .arg(&seed)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("loading --seed {}", seed.display()))
+            && err.contains("seed document 2: apiVersion \"apps/v1\" kind \"Deployment\""),
+        "{err}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("Kubernetes API on"),
+        "served despite a bad seed"
+    );
+}
