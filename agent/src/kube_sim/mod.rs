@@ -265,5 +265,56 @@ mod tests {
         assert!(e.starts_with("seed document 1: "), "{e}");
         let e = sim.load_seed("- 1\n").unwrap_err().to_string();
         assert_eq!(e, "seed document 1: not a mapping");
+        let e = sim
+            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {name: b}\n---\nkind: [\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("seed document 2: "), "{e}");
+        assert!(sim.get("pods", "default", "b").is_some());
+    }
+
+    /// When the shutdown future resolves, `serve` returns and open watches end.
+    #[tokio::test]
+    async fn stopping_ends_open_watches() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let sim = KubeSim::new(10);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn({
+            let sim = sim.clone();
+            async move {
+                sim.serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            }
+        });
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /api/v1/namespaces?watch=true HTTP/1.1\r\nhost: k\r\n\r\n")
+            .await
+            .unwrap();
+        // The synthetic ADDED events arrive: the watch is open.
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !String::from_utf8_lossy(&buf).contains("kube-system") {
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "watch ended early");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        stop.send(()).unwrap();
+        server.await.unwrap();
+        // The connection is closed, not left hanging.
+        let closed = async {
+            loop {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .expect("the watch connection closed when the server stopped");
     }
 }
