@@ -256,7 +256,7 @@ fn a_bad_seed_document_is_named_and_nothing_is_served() {
     let seed = dir.path().join("seed.yaml");
     std::fs::write(
         &seed,
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d}\n",
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
@@ -268,7 +268,7 @@ fn a_bad_seed_document_is_named_and_nothing_is_served() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!("loading --seed {}", seed.display()))
-            && err.contains("seed document 2: apiVersion \"apps/v1\" kind \"Deployment\""),
+            && err.contains("seed document 2: apiVersion \"apps/v1\" kind \"DaemonSet\""),
         "{err}"
     );
     assert!(

@@ -301,3 +301,178 @@ async fn watches_resume_from_a_resource_version_and_expire_with_410() {
     assert_eq!(status, 409, "{body}");
     assert!(body.contains("\"reason\":\"Conflict\""), "{body}");
 }
+
+const DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: shop
+  labels: {app: web}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: nginx
+        image: nginx:1.27
+"#;
+
+const WIDGET_BETA: &str = r#"
+apiVersion: example.podgate.dev/v1beta1
+kind: Widget
+metadata:
+  name: w1
+spec:
+  size: 3
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reaches_api_groups_and_chooses_versions() {
+    let server = KubeTestServer::start(1000).await.unwrap();
+    let k = Kubectl::new(&server);
+    server.put("namespaces", "", json!({"metadata": {"name": "shop"}}));
+    server.put(
+        "replicasets.apps",
+        "shop",
+        json!({"metadata": {"name": "web-5d9f", "labels": {"app": "web"}}, "spec": {}}),
+    );
+    server.put(
+        "statefulsets",
+        "kube-system",
+        json!({"metadata": {"name": "db"}, "spec": {}}),
+    );
+    server.put(
+        "deployments",
+        "kube-system",
+        json!({"metadata": {"name": "coredns"}, "spec": {}}),
+    );
+
+    // get -w on deployments, then an apply through apps/v1 shows up in it.
+    let mut watch = k
+        .command(&[
+            "get",
+            "deploy",
+            "-A",
+            "-w",
+            "--output-watch-events",
+            "-o",
+            "custom-columns=EVENT:.type,NAME:.object.metadata.name,API:.object.apiVersion",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // The watch is open once the initial list is out.
+    expect_line("ADDED coredns apps/v1", &mut rx).await;
+    let (ok, out, err) =
+        tokio::task::block_in_place(|| k.run(&["apply", "-f", "-"], Some(DEPLOYMENT)));
+    assert!(ok, "apply: {out}\n{err}");
+    assert!(out.contains("deployment.apps/web created"), "{out}");
+    expect_line("ADDED web apps/v1", &mut rx).await;
+    let stored = server.get("deployments.apps", "shop", "web").unwrap();
+    assert_eq!(stored["apiVersion"], "apps/v1");
+    assert_eq!(stored["spec"]["replicas"], 2);
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &["apply", "-f", "-"],
+            Some(&DEPLOYMENT.replace("replicas: 2", "replicas: 3")),
+        )
+    });
+    assert!(ok, "re-apply: {out}\n{err}");
+    assert!(out.contains("deployment.apps/web configured"), "{out}");
+    expect_line("MODIFIED web apps/v1", &mut rx).await;
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    // Several kinds of two groups at once, across namespaces.
+    let (ok, out, err) =
+        tokio::task::block_in_place(|| k.run(&["get", "deploy,rs,sts", "-A", "-o", "name"], None));
+    assert!(ok, "get deploy,rs,sts: {err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "deployment.apps/coredns",
+            "deployment.apps/web",
+            "replicaset.apps/web-5d9f",
+            "statefulset.apps/db"
+        ]
+    );
+    let (ok, _, err) =
+        tokio::task::block_in_place(|| k.run(&["get", "deploy", "-n", "shop", "nope"], None));
+    assert!(
+        !ok && err.contains("deployments.apps \"nope\" not found"),
+        "{err}"
+    );
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &["delete", "deployment", "-n", "shop", "web", "--wait=false"],
+            None,
+        )
+    });
+    assert!(ok, "delete: {out}\n{err}");
+    assert!(server.get("deployments", "shop", "web").is_none());
+
+    // Discovery names every kind with its group.
+    let (ok, out, err) =
+        tokio::task::block_in_place(|| k.run(&["api-resources", "-o", "name"], None));
+    assert!(ok, "api-resources: {err}");
+    for want in [
+        "pods",
+        "services",
+        "persistentvolumeclaims",
+        "serviceaccounts",
+        "secrets",
+        "cronjobs.batch",
+        "jobs.batch",
+        "ingresses.networking.k8s.io",
+        "widgets.example.podgate.dev",
+    ] {
+        assert!(out.lines().any(|l| l == want), "{want} missing from\n{out}");
+    }
+
+    // A group in two versions: objects written in either are served in the one asked
+    // for, the preferred (v1) by default.
+    let (ok, out, err) =
+        tokio::task::block_in_place(|| k.run(&["apply", "-f", "-"], Some(WIDGET_BETA)));
+    assert!(ok, "apply widget: {out}\n{err}");
+    assert!(
+        out.contains("widget.example.podgate.dev/w1 created"),
+        "{out}"
+    );
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &["get", "widgets", "w1", "-o", "jsonpath={.apiVersion}"],
+            None,
+        )
+    });
+    assert!(ok, "get widget: {err}");
+    assert_eq!(out, "example.podgate.dev/v1");
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &[
+                "get",
+                "widgets.v1beta1.example.podgate.dev",
+                "w1",
+                "-o",
+                "jsonpath={.apiVersion} {.spec.size}",
+            ],
+            None,
+        )
+    });
+    assert!(ok, "get widget v1beta1: {err}");
+    assert_eq!(out, "example.podgate.dev/v1beta1 3");
+}

@@ -16,7 +16,7 @@ pub(crate) struct KubeSimArgs {
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: SocketAddr,
     /// Objects to load at start: a multi-document YAML file (`---` between
-    /// documents) of v1 Namespaces, Pods and ConfigMaps.
+    /// documents) of any served kind (`kubectl api-resources` lists them).
     #[arg(long, value_name = "FILE.yaml")]
     seed: Option<PathBuf>,
     /// Write the kubeconfig here (default: a temporary file, removed at exit).

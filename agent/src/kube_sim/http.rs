@@ -1,6 +1,7 @@
 //! HTTP dispatch: discovery documents, then
-//! `/api/v1/[namespaces/<ns>/]<plural>[/<name>]` to list, watch, get, create,
-//! replace, patch and delete; every error a Kubernetes `Status` object.
+//! `/api/v1/[namespaces/<ns>/]<plural>[/<name>]` and
+//! `/apis/<group>/<version>/[namespaces/<ns>/]<plural>[/<name>]` to list, watch,
+//! get, create, replace, patch and delete; every error a Kubernetes `Status` object.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -13,8 +14,8 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 
 use super::patch::{PatchKind, decode_body};
-use super::resources::{discovery, key, kind};
-use super::store::Shared;
+use super::resources::{discovery, key, kind_at};
+use super::store::{Shared, as_version};
 
 /// A response body: whole, or a watch stream.
 pub(super) type Body = BoxBody<Bytes, Infallible>;
@@ -104,35 +105,51 @@ impl Shared {
         if let Some(doc) = discovery(&path) {
             return json_response(StatusCode::OK, &doc);
         }
-        let Some(rest) = path.strip_prefix("/api/v1/") else {
+        let (group, version, rest) = if let Some(rest) = path.strip_prefix("/api/v1/") {
+            ("", "v1", rest)
+        } else if let Some(rest) = path.strip_prefix("/apis/") {
+            let mut it = rest.splitn(3, '/');
+            match (it.next(), it.next(), it.next()) {
+                (Some(g), Some(v), Some(rest)) => (g, v, rest),
+                _ => return not_found(),
+            }
+        } else {
             return not_found();
         };
         let parts: Vec<&str> = rest.split('/').collect();
         let (namespace, plural, name) = match parts.as_slice() {
             ["namespaces", ns, plural] => (Some(*ns), *plural, None),
             ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
-            ["namespaces", name] => (None, "namespaces", Some(*name)),
+            ["namespaces", name] if group.is_empty() => (None, "namespaces", Some(*name)),
             [plural] => (None, *plural, None),
+            [plural, name] => (None, *plural, Some(*name)),
             _ => return not_found(),
         };
-        let Some(k) = kind(plural) else {
+        let Some(k) = kind_at(group, version, plural) else {
             return not_found();
         };
+        // A namespaced path to a cluster-scoped kind, or a named object of a
+        // namespaced kind outside any namespace, is no resource.
+        if (namespace.is_some() && !k.namespaced)
+            || (name.is_some() && k.namespaced && namespace.is_none())
+        {
+            return not_found();
+        }
         let ns = namespace.unwrap_or("");
         match (&method, name) {
             (&Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-                self.watch(k, namespace, &q)
+                self.watch(k, version, namespace, &q)
             }
-            (&Method::GET, None) => match self.list(k, namespace, &q) {
+            (&Method::GET, None) => match self.list(k, version, namespace, &q) {
                 Ok(list) => json_response(StatusCode::OK, &list),
                 Err(e) => error(StatusCode::BAD_REQUEST, "BadRequest", &e),
             },
             (&Method::GET, Some(name)) => match self.lock().objects.get(&key(k, ns, name)) {
-                Some(o) => json_response(StatusCode::OK, o),
+                Some(o) => json_response(StatusCode::OK, &as_version(k, version, o.clone())),
                 None => error(
                     StatusCode::NOT_FOUND,
                     "NotFound",
-                    &format!("{} \"{name}\" not found", k.plural),
+                    &format!("{} \"{name}\" not found", k.id()),
                 ),
             },
             (&Method::POST | &Method::PUT | &Method::PATCH, _) => {
@@ -161,12 +178,12 @@ impl Shared {
                 } else {
                     method
                 };
-                let (code, v) = self.apply(method, k.plural, ns, name, body);
-                json_response(code, &v)
+                let (code, v) = self.apply(method, k, ns, name, body);
+                json_response(code, &as_version(k, version, v))
             }
             (&Method::DELETE, Some(name)) => {
-                let (code, v) = self.apply(Method::DELETE, k.plural, ns, Some(name), Value::Null);
-                json_response(code, &v)
+                let (code, v) = self.apply(Method::DELETE, k, ns, Some(name), Value::Null);
+                json_response(code, &as_version(k, version, v))
             }
             _ => error(
                 StatusCode::METHOD_NOT_ALLOWED,

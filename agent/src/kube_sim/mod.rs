@@ -3,9 +3,13 @@
 //! `podgate kube-sim` talk to this. It speaks enough of the real API for `kubectl`
 //! and kube-rs clients:
 //!
-//! - discovery: `/version`, `/api`, `/apis`, `/api/v1` (pods, configmaps, namespaces)
-//!   and the OpenAPI v3 index, where kubectl learns that the server validates fields
-//!   itself (so `kubectl apply` needs no schemas);
+//! - discovery: `/version`, `/api`, `/apis` (groups with their preferred version),
+//!   `/api/v1` and `/apis/<group>/<version>` (core pods, configmaps, secrets,
+//!   namespaces, serviceaccounts, services, persistentvolumeclaims; apps
+//!   deployments, replicasets, statefulsets; batch jobs, cronjobs;
+//!   networking.k8s.io ingresses; `example.podgate.dev` widgets in `v1` and
+//!   `v1beta1`) and the OpenAPI v3 index, where kubectl learns that the server
+//!   validates fields itself (so `kubectl apply` needs no schemas);
 //! - list with `resourceVersion`, `labelSelector` (`=`, `==`, `!=`, `in`, `notin`,
 //!   `key`, `!key`) and `fieldSelector` (`metadata.name`, `metadata.namespace`,
 //!   `status.phase`): what `kubectl get -l … --field-selector …` sends;
@@ -44,7 +48,7 @@ use serde::Deserialize as _;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use resources::kind_named;
+use resources::{Kind, NAMESPACES, key, kind, kind_named};
 use store::Shared;
 
 /// Errors of kube-sim. None is worth retrying: each names input to fix.
@@ -80,7 +84,7 @@ impl KubeSim {
         for ns in ["default", "kube-system"] {
             shared.apply(
                 Method::POST,
-                "namespaces",
+                NAMESPACES,
                 "",
                 None,
                 json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
@@ -125,13 +129,29 @@ impl KubeSim {
     }
 
     /// Create or replace an object directly (as another client would); returns the
-    /// stored object or a `Status`.
-    pub fn put(&self, plural: &str, namespace: &str, object: Value) -> Value {
+    /// stored object or a `Status`. `resource` names the kind as kubectl does:
+    /// `pods`, `deployments.apps`, or a bare plural served by one group only.
+    pub fn put(&self, resource: &str, namespace: &str, object: Value) -> Value {
+        let Some(k) = kind(resource) else {
+            return http::status(
+                ::http::StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("the server doesn't have a resource type \"{resource}\""),
+            );
+        };
+        self.put_kind(k, namespace, object)
+    }
+
+    fn put_kind(&self, k: Kind, namespace: &str, object: Value) -> Value {
         let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        let exists = self.get(plural, namespace, &name).is_some();
+        let exists = self
+            .shared
+            .lock()
+            .objects
+            .contains_key(&key(k, namespace, &name));
         let (_, v) = self.shared.apply(
             if exists { Method::PUT } else { Method::POST },
-            plural,
+            k,
             namespace,
             Some(&name).filter(|_| exists).map(String::as_str),
             object,
@@ -140,19 +160,23 @@ impl KubeSim {
     }
 
     /// Delete an object directly; whether it existed.
-    pub fn delete(&self, plural: &str, namespace: &str, name: &str) -> bool {
-        self.shared
-            .apply(Method::DELETE, plural, namespace, Some(name), Value::Null)
-            .0
-            .is_success()
+    pub fn delete(&self, resource: &str, namespace: &str, name: &str) -> bool {
+        kind(resource).is_some_and(|k| {
+            self.shared
+                .apply(Method::DELETE, k, namespace, Some(name), Value::Null)
+                .0
+                .is_success()
+        })
     }
 
-    /// An object, if present (`namespace` is `""` for cluster-scoped kinds).
-    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+    /// An object, if present (`namespace` is `""` for cluster-scoped kinds), in its
+    /// kind's preferred version.
+    pub fn get(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        let k = kind(resource)?;
         self.shared
             .lock()
             .objects
-            .get(&(plural.to_owned(), namespace.to_owned(), name.to_owned()))
+            .get(&key(k, namespace, name))
             .cloned()
     }
 
@@ -187,9 +211,7 @@ impl KubeSim {
             let Some(k) = kind_named(api_version, kind_name) else {
                 return Err(fail(
                     None,
-                    format!(
-                        "apiVersion {api_version:?} kind {kind_name:?} is not served (v1 Pod, ConfigMap, Namespace are)"
-                    ),
+                    format!("apiVersion {api_version:?} kind {kind_name:?} is not served"),
                 ));
             };
             let namespace = if k.namespaced {
@@ -208,7 +230,7 @@ impl KubeSim {
             if name.is_empty() {
                 return Err(fail(Some(label), "metadata.name: Required value".into()));
             }
-            let stored = self.put(k.plural, &namespace, object);
+            let stored = self.put_kind(k, &namespace, object);
             if stored["kind"] == "Status" {
                 let message = stored["message"].as_str().unwrap_or("refused").to_owned();
                 return Err(fail(Some(label), message));
@@ -251,7 +273,7 @@ mod tests {
         assert!(sim.get("namespaces", "", "apps").is_some());
 
         let e = sim
-            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n")
+            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d}\n")
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("seed document 2:"), "{e}");

@@ -1,5 +1,6 @@
 //! The served resource types and the discovery documents kubectl reads before it
-//! touches them (`/version`, `/api`, `/apis`, `/api/v1`, `/openapi/v3`).
+//! touches them (`/version`, `/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`,
+//! `/openapi/v3`).
 //!
 //! New kinds, groups and versions are added here: the store, selectors and watches
 //! know a kind only through [`Kind`].
@@ -7,9 +8,15 @@
 use serde_json::{Value, json};
 
 /// A served resource type.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Kind {
-    /// `pods`: the path segment, and the store's first key.
+    /// `apps`; `""` for the core group (served under `/api/v1`).
+    pub(super) group: &'static str,
+    /// The versions served, preferred (and stored) first: `["v1", "v1beta1"]`.
+    /// As for a CustomResourceDefinition with conversion strategy `None`, versions
+    /// differ only in `apiVersion`.
+    pub(super) versions: &'static [&'static str],
+    /// `pods`: the path segment.
     pub(super) plural: &'static str,
     /// `pod`.
     pub(super) singular: &'static str,
@@ -19,52 +26,246 @@ pub(super) struct Kind {
     pub(super) short: &'static [&'static str],
     /// Whether objects live in a namespace.
     pub(super) namespaced: bool,
+    /// Whether `kubectl get all` includes it (category `all`).
+    pub(super) in_all: bool,
 }
 
+impl Kind {
+    /// `apiVersion` of objects served in `version`: `v1`, `apps/v1`.
+    pub(super) fn api_version(self, version: &str) -> String {
+        if self.group.is_empty() {
+            version.to_owned()
+        } else {
+            format!("{}/{version}", self.group)
+        }
+    }
+
+    /// `apiVersion` of stored objects (the preferred version).
+    pub(super) fn storage_api_version(self) -> String {
+        self.api_version(self.versions[0])
+    }
+
+    /// The store's first key: `pods`, `deployments.apps` (as kubectl names resources).
+    pub(super) fn id(self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_owned()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+}
+
+const fn core(
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    short: &'static [&'static str],
+    namespaced: bool,
+    in_all: bool,
+) -> Kind {
+    Kind {
+        group: "",
+        versions: &["v1"],
+        plural,
+        singular,
+        kind,
+        short,
+        namespaced,
+        in_all,
+    }
+}
+
+const fn grouped(
+    group: &'static str,
+    versions: &'static [&'static str],
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    short: &'static [&'static str],
+    in_all: bool,
+) -> Kind {
+    Kind {
+        group,
+        versions,
+        plural,
+        singular,
+        kind,
+        short,
+        namespaced: true,
+        in_all,
+    }
+}
+
+/// The group served in two versions, so that clients must choose (a CRD-like group:
+/// `v1` preferred, `v1beta1` still served).
+pub(super) const EXAMPLE_GROUP: &str = "example.podgate.dev";
+
+/// Namespaces, which every cluster starts with.
+pub(super) const NAMESPACES: Kind = core(
+    "namespaces",
+    "namespace",
+    "Namespace",
+    &["ns"],
+    false,
+    false,
+);
+
 pub(super) const KINDS: &[Kind] = &[
-    Kind {
-        plural: "pods",
-        singular: "pod",
-        kind: "Pod",
-        short: &["po"],
-        namespaced: true,
-    },
-    Kind {
-        plural: "configmaps",
-        singular: "configmap",
-        kind: "ConfigMap",
-        short: &["cm"],
-        namespaced: true,
-    },
-    Kind {
-        plural: "namespaces",
-        singular: "namespace",
-        kind: "Namespace",
-        short: &["ns"],
-        namespaced: false,
-    },
+    core("pods", "pod", "Pod", &["po"], true, true),
+    core("configmaps", "configmap", "ConfigMap", &["cm"], true, false),
+    core("secrets", "secret", "Secret", &[], true, false),
+    NAMESPACES,
+    core(
+        "serviceaccounts",
+        "serviceaccount",
+        "ServiceAccount",
+        &["sa"],
+        true,
+        false,
+    ),
+    core("services", "service", "Service", &["svc"], true, true),
+    core(
+        "persistentvolumeclaims",
+        "persistentvolumeclaim",
+        "PersistentVolumeClaim",
+        &["pvc"],
+        true,
+        false,
+    ),
+    grouped(
+        "apps",
+        &["v1"],
+        "deployments",
+        "deployment",
+        "Deployment",
+        &["deploy"],
+        true,
+    ),
+    grouped(
+        "apps",
+        &["v1"],
+        "replicasets",
+        "replicaset",
+        "ReplicaSet",
+        &["rs"],
+        true,
+    ),
+    grouped(
+        "apps",
+        &["v1"],
+        "statefulsets",
+        "statefulset",
+        "StatefulSet",
+        &["sts"],
+        true,
+    ),
+    grouped("batch", &["v1"], "jobs", "job", "Job", &[], true),
+    grouped(
+        "batch",
+        &["v1"],
+        "cronjobs",
+        "cronjob",
+        "CronJob",
+        &["cj"],
+        true,
+    ),
+    grouped(
+        "networking.k8s.io",
+        &["v1"],
+        "ingresses",
+        "ingress",
+        "Ingress",
+        &["ing"],
+        false,
+    ),
+    grouped(
+        EXAMPLE_GROUP,
+        &["v1", "v1beta1"],
+        "widgets",
+        "widget",
+        "Widget",
+        &["wd"],
+        false,
+    ),
 ];
 
-/// The store key of an object: (plural, namespace, name); cluster-scoped kinds have
-/// no namespace.
+/// The store key of an object: (resource id, namespace, name); cluster-scoped kinds
+/// have no namespace.
 pub(super) type Key = (String, String, String);
 
 /// The store key of an object in `namespace` (ignored for cluster-scoped kinds).
 pub(super) fn key(k: Kind, namespace: &str, name: &str) -> Key {
     let ns = if k.namespaced { namespace } else { "" };
-    (k.plural.to_owned(), ns.to_owned(), name.to_owned())
+    (k.id(), ns.to_owned(), name.to_owned())
 }
 
-/// The kind served under `plural`.
-pub(super) fn kind(plural: &str) -> Option<Kind> {
-    KINDS.iter().copied().find(|k| k.plural == plural)
+/// The kind served at `/api[s]/<group>/<version>/…/<plural>`.
+pub(super) fn kind_at(group: &str, version: &str, plural: &str) -> Option<Kind> {
+    KINDS
+        .iter()
+        .copied()
+        .find(|k| k.group == group && k.plural == plural && k.versions.contains(&version))
 }
 
-/// The kind named `kind` in `apiVersion: v1` (`Pod`), for objects read from files.
+/// The kind a caller names `resource`: `deployments.apps`, or the bare plural
+/// (`pods`, `deployments`) when only one group serves it.
+pub(super) fn kind(resource: &str) -> Option<Kind> {
+    KINDS
+        .iter()
+        .copied()
+        .find(|k| k.id() == resource)
+        .or_else(|| {
+            let mut it = KINDS.iter().copied().filter(|k| k.plural == resource);
+            let first = it.next()?;
+            it.next().is_none().then_some(first)
+        })
+}
+
+/// The kind named `kind` in `apiVersion` (`v1` `Pod`, `apps/v1` `Deployment`, any
+/// served version), for objects read from files.
 pub(super) fn kind_named(api_version: &str, kind: &str) -> Option<Kind> {
-    (api_version == "v1")
-        .then(|| KINDS.iter().copied().find(|k| k.kind == kind))
-        .flatten()
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    KINDS
+        .iter()
+        .copied()
+        .find(|k| k.group == group && k.kind == kind && k.versions.contains(&version))
+}
+
+/// The served groups (not the core one), in order of first appearance.
+fn groups() -> Vec<(&'static str, &'static [&'static str])> {
+    let mut out: Vec<(&'static str, &'static [&'static str])> = Vec::new();
+    for k in KINDS.iter().filter(|k| !k.group.is_empty()) {
+        if !out.iter().any(|(g, _)| *g == k.group) {
+            out.push((k.group, k.versions));
+        }
+    }
+    out
+}
+
+/// An `APIResourceList` for `group`/`version`, as kube-apiserver serves it.
+fn resource_list(group: &str, version: &str) -> Option<Value> {
+    let resources: Vec<Value> = KINDS
+        .iter()
+        .filter(|k| k.group == group && k.versions.contains(&version))
+        .map(|k| {
+            let mut r = json!({"name": k.plural, "singularName": k.singular, "namespaced": k.namespaced, "kind": k.kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": k.short});
+            if k.in_all {
+                r["categories"] = json!(["all"]);
+            }
+            r
+        })
+        .collect();
+    if resources.is_empty() {
+        return None;
+    }
+    let gv = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
 }
 
 /// The discovery document served at `path` (no trailing slash), if it is one.
@@ -76,32 +277,76 @@ pub(super) fn discovery(path: &str) -> Option<Value> {
         "/api" => {
             json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
         }
-        "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+        // kube-apiserver lists each group's versions by priority (stable first) and
+        // names the preferred one.
+        "/apis" => {
+            let groups: Vec<Value> = groups()
+                .into_iter()
+                .map(|(g, versions)| {
+                    let vs: Vec<Value> = versions
+                        .iter()
+                        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
+                        .collect();
+                    json!({"name": g, "versions": vs, "preferredVersion": vs[0]})
+                })
+                .collect();
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        }
         // kubectl asks the OpenAPI v3 document whether the server validates fields
         // itself (a `fieldValidation` parameter on each kind's PATCH); it does, so
         // kubectl needs no schemas.
         "/openapi/v3" => {
-            json!({"paths": {"api/v1": {"serverRelativeURL": "/openapi/v3/api/v1?hash=podgate"}}})
+            let mut paths = serde_json::Map::new();
+            paths.insert(
+                "api/v1".into(),
+                json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=podgate"}),
+            );
+            for (g, versions) in groups() {
+                for v in versions {
+                    paths.insert(
+                        format!("apis/{g}/{v}"),
+                        json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash=podgate")}),
+                    );
+                }
+            }
+            json!({"paths": paths})
         }
-        "/openapi/v3/api/v1" => openapi_v1(),
-        "/api/v1" => {
-            let resources: Vec<Value> = KINDS
-                .iter()
-                .map(|k| json!({"name": k.plural, "singularName": k.singular, "namespaced": k.namespaced, "kind": k.kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": k.short}))
-                .collect();
-            json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": resources})
+        "/api/v1" => resource_list("", "v1")?,
+        _ => {
+            if let Some(gv) = path.strip_prefix("/openapi/v3/api/") {
+                return openapi("", gv);
+            }
+            if let Some(gv) = path.strip_prefix("/openapi/v3/apis/") {
+                let (g, v) = gv.split_once('/')?;
+                return openapi(g, v);
+            }
+            let gv = path.strip_prefix("/apis/")?;
+            let (g, v) = gv.split_once('/')?;
+            if v.contains('/') {
+                return None;
+            }
+            return resource_list(g, v);
         }
-        _ => return None,
     })
 }
 
-fn openapi_v1() -> Value {
+/// The OpenAPI v3 document of one group version: each kind's operations with the
+/// `fieldValidation` parameter kubectl looks for.
+fn openapi(group: &str, version: &str) -> Option<Value> {
     let mut paths = serde_json::Map::new();
-    for k in KINDS {
-        let item = if k.namespaced {
-            format!("/api/v1/namespaces/{{namespace}}/{}/{{name}}", k.plural)
+    for k in KINDS
+        .iter()
+        .filter(|k| k.group == group && k.versions.contains(&version))
+    {
+        let root = if group.is_empty() {
+            format!("/api/{version}")
         } else {
-            format!("/api/v1/{}/{{name}}", k.plural)
+            format!("/apis/{group}/{version}")
+        };
+        let item = if k.namespaced {
+            format!("{root}/namespaces/{{namespace}}/{}/{{name}}", k.plural)
+        } else {
+            format!("{root}/{}/{{name}}", k.plural)
         };
         let op = |action: &str| {
             json!({
@@ -113,7 +358,7 @@ fn openapi_v1() -> Value {
                 ],
                 "responses": {"200": {"description": "OK"}},
                 "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": {"group": "", "version": "v1", "kind": k.kind},
+                "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": k.kind},
             })
         };
         paths.insert(
@@ -121,5 +366,51 @@ fn openapi_v1() -> Value {
             json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
         );
     }
-    json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths, "components": {"schemas": {}}})
+    if paths.is_empty() {
+        return None;
+    }
+    Some(
+        json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths, "components": {"schemas": {}}}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_are_discovered_with_their_preferred_version() {
+        let list = discovery("/apis").unwrap();
+        let example = list["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == EXAMPLE_GROUP)
+            .unwrap();
+        assert_eq!(
+            example["versions"],
+            json!([
+                {"groupVersion": "example.podgate.dev/v1", "version": "v1"},
+                {"groupVersion": "example.podgate.dev/v1beta1", "version": "v1beta1"},
+            ])
+        );
+        assert_eq!(example["preferredVersion"]["version"], "v1");
+        let apps = discovery("/apis/apps/v1").unwrap();
+        assert_eq!(apps["groupVersion"], "apps/v1");
+        let names: Vec<&str> = apps["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["deployments", "replicasets", "statefulsets"]);
+        assert!(discovery("/apis/apps/v2").is_none());
+        assert!(discovery("/apis/example.podgate.dev/v1beta1").is_some());
+        assert!(discovery("/openapi/v3/apis/apps/v1").is_some());
+        assert_eq!(kind("deployments").unwrap().group, "apps");
+        assert_eq!(kind("widgets.example.podgate.dev").unwrap().kind, "Widget");
+        assert!(kind_named("example.podgate.dev/v1beta1", "Widget").is_some());
+        assert!(kind_named("apps/v1beta1", "Deployment").is_none());
+        assert!(kind_at("apps", "v1", "pods").is_none());
+    }
 }

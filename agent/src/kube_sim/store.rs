@@ -11,14 +11,14 @@ use tokio::sync::broadcast;
 
 use super::http::status;
 use super::patch::merge;
-use super::resources::{Key, Kind, kind};
+use super::resources::{Key, Kind, key};
 use super::selector::{fields_match, labels_match, parse_selector};
 
 /// One change, as watches see it.
 #[derive(Clone, Debug)]
 pub(super) struct Event {
     pub(super) rv: u64,
-    pub(super) plural: &'static str,
+    pub(super) resource: Kind,
     /// `ADDED`, `MODIFIED` or `DELETED`.
     pub(super) kind: &'static str,
     pub(super) object: Value,
@@ -27,11 +27,30 @@ pub(super) struct Event {
 #[derive(Debug, Default)]
 pub(super) struct Store {
     pub(super) rv: u64,
-    /// (plural, namespace, name) → object.
+    /// (resource id, namespace, name) → object, in the stored version.
     pub(super) objects: BTreeMap<Key, Value>,
     /// Recent events, oldest first; older ones are compacted away.
     pub(super) history: VecDeque<Event>,
     uid: u64,
+}
+
+impl Store {
+    /// The stored objects of kind `k`, in key order.
+    pub(super) fn of(&self, k: Kind) -> impl Iterator<Item = (&Key, &Value)> {
+        let id = k.id();
+        self.objects
+            .range((id.clone(), String::new(), String::new())..)
+            .take_while(move |((r, _, _), _)| *r == id)
+    }
+}
+
+/// `o` (stored in `k`'s preferred version) as served in `version`: only `apiVersion`
+/// differs, as for a CustomResourceDefinition with conversion strategy `None`.
+pub(super) fn as_version(k: Kind, version: &str, mut o: Value) -> Value {
+    if version != k.versions[0] && o["kind"] == k.kind {
+        o["apiVersion"] = json!(k.api_version(version));
+    }
+    o
 }
 
 /// What the HTTP side and the handle share.
@@ -65,35 +84,25 @@ impl Shared {
     pub(super) fn apply(
         &self,
         method: Method,
-        plural: &str,
+        k: Kind,
         namespace: &str,
         name: Option<&str>,
         body: Value,
     ) -> (StatusCode, Value) {
-        let Some(k) = kind(plural) else {
-            return (
-                StatusCode::NOT_FOUND,
-                status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    "the server could not find the requested resource",
-                ),
-            );
-        };
         let ns = if k.namespaced { namespace } else { "" };
         let mut store = self.lock();
         let name = name
             .map(str::to_owned)
             .or_else(|| body["metadata"]["name"].as_str().map(str::to_owned))
             .unwrap_or_default();
-        let key = (plural.to_owned(), ns.to_owned(), name.clone());
+        let key = key(k, ns, &name);
         let not_found = || {
             (
                 StatusCode::NOT_FOUND,
                 status(
                     StatusCode::NOT_FOUND,
                     "NotFound",
-                    &format!("{} \"{name}\" not found", k.plural),
+                    &format!("{} \"{name}\" not found", k.id()),
                 ),
             )
         };
@@ -115,14 +124,14 @@ impl Shared {
                         status(
                             StatusCode::CONFLICT,
                             "AlreadyExists",
-                            &format!("{} \"{name}\" already exists", k.plural),
+                            &format!("{} \"{name}\" already exists", k.id()),
                         ),
                     );
                 }
                 let mut o = body;
                 store.uid += 1;
                 let uid = format!("00000000-0000-4000-8000-{:012x}", store.uid);
-                o["apiVersion"] = json!("v1");
+                o["apiVersion"] = json!(k.storage_api_version());
                 o["kind"] = json!(k.kind);
                 o["metadata"]["uid"] = json!(uid);
                 o["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
@@ -147,7 +156,7 @@ impl Shared {
                             "Conflict",
                             &format!(
                                 "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                                k.plural
+                                k.id()
                             ),
                         ),
                     );
@@ -158,7 +167,7 @@ impl Shared {
                 if k.namespaced {
                     o["metadata"]["namespace"] = json!(ns);
                 }
-                o["apiVersion"] = json!("v1");
+                o["apiVersion"] = json!(k.storage_api_version());
                 o["kind"] = json!(k.kind);
                 ("MODIFIED", o, StatusCode::OK)
             }
@@ -196,7 +205,7 @@ impl Shared {
         }
         let e = Event {
             rv,
-            plural: k.plural,
+            resource: k,
             kind: event,
             object: object.clone(),
         };
@@ -235,26 +244,25 @@ impl Shared {
         }
     }
 
-    /// A `<Kind>List` of the matching objects at the current resource version.
+    /// A `<Kind>List` of the matching objects at the current resource version, as
+    /// served in `version`.
     pub(super) fn list(
         &self,
         k: Kind,
+        version: &str,
         namespace: Option<&str>,
         q: &BTreeMap<String, String>,
     ) -> Result<Value, String> {
         let store = self.lock();
         let mut items = Vec::new();
-        for ((plural, _, _), o) in &store.objects {
-            if plural != k.plural {
-                continue;
-            }
+        for (_, o) in store.of(k) {
             if self.matching(k, namespace, q, o)? {
-                items.push(o.clone());
+                items.push(as_version(k, version, o.clone()));
             }
         }
         Ok(json!({
             "kind": format!("{}List", k.kind),
-            "apiVersion": "v1",
+            "apiVersion": k.api_version(version),
             "metadata": {"resourceVersion": store.rv.to_string()},
             "items": items,
         }))

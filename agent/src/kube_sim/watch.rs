@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 use super::http::{Body, error, status};
 use super::resources::Kind;
 use super::selector::parse_selector;
-use super::store::Shared;
+use super::store::{Shared, as_version};
 
 impl Shared {
     /// Answer a `watch=true` list request with a stream that ends when the client
@@ -24,6 +24,7 @@ impl Shared {
     pub(super) fn watch(
         self: &Arc<Self>,
         k: Kind,
+        version: &str,
         namespace: Option<&str>,
         q: &BTreeMap<String, String>,
     ) -> Response<Body> {
@@ -40,8 +41,16 @@ impl Shared {
         // Subscribe before reading history so nothing falls between the two.
         let mut live = self.events.subscribe();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(256);
-        let line =
-            |t: &str, o: &Value| Bytes::from(format!("{}\n", json!({"type": t, "object": o})));
+        let bookmark_version = k.api_version(version);
+        let version = version.to_owned();
+        let line = move |t: &str, o: &Value| {
+            let o = if t == "ERROR" || t == "BOOKMARK" {
+                o.clone()
+            } else {
+                as_version(k, &version, o.clone())
+            };
+            Bytes::from(format!("{}\n", json!({"type": t, "object": o})))
+        };
         let mut backlog = Vec::new();
         let mut last;
         {
@@ -61,7 +70,7 @@ impl Shared {
                         for e in store
                             .history
                             .iter()
-                            .filter(|e| e.rv > rv && e.plural == k.plural)
+                            .filter(|e| e.rv > rv && e.resource == k)
                         {
                             if self.matching(k, namespace, q, &e.object).unwrap_or(false) {
                                 backlog.push(line(e.kind, &e.object));
@@ -72,9 +81,8 @@ impl Shared {
                 }
                 None => {
                     // No resourceVersion: synthetic ADDED for everything, then changes.
-                    for ((plural, _, _), o) in &store.objects {
-                        if plural == k.plural && self.matching(k, namespace, q, o).unwrap_or(false)
-                        {
+                    for (_, o) in store.of(k) {
+                        if self.matching(k, namespace, q, o).unwrap_or(false) {
                             backlog.push(line("ADDED", o));
                         }
                     }
@@ -98,7 +106,7 @@ impl Shared {
             loop {
                 tokio::select! {
                     e = live.recv() => match e {
-                        Ok(e) if e.rv > last && e.plural == k.plural => {
+                        Ok(e) if e.rv > last && e.resource == k => {
                             last = e.rv;
                             if shared.matching(k, namespace.as_deref(), &q, &e.object).unwrap_or(false)
                                 && tx.send(Ok(Frame::data(line(e.kind, &e.object)))).await.is_err()
@@ -116,7 +124,7 @@ impl Shared {
                     },
                     _ = tick.tick(), if bookmarks => {
                         let rv = shared.lock().rv;
-                        let b = json!({"kind": k.kind, "apiVersion": "v1", "metadata": {"resourceVersion": rv.to_string()}});
+                        let b = json!({"kind": k.kind, "apiVersion": bookmark_version, "metadata": {"resourceVersion": rv.to_string()}});
                         if tx.send(Ok(Frame::data(line("BOOKMARK", &b)))).await.is_err() {
                             return;
                         }
