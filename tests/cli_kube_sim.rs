@@ -1,6 +1,7 @@
 //! `podgate kube-sim` as a process, driven by the installed `kubectl` (the test fails
 //! when kubectl is missing): objects from a seed file, get with a label selector,
-//! apply, delete, `get -w` seeing an apply, a bad seed named, and a clean SIGTERM.
+//! apply, delete, `get -w` seeing an apply, a bad seed named, a clean SIGTERM, and a
+//! generated cluster listed whole.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -275,4 +276,70 @@ fn a_bad_seed_document_is_named_and_nothing_is_served() {
         !String::from_utf8_lossy(&out.stdout).contains("Kubernetes API on"),
         "served despite a bad seed"
     );
+}
+
+#[test]
+fn a_generated_cluster_is_listed_whole_by_kubectl() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_out = dir.path().join("kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args([
+            "kube-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--objects",
+            "500",
+            "--gen-seed",
+            "42",
+        ])
+        .arg("--kubeconfig-out")
+        .arg(&config_out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = line_channel(child.stdout.take().unwrap());
+    let sim = Sim { child, lines };
+    let generated: usize = expect_prefix(&sim.lines, "kube-sim: generated ")
+        .strip_suffix(" objects (--gen-seed 42)")
+        .expect("the seed is named")
+        .parse()
+        .unwrap();
+    assert!(generated >= 500, "{generated}");
+    let config = PathBuf::from(expect_prefix(&sim.lines, "kube-sim: kubeconfig "));
+
+    let (ok, out, err) = kubectl(
+        &config,
+        &[
+            "get",
+            "ns,secrets,cm,sa,svc,deploy,rs,pods",
+            "-A",
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    assert!(ok, "get: {err}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    let items = list["items"].as_array().unwrap();
+    // Everything generated, besides default and kube-system.
+    assert_eq!(items.len(), generated + 2);
+    let uids: std::collections::HashSet<&str> = items
+        .iter()
+        .map(|i| i["metadata"]["uid"].as_str().unwrap())
+        .collect();
+    let mut owned = 0;
+    for i in items {
+        for r in i["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert!(uids.contains(r["uid"].as_str().unwrap()), "{r}");
+            owned += 1;
+        }
+    }
+    let count = |kind: &str| items.iter().filter(|i| i["kind"] == kind).count();
+    assert_eq!(owned, count("Pod") + count("ReplicaSet"));
+    assert!(count("Deployment") > 10, "{}", count("Deployment"));
 }

@@ -1,5 +1,6 @@
-//! `podgate kube-sim --listen ADDR [--seed FILE.yaml]`: a simulated Kubernetes API
-//! server that `kubectl` and agentk accept, until SIGTERM/SIGINT.
+//! `podgate kube-sim --listen ADDR [--seed FILE.yaml] [--objects N [--gen-seed S]]`:
+//! a simulated Kubernetes API server that `kubectl` and agentk accept, until
+//! SIGTERM/SIGINT.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -19,6 +20,14 @@ pub(crate) struct KubeSimArgs {
     /// documents) of any served kind (`kubectl api-resources` lists them).
     #[arg(long, value_name = "FILE.yaml")]
     seed: Option<PathBuf>,
+    /// Generate a cluster of at least this many objects (namespaces with apps:
+    /// ConfigMaps, Secrets, ServiceAccounts, Services, Deployments → ReplicaSets →
+    /// Pods), after the seed file.
+    #[arg(long, value_name = "N")]
+    objects: Option<usize>,
+    /// The seed number of `--objects`: the same number, the same cluster.
+    #[arg(long, value_name = "S", default_value_t = 1, requires = "objects")]
+    gen_seed: u64,
     /// Write the kubeconfig here (default: a temporary file, removed at exit).
     #[arg(long, value_name = "PATH")]
     kubeconfig_out: Option<PathBuf>,
@@ -37,6 +46,13 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
             .load_seed(&text)
             .with_context(|| format!("loading --seed {}", path.display()))?;
         println!("kube-sim: loaded {n} objects from {}", path.display());
+    }
+    if let Some(objects) = args.objects {
+        let n = sim.generate(objects, args.gen_seed);
+        println!(
+            "kube-sim: generated {n} objects (--gen-seed {})",
+            args.gen_seed
+        );
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -22,12 +22,13 @@
 //!   `kubectl label`), delete; errors as `Status` objects, which kubectl prints as
 //!   `Error from server (NotFound): …`.
 //!
-//! Layout: [`KubeSim`] here is the handle (direct reads and writes, seeding, and
-//! [`KubeSim::serve`]); `resources` holds the served kinds and discovery documents;
+//! Layout: [`KubeSim`] here is the handle (direct reads and writes, seeding,
+//! generated clusters from `generate`, and [`KubeSim::serve`]); `resources` holds the served kinds and discovery documents;
 //! `selector` label and field selectors; `patch` body decoding and merge patches;
 //! `store` the objects, resource versions and change history; `watch` the watch
 //! streams; `http` the request dispatch.
 
+mod generate;
 mod http;
 mod patch;
 mod resources;
@@ -178,6 +179,14 @@ impl KubeSim {
             .objects
             .get(&key(k, namespace, name))
             .cloned()
+    }
+
+    /// Add a generated cluster of at least `objects` objects (namespaces with apps:
+    /// ConfigMaps, Secrets, ServiceAccounts, Services, and Deployments → ReplicaSets →
+    /// Pods linked by controller owner references), the same for the same `seed`;
+    /// returns how many objects were added.
+    pub fn generate(&self, objects: usize, seed: u64) -> usize {
+        generate::generate(self, objects, seed)
     }
 
     /// The current resourceVersion.
