@@ -235,7 +235,7 @@ mod tests {
     /// Every object of `resource` in the cluster.
     fn all(sim: &KubeSim, resource: &str) -> Vec<Value> {
         let k = kind(resource).unwrap();
-        sim.shared.lock().of(k).map(|(_, o)| o.clone()).collect()
+        sim.shared.lock().of(k).map(|(_, o)| o.value()).collect()
     }
 
     #[test]

@@ -25,7 +25,11 @@ fn full(b: impl Into<Bytes>) -> Body {
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
-    let mut r = Response::new(full(v.to_string()));
+    text_response(status, v.to_string())
+}
+
+fn text_response(status: StatusCode, text: String) -> Response<Body> {
+    let mut r = Response::new(full(text));
     *r.status_mut() = status;
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -141,11 +145,11 @@ impl Shared {
                 self.watch(k, version, namespace, &q)
             }
             (&Method::GET, None) => match self.list(k, version, namespace, &q) {
-                Ok(list) => json_response(StatusCode::OK, &list),
+                Ok(list) => text_response(StatusCode::OK, list),
                 Err(e) => error(StatusCode::BAD_REQUEST, "BadRequest", &e),
             },
             (&Method::GET, Some(name)) => match self.lock().objects.get(&key(k, ns, name)) {
-                Some(o) => json_response(StatusCode::OK, &as_version(k, version, o.clone())),
+                Some(o) => text_response(StatusCode::OK, o.text_in(k, version).into_owned()),
                 None => error(
                     StatusCode::NOT_FOUND,
                     "NotFound",

@@ -178,7 +178,7 @@ impl KubeSim {
             .lock()
             .objects
             .get(&key(k, namespace, name))
-            .cloned()
+            .map(|s| s.value())
     }
 
     /// Add a generated cluster of at least `objects` objects (namespaces with apps:

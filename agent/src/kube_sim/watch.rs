@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 use super::http::{Body, error, status};
 use super::resources::Kind;
 use super::selector::parse_selector;
-use super::store::{Shared, as_version};
+use super::store::{Shared, Stored};
 
 impl Shared {
     /// Answer a `watch=true` list request with a stream that ends when the client
@@ -43,13 +43,13 @@ impl Shared {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(256);
         let bookmark_version = k.api_version(version);
         let version = version.to_owned();
-        let line = move |t: &str, o: &Value| {
-            let o = if t == "ERROR" || t == "BOOKMARK" {
-                o.clone()
-            } else {
-                as_version(k, &version, o.clone())
-            };
-            Bytes::from(format!("{}\n", json!({"type": t, "object": o})))
+        let line =
+            |t: &str, o: &Value| Bytes::from(format!("{}\n", json!({"type": t, "object": o})));
+        let stored_line = move |t: &str, o: &Stored| {
+            Bytes::from(format!(
+                "{{\"type\":\"{t}\",\"object\":{}}}\n",
+                o.text_in(k, &version)
+            ))
         };
         let mut backlog = Vec::new();
         let mut last;
@@ -72,8 +72,11 @@ impl Shared {
                             .iter()
                             .filter(|e| e.rv > rv && e.resource == k)
                         {
-                            if self.matching(k, namespace, q, &e.object).unwrap_or(false) {
-                                backlog.push(line(e.kind, &e.object));
+                            if self
+                                .matching(k, namespace, q, &e.object.index)
+                                .unwrap_or(false)
+                            {
+                                backlog.push(stored_line(e.kind, &e.object));
                             }
                         }
                         last = store.rv;
@@ -82,8 +85,8 @@ impl Shared {
                 None => {
                     // No resourceVersion: synthetic ADDED for everything, then changes.
                     for (_, o) in store.of(k) {
-                        if self.matching(k, namespace, q, o).unwrap_or(false) {
-                            backlog.push(line("ADDED", o));
+                        if self.matching(k, namespace, q, &o.index).unwrap_or(false) {
+                            backlog.push(stored_line("ADDED", o));
                         }
                     }
                     last = store.rv;
@@ -108,8 +111,8 @@ impl Shared {
                     e = live.recv() => match e {
                         Ok(e) if e.rv > last && e.resource == k => {
                             last = e.rv;
-                            if shared.matching(k, namespace.as_deref(), &q, &e.object).unwrap_or(false)
-                                && tx.send(Ok(Frame::data(line(e.kind, &e.object)))).await.is_err()
+                            if shared.matching(k, namespace.as_deref(), &q, &e.object.index).unwrap_or(false)
+                                && tx.send(Ok(Frame::data(stored_line(e.kind, &e.object)))).await.is_err()
                             {
                                 return;
                             }
