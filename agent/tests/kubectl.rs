@@ -475,4 +475,43 @@ async fn kubectl_reaches_api_groups_and_chooses_versions() {
     });
     assert!(ok, "get widget v1beta1: {err}");
     assert_eq!(out, "example.podgate.dev/v1beta1 3");
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &["get", "widgets.v1beta1.example.podgate.dev", "-o", "json"],
+            None,
+        )
+    });
+    assert!(ok, "list widgets v1beta1: {err}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        list["items"][0]["apiVersion"],
+        "example.podgate.dev/v1beta1"
+    );
+    assert_eq!(
+        server.get("widgets", "default", "w1").unwrap()["apiVersion"],
+        "example.podgate.dev/v1",
+        "stored in the preferred version"
+    );
+    // Watches too serve the version asked for.
+    for version in ["v1", "v1beta1"] {
+        let events = watch_events(
+            &server.url(),
+            &format!("/apis/example.podgate.dev/{version}/namespaces/default/widgets?watch=true"),
+            1,
+        )
+        .await;
+        assert_eq!(events[0]["type"], "ADDED");
+        assert_eq!(
+            events[0]["object"]["apiVersion"],
+            format!("example.podgate.dev/{version}")
+        );
+    }
+    // A version or group not served is no resource.
+    let events = watch_events(
+        &server.url(),
+        "/apis/example.podgate.dev/v2/namespaces/default/widgets",
+        1,
+    )
+    .await;
+    assert_eq!(events[0]["code"], 404, "{events:?}");
 }
