@@ -312,7 +312,7 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
         &config,
         &[
             "get",
-            "ns,secrets,cm,sa,svc,deploy,rs,pods",
+            "ns,secrets,cm,sa,svc,deploy,rs,pods,pvc,sts,jobs,cronjobs,ingresses,widgets",
             "-A",
             "-o",
             "json",
@@ -340,6 +340,8 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
         }
     }
     let count = |kind: &str| items.iter().filter(|i| i["kind"] == kind).count();
-    assert_eq!(owned, count("Pod") + count("ReplicaSet"));
+    assert_eq!(owned, count("Pod") + count("ReplicaSet") + count("Job"));
+    assert!(count("Widget") > 0 && count("StatefulSet") > 0 && count("Ingress") > 0);
+    assert_eq!(count("CronJob"), count("Job"));
     assert!(count("Deployment") > 10, "{}", count("Deployment"));
 }

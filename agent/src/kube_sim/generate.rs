@@ -4,7 +4,10 @@
 //! and a Deployment → ReplicaSet → Pods chain linked by controller owner references
 //! (`uid`, `controller: true`, `blockOwnerDeletion: true`, as kube-controller-manager
 //! sets them). Pods mount the ConfigMap and Secret as volumes and read them through
-//! `env[].valueFrom` and `envFrom`.
+//! `env[].valueFrom` and `envFrom`. Each namespace also gets an Ingress (to its first
+//! app's Service, with a TLS Secret), a StatefulSet with volume claim templates, its
+//! PersistentVolumeClaims and Pods, a CronJob → Job → Pod chain, and a Widget of the
+//! two-version group `example.podgate.dev` naming a ConfigMap.
 
 use serde_json::{Value, json};
 
@@ -117,12 +120,19 @@ pub(super) fn generate(sim: &KubeSim, objects: usize, seed: u64) -> usize {
             json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "regcred"}, "type": "kubernetes.io/dockerconfigjson", "data": {".dockerconfigjson": "eyJhdXRocyI6e319"}}),
         );
         let apps = rng.range(3, 12);
+        let mut first = None;
         for a in 0..apps {
             if sink.created >= objects {
                 break;
             }
             let name = format!("{}-{a}", rng.pick(APPS));
             app(&mut sink, &mut rng, &ns, &name);
+            first.get_or_insert(name);
+        }
+        if let Some(first) = first
+            && sink.created < objects
+        {
+            extras(&mut sink, &mut rng, &ns, &first);
         }
     }
     sink.created
@@ -228,6 +238,113 @@ fn app(sink: &mut Sink<'_>, rng: &mut Rng, ns: &str, app: &str) {
     }
 }
 
+/// The rest of a namespace: an Ingress to `app`'s Service with a TLS Secret; a
+/// StatefulSet, its headless Service, PersistentVolumeClaims (from the volume claim
+/// template, as the StatefulSet controller names them: `<template>-<set>-<ordinal>`)
+/// and Pods; a CronJob → Job → Pod chain; a Widget naming `app`'s ConfigMap.
+fn extras(sink: &mut Sink<'_>, rng: &mut Rng, ns: &str, app: &str) {
+    let tls = format!("{app}-tls");
+    sink.put(
+        "secrets",
+        ns,
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": tls}, "type": "kubernetes.io/tls", "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"}}),
+    );
+    let host = format!("{app}.{ns}.example.com");
+    sink.put(
+        "ingresses.networking.k8s.io",
+        ns,
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": app},
+            "spec": {
+                "ingressClassName": "nginx",
+                "tls": [{"hosts": [host], "secretName": tls}],
+                "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": app, "port": {"number": 80}}}}]}}],
+            },
+        }),
+    );
+
+    let set = "db";
+    let labels = json!({"app": set});
+    sink.put(
+        "services",
+        ns,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": set, "labels": labels}, "spec": {"clusterIP": "None", "selector": labels, "ports": [{"name": "pg", "port": 5432}]}}),
+    );
+    let replicas = rng.range(1, 3);
+    let claim = json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}});
+    let pod_spec = |claim_name: &str| {
+        json!({
+            "containers": [{"name": "postgres", "image": "postgres:16", "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}],
+        })
+    };
+    let statefulset = sink.put(
+        "statefulsets.apps",
+        ns,
+        json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": set, "labels": labels},
+            "spec": {
+                "serviceName": set,
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": pod_spec("")["containers"]}},
+                "volumeClaimTemplates": [claim],
+            },
+            "status": {"replicas": replicas, "readyReplicas": replicas},
+        }),
+    );
+    for i in 0..replicas {
+        let claim_name = format!("data-{set}-{i}");
+        sink.put(
+            "persistentvolumeclaims",
+            ns,
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim_name, "labels": labels}, "spec": claim["spec"], "status": {"phase": "Bound"}}),
+        );
+        sink.put(
+            "pods",
+            ns,
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("{set}-{i}"), "labels": labels, "ownerReferences": controller_ref(&statefulset)},
+                "spec": pod_spec(&claim_name),
+                "status": {"phase": "Running"},
+            }),
+        );
+    }
+
+    let cron = "report";
+    let job_spec = json!({"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": cron, "image": "busybox:1.36", "command": ["sh", "-c", "date"], "envFrom": [{"configMapRef": {"name": format!("{app}-config")}}]}]}}});
+    let cronjob = sink.put(
+        "cronjobs.batch",
+        ns,
+        json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": cron}, "spec": {"schedule": "0 * * * *", "jobTemplate": {"spec": job_spec}}}),
+    );
+    let job_name = format!("{cron}-{}", 29_000_000 + rng.range(0, 999_999));
+    let job = sink.put(
+        "jobs.batch",
+        ns,
+        json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job_name, "ownerReferences": controller_ref(&cronjob)}, "spec": job_spec, "status": {"succeeded": 1}}),
+    );
+    sink.put(
+        "pods",
+        ns,
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("{job_name}-{}", rng.suffix(5)), "labels": {"job-name": job_name}, "ownerReferences": controller_ref(&job)},
+            "spec": job_spec["template"]["spec"],
+            "status": {"phase": "Succeeded"},
+        }),
+    );
+
+    sink.put(
+        "widgets.example.podgate.dev",
+        ns,
+        json!({"apiVersion": "example.podgate.dev/v1", "kind": "Widget", "metadata": {"name": format!("{app}-widget")}, "spec": {"size": rng.range(1, 9), "configMapRef": {"name": format!("{app}-config")}}}),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +369,12 @@ mod tests {
             "deployments",
             "replicasets",
             "pods",
+            "persistentvolumeclaims",
+            "statefulsets",
+            "jobs",
+            "cronjobs",
+            "ingresses",
+            "widgets",
         ]
         .iter()
         .map(|r| all(&sim, r).len())
@@ -300,7 +423,42 @@ mod tests {
                 "{resource} {ns}/{name} missing"
             );
         };
-        for pod in &pods {
+        let by = |pod: &&Value, owner: &str| pod["metadata"]["ownerReferences"][0]["kind"] == owner;
+        assert!(
+            pods.iter()
+                .all(|p| by(&p, "ReplicaSet") || by(&p, "StatefulSet") || by(&p, "Job")),
+            "every Pod has a controller"
+        );
+        for pod in pods.iter().filter(|p| by(p, "StatefulSet")) {
+            owner_ok(pod, "statefulsets", "StatefulSet");
+            let ns = pod["metadata"]["namespace"].as_str().unwrap();
+            exists(
+                "persistentvolumeclaims",
+                ns,
+                &pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+            );
+        }
+        for pod in pods.iter().filter(|p| by(p, "Job")) {
+            let job = owner_ok(pod, "jobs", "Job");
+            owner_ok(&job, "cronjobs", "CronJob");
+        }
+        let statefulsets = all(&sim, "statefulsets").len();
+        assert!(statefulsets > 10, "{statefulsets}");
+        assert_eq!(all(&sim, "cronjobs").len(), all(&sim, "jobs").len());
+        for ing in all(&sim, "ingresses") {
+            let ns = ing["metadata"]["namespace"].as_str().unwrap();
+            exists("secrets", ns, &ing["spec"]["tls"][0]["secretName"]);
+            exists(
+                "services",
+                ns,
+                &ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"],
+            );
+        }
+        for w in all(&sim, "widgets") {
+            let ns = w["metadata"]["namespace"].as_str().unwrap();
+            exists("configmaps", ns, &w["spec"]["configMapRef"]["name"]);
+        }
+        for pod in pods.iter().filter(|p| by(p, "ReplicaSet")) {
             let rs = owner_ok(pod, "replicasets", "ReplicaSet");
             // The ReplicaSet selects its Pods.
             for (k, v) in rs["spec"]["selector"]["matchLabels"].as_object().unwrap() {
