@@ -1,8 +1,6 @@
 //! Label and field selectors, as `list` and `watch` take them in `labelSelector` and
 //! `fieldSelector`.
 
-use serde_json::Value;
-
 /// One requirement of a label selector.
 #[derive(Debug, PartialEq)]
 pub(super) enum Requirement {
@@ -66,9 +64,11 @@ pub(super) fn parse_selector(s: &str) -> Result<Vec<Requirement>, String> {
     Ok(reqs)
 }
 
-/// Whether `labels` (an object's `metadata.labels`) meet every requirement.
-pub(super) fn labels_match(reqs: &[Requirement], labels: &Value) -> bool {
-    let get = |k: &str| labels.get(k).and_then(Value::as_str);
+/// Whether an object's labels (`get` looks one up) meet every requirement.
+pub(super) fn labels_match<'a>(
+    reqs: &[Requirement],
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> bool {
     reqs.iter().all(|r| match r {
         Requirement::Eq(k, v) => get(k) == Some(v.as_str()),
         Requirement::NotEq(k, v) => get(k) != Some(v.as_str()),
@@ -80,8 +80,11 @@ pub(super) fn labels_match(reqs: &[Requirement], labels: &Value) -> bool {
 }
 
 /// Field selectors: `metadata.name`, `metadata.namespace`, `status.phase` with `=`,
-/// `==`, `!=`.
-pub(super) fn fields_match(selector: &str, object: &Value) -> Result<bool, String> {
+/// `==`, `!=`; `get` looks up a field of the object by that name.
+pub(super) fn fields_match<'a>(
+    selector: &str,
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> Result<bool, String> {
     for term in selector.split(',').map(str::trim).filter(|t| !t.is_empty()) {
         let (field, want, negate) = if let Some((f, v)) = term.split_once("!=") {
             (f, v, true)
@@ -92,16 +95,11 @@ pub(super) fn fields_match(selector: &str, object: &Value) -> Result<bool, Strin
         } else {
             return Err(format!("invalid field selector: {term:?}"));
         };
-        let pointer = match field.trim() {
-            "metadata.name" => "/metadata/name",
-            "metadata.namespace" => "/metadata/namespace",
-            "status.phase" => "/status/phase",
+        let field = match field.trim() {
+            f @ ("metadata.name" | "metadata.namespace" | "status.phase") => f,
             other => return Err(format!("field label not supported: {other}")),
         };
-        let have = object
-            .pointer(pointer)
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let have = get(field).unwrap_or("");
         if (have == want.trim()) == negate {
             return Ok(false);
         }
@@ -112,7 +110,7 @@ pub(super) fn fields_match(selector: &str, object: &Value) -> Result<bool, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     #[test]
     fn label_selectors_parse_and_match() {
@@ -129,18 +127,24 @@ mod tests {
             ("missing", false),
         ] {
             assert_eq!(
-                labels_match(&parse_selector(sel).unwrap(), &labels),
+                labels_match(&parse_selector(sel).unwrap(), |k| labels
+                    .get(k)
+                    .and_then(Value::as_str)),
                 want,
                 "{sel}"
             );
         }
         assert!(parse_selector("a b").is_err());
         let pod = json!({"metadata": {"name": "p1", "namespace": "default"}, "status": {"phase": "Running"}});
+        let field = |f: &str| {
+            pod.pointer(&format!("/{}", f.replace('.', "/")))
+                .and_then(Value::as_str)
+        };
         assert_eq!(
-            fields_match("metadata.name=p1,status.phase!=Pending", &pod),
+            fields_match("metadata.name=p1,status.phase!=Pending", field),
             Ok(true)
         );
-        assert_eq!(fields_match("status.phase=Pending", &pod), Ok(false));
-        assert!(fields_match("spec.nodeName=x", &pod).is_err());
+        assert_eq!(fields_match("status.phase=Pending", field), Ok(false));
+        assert!(fields_match("spec.nodeName=x", field).is_err());
     }
 }
