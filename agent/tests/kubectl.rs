@@ -440,9 +440,13 @@ async fn kubectl_reaches_api_groups_and_chooses_versions() {
         "jobs.batch",
         "ingresses.networking.k8s.io",
         "widgets.example.podgate.dev",
+        "events",
+        "events.events.k8s.io",
     ] {
         assert!(out.lines().any(|l| l == want), "{want} missing from\n{out}");
     }
+    // Subresources are in discovery, but kubectl does not list them as resources.
+    assert!(!out.contains('/'), "{out}");
 
     // A group in two versions: objects written in either are served in the one asked
     // for, the preferred (v1) by default.

@@ -8,7 +8,8 @@
 //!   namespaces, serviceaccounts, services, persistentvolumeclaims; apps
 //!   deployments, replicasets, statefulsets; batch jobs, cronjobs;
 //!   networking.k8s.io ingresses; `example.podgate.dev` widgets in `v1` and
-//!   `v1beta1`) and the OpenAPI v3 index, where kubectl learns that the server
+//!   `v1beta1`; events in core and `events.k8s.io`; subresources such as
+//!   `pods/status` listed, not served) and the OpenAPI v3 index, where kubectl learns that the server
 //!   validates fields itself (so `kubectl apply` needs no schemas);
 //! - list with `resourceVersion`, `labelSelector` (`=`, `==`, `!=`, `in`, `notin`,
 //!   `key`, `!key`) and `fieldSelector` (`metadata.name`, `metadata.namespace`,

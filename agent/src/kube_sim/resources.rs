@@ -187,6 +187,39 @@ pub(super) const KINDS: &[Kind] = &[
         &["wd"],
         false,
     ),
+    // Events, in two groups as in a real cluster (clients that build graphs skip them).
+    core("events", "event", "Event", &["ev"], true, false),
+    grouped(
+        "events.k8s.io",
+        &["v1"],
+        "events",
+        "event",
+        "Event",
+        &["ev"],
+        false,
+    ),
+];
+
+/// Subresources listed in discovery as kube-apiserver lists them (`pods/status`):
+/// (group, resource, subresource, verbs). Discovery clients must skip them; requests
+/// to them are not served.
+const SUBRESOURCES: &[(&str, &str, &str, &[&str])] = &[
+    ("", "pods", "status", &["get", "patch", "update"]),
+    ("", "pods", "log", &["get"]),
+    ("", "pods", "exec", &["create", "get"]),
+    ("", "services", "status", &["get", "patch", "update"]),
+    ("apps", "deployments", "scale", &["get", "patch", "update"]),
+    ("apps", "deployments", "status", &["get", "patch", "update"]),
+    ("apps", "replicasets", "scale", &["get", "patch", "update"]),
+    ("apps", "statefulsets", "scale", &["get", "patch", "update"]),
+    ("batch", "jobs", "status", &["get", "patch", "update"]),
+    ("batch", "cronjobs", "status", &["get", "patch", "update"]),
+    (
+        EXAMPLE_GROUP,
+        "widgets",
+        "status",
+        &["get", "patch", "update"],
+    ),
 ];
 
 /// The store key of an object: (resource id, namespace, name); cluster-scoped kinds
@@ -207,8 +240,9 @@ pub(super) fn kind_at(group: &str, version: &str, plural: &str) -> Option<Kind> 
         .find(|k| k.group == group && k.plural == plural && k.versions.contains(&version))
 }
 
-/// The kind a caller names `resource`: `deployments.apps`, or the bare plural
-/// (`pods`, `deployments`) when only one group serves it.
+/// The kind a caller names `resource`: `deployments.apps`, a core plural (`pods`,
+/// `events`), or the bare plural of another group (`deployments`) when only one
+/// group serves it.
 pub(super) fn kind(resource: &str) -> Option<Kind> {
     KINDS
         .iter()
@@ -244,17 +278,23 @@ fn groups() -> Vec<(&'static str, &'static [&'static str])> {
 
 /// An `APIResourceList` for `group`/`version`, as kube-apiserver serves it.
 fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let resources: Vec<Value> = KINDS
+    let mut resources = Vec::new();
+    for k in KINDS
         .iter()
         .filter(|k| k.group == group && k.versions.contains(&version))
-        .map(|k| {
-            let mut r = json!({"name": k.plural, "singularName": k.singular, "namespaced": k.namespaced, "kind": k.kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": k.short});
-            if k.in_all {
-                r["categories"] = json!(["all"]);
-            }
-            r
-        })
-        .collect();
+    {
+        let mut r = json!({"name": k.plural, "singularName": k.singular, "namespaced": k.namespaced, "kind": k.kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": k.short});
+        if k.in_all {
+            r["categories"] = json!(["all"]);
+        }
+        resources.push(r);
+        for (_, _, sub, verbs) in SUBRESOURCES
+            .iter()
+            .filter(|(g, p, _, _)| *g == group && *p == k.plural)
+        {
+            resources.push(json!({"name": format!("{}/{sub}", k.plural), "singularName": "", "namespaced": k.namespaced, "kind": k.kind, "verbs": verbs}));
+        }
+    }
     if resources.is_empty() {
         return None;
     }
@@ -403,7 +443,18 @@ mod tests {
             .iter()
             .map(|r| r["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["deployments", "replicasets", "statefulsets"]);
+        assert_eq!(
+            names,
+            [
+                "deployments",
+                "deployments/scale",
+                "deployments/status",
+                "replicasets",
+                "replicasets/scale",
+                "statefulsets",
+                "statefulsets/scale"
+            ]
+        );
         assert!(discovery("/apis/apps/v2").is_none());
         assert!(discovery("/apis/example.podgate.dev/v1beta1").is_some());
         assert!(discovery("/openapi/v3/apis/apps/v1").is_some());
@@ -412,5 +463,8 @@ mod tests {
         assert!(kind_named("example.podgate.dev/v1beta1", "Widget").is_some());
         assert!(kind_named("apps/v1beta1", "Deployment").is_none());
         assert!(kind_at("apps", "v1", "pods").is_none());
+        // A plural served by two groups: the bare plural is the core one.
+        assert_eq!(kind("events").unwrap().group, "");
+        assert_eq!(kind("events.events.k8s.io").unwrap().group, "events.k8s.io");
     }
 }
