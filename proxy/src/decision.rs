@@ -213,10 +213,14 @@ pub fn route_by_token(
     };
     // Every token must name the same Pod (an unroutable one names the default Pod).
     let label = |c: &Candidate| rule.sources[c.source].label(c.place);
-    let mut chosen_class = None;
+    let mut classes: Vec<Classification> = Vec::with_capacity(candidates.len());
     let mut first: Option<(Option<PodId>, usize)> = None;
     for (i, c) in candidates.iter().enumerate() {
-        let class = classifier.classify(&c.token);
+        // A token sent twice (a new runner's header and body) is classified once.
+        let class = match candidates[..i].iter().position(|o| o.token == c.token) {
+            Some(j) => classes[j],
+            None => classifier.classify(&c.token),
+        };
         let pod = match &class {
             Classification::Routable(id) => Some(id.pod),
             Classification::Unroutable { .. } => topology.default_pod,
@@ -253,18 +257,11 @@ pub fn route_by_token(
             }
             Some(_) => {}
         }
-        if i == chosen {
-            chosen_class = Some(class);
-        }
+        classes.push(class);
     }
-    let token = candidates[chosen].clone();
-    let outcome = match chosen_class {
-        Some(class) => decide(&class, topology, on_invalid),
-        None => to_legacy(topology, "no_token"),
-    };
     Decision {
-        outcome,
-        token: Some(token),
+        outcome: decide(&classes[chosen], topology, on_invalid),
+        token: Some(candidates[chosen].clone()),
     }
 }
 
