@@ -3,6 +3,10 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/kas.proto");
-    tonic_prost_build::configure().compile_protos(&["proto/kas.proto"], &["proto"])?;
+    println!("cargo:rerun-if-changed=proto/kubernetes_api.proto");
+    tonic_prost_build::configure().compile_protos(
+        &["proto/kas.proto", "proto/kubernetes_api.proto"],
+        &["proto"],
+    )?;
     Ok(())
 }

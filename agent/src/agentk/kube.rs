@@ -68,25 +68,39 @@ fn kube_status(e: kube::Error) -> Status {
     }
 }
 
+impl KubeHandler {
+    /// The client every request uses.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+}
+
 impl Handler for KubeHandler {
     fn handle(&self, method: String, payload: Vec<u8>) -> Responses {
-        let this = self.clone();
-        unary(async move {
-            match method.as_str() {
-                "GetPods" => {
-                    let req = GetPodsRequest::decode(payload.as_slice())
-                        .map_err(|_| Status::invalid_argument("undecodable GetPods request"))?;
-                    let pods = this.pods(&req.namespace).await?;
-                    Ok(GetPodsResponse {
-                        pods,
-                        connection_id: 0,
+        match method.as_str() {
+            "MakeRequest" => super::k8s_api::make_request(self.client.clone(), payload),
+            "WatchGraph" => super::watch_graph::watch_graph(self.client.clone(), payload),
+            _ => {
+                let this = self.clone();
+                unary(async move {
+                    match method.as_str() {
+                        "GetPods" => {
+                            let req = GetPodsRequest::decode(payload.as_slice()).map_err(|_| {
+                                Status::invalid_argument("undecodable GetPods request")
+                            })?;
+                            let pods = this.pods(&req.namespace).await?;
+                            Ok(GetPodsResponse {
+                                pods,
+                                connection_id: 0,
+                            }
+                            .encode_to_vec())
+                        }
+                        other => Err(Status::unimplemented(format!(
+                            "agentk does not serve {other:?}"
+                        ))),
                     }
-                    .encode_to_vec())
-                }
-                other => Err(Status::unimplemented(format!(
-                    "agentk does not serve {other:?}"
-                ))),
+                })
             }
-        })
+        }
     }
 }

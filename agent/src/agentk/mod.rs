@@ -12,9 +12,11 @@
 //! kas is reached over h2c or WebSocket, with or without TLS
 //! ([`crate::transport`]), directly or through the podgate proxy.
 
+pub mod k8s_api;
 pub mod kube;
 pub mod metrics;
 pub mod tunnels;
+pub mod watch_graph;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

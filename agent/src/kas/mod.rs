@@ -645,6 +645,17 @@ struct Internal {
 
 #[tonic::async_trait]
 impl KasInternal for Internal {
+    type CallStream = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<crate::proto::TunnelMessage, Status>> + Send>,
+    >;
+
+    async fn call(
+        &self,
+        _request: Request<crate::proto::TunnelCallRequest>,
+    ) -> Result<Response<Self::CallStream>, Status> {
+        Err(Status::unimplemented("KasInternal.Call is being built"))
+    }
+
     async fn get_pods(
         &self,
         request: Request<GetPodsRequest>,
