@@ -53,6 +53,7 @@ pub struct KasMetrics {
     pub routing_timeouts: IntCounter,
     /// kas → kas calls answered `Unavailable` (that kas lost the agent): re-routed.
     pub reroutes: IntCounter,
+    routed_calls: IntCounterVec,
     registry_errors: IntCounterVec,
 }
 
@@ -115,6 +116,17 @@ impl KasMetrics {
             Outcome::Cancelled,
         ]
         .map(|o| routing.with_label_values(&[o.label()]));
+        let routed_calls = IntCounterVec::new(
+            Opts::new(
+                "podgate_kas_routed_total",
+                "Calls routed to agents, by tunnelled method and outcome",
+            ),
+            &["method", "outcome"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(routed_calls.clone()))
+            .expect("registers once");
         let registry_errors = IntCounterVec::new(
             Opts::new(
                 "podgate_kas_registry_errors_total",
@@ -148,13 +160,18 @@ impl KasMetrics {
                 "podgate_kas_reroutes_total",
                 "kas -> kas calls answered Unavailable (that kas lost the agent) and re-routed",
             ),
+            routed_calls,
             registry_errors,
             registry,
         }
     }
 
-    /// Record one routed request.
-    pub fn routed(&self, outcome: Outcome, seconds: f64) {
+    /// Record one routed call of `method` (a tunnelled method name, from code: the
+    /// label set stays small).
+    pub fn routed(&self, method: &str, outcome: Outcome, seconds: f64) {
+        self.routed_calls
+            .with_label_values(&[method, outcome.label()])
+            .inc();
         let i = match outcome {
             Outcome::Local => 0,
             Outcome::Kas => 1,

@@ -8,15 +8,18 @@
 //! - *observability*: `/metrics` ([`metrics`]), `/healthz`, `/readyz`.
 //!
 //! Connected agents are answered from the presence registry (`pod-registry`).
-//! `GetPods` is routed as the seed says: through a reverse tunnel this kas holds,
-//! else through the internal endpoint of the kas the registry names (re-routed if
-//! that kas lost the agent), else waiting until the agent connects anywhere (woken by
-//! the registry's event, never polling) or `max_wait` passes.
+//! Calls to agents (`GetPods`, and the Kubernetes API proxy's `MakeRequest` and
+//! `WatchGraph`) are routed as the seed says, by one loop ([`routing::AgentRouter`]):
+//! through a reverse tunnel this kas holds, else through the internal endpoint of the
+//! kas the registry names (re-routed if that kas lost the agent), else waiting until
+//! the agent connects anywhere (woken by the registry's event, never polling) or
+//! `max_wait` passes.
 
 pub mod agent_auth;
 pub mod config;
 pub mod metrics;
 pub mod presence;
+pub mod routing;
 pub mod tunnel;
 
 use std::net::SocketAddr;
@@ -29,7 +32,8 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
-use self::metrics::{KasMetrics, Outcome};
+use self::metrics::KasMetrics;
+use self::routing::AgentRouter;
 use crate::auth::{self, JwtAuth};
 use crate::proto::agent_configuration_service_server::AgentConfigurationServiceServer;
 use crate::proto::kas_api_server::{KasApi, KasApiServer};
@@ -101,6 +105,7 @@ pub struct Kas {
     observability: Option<SocketAddr>,
     registry: Registry,
     tunnels: Arc<tunnel::Tunnels>,
+    router: Arc<AgentRouter>,
     metrics: Arc<KasMetrics>,
     draining: tokio::sync::watch::Sender<bool>,
     /// The external and internal servers: drained at shutdown.
@@ -185,22 +190,26 @@ impl Kas {
             tunnels: tunnels.clone(),
             auth: agent_auth,
         };
+        let router = Arc::new(AgentRouter::new(
+            advertised.clone(),
+            tunnels.clone(),
+            registry.clone(),
+            config.internal_secret.clone(),
+            config.max_wait,
+            metrics.clone(),
+        ));
         let api = Api {
             registry: registry.clone(),
-            tunnels: tunnels.clone(),
-            router: Router {
-                me: advertised.clone(),
-                internal_secret: config.internal_secret.clone(),
-                channels: std::sync::Mutex::default(),
-            },
-            max_wait: config.max_wait,
+            router: router.clone(),
             metrics: metrics.clone(),
         };
         let internal_api = Internal {
-            tunnels: tunnels.clone(),
-            registry: registry.clone(),
-            me: advertised.clone(),
-            max_wait: config.max_wait,
+            follower: routing::Follower {
+                tunnels: tunnels.clone(),
+                registry: registry.clone(),
+                me: advertised.clone(),
+                max_wait: config.max_wait,
+            },
         };
         let ext_service = KasApiServer::with_interceptor(api, move |req: Request<()>| {
             external_auth.check(req.metadata())?;
@@ -265,6 +274,7 @@ impl Kas {
             observability,
             registry,
             tunnels,
+            router,
             metrics,
             draining,
             drained,
@@ -280,6 +290,12 @@ impl Kas {
     /// This kas's tunnels.
     pub fn tunnels(&self) -> &tunnel::Tunnels {
         &self.tunnels
+    }
+
+    /// This kas's router: sends tunnelled calls to agents wherever they are
+    /// connected (the Kubernetes API proxy and the Graph API use it).
+    pub fn router(&self) -> Arc<AgentRouter> {
+        self.router.clone()
     }
 
     /// This kas's metrics.
@@ -394,10 +410,6 @@ fn info(c: AgentConnection) -> ConnectedAgentInfo {
     }
 }
 
-const NO_TUNNELS: &str = "this kas holds no tunnel to the agent";
-
-const NOT_CONNECTED: &str = "agent connection not found: is the agent up to date and connected?";
-
 fn registry_error(metrics: &KasMetrics, op: &'static str, e: podgate_registry::Error) -> Status {
     metrics.registry_error(op);
     tracing::warn!(error = %e, op, "registry lookup failed");
@@ -406,105 +418,17 @@ fn registry_error(metrics: &KasMetrics, op: &'static str, e: podgate_registry::E
 
 struct Api {
     registry: Registry,
-    tunnels: Arc<tunnel::Tunnels>,
-    router: Router,
-    max_wait: std::time::Duration,
+    router: Arc<AgentRouter>,
     metrics: Arc<KasMetrics>,
 }
 
-/// Records a routed request's duration when dropped: with its outcome, or as
-/// cancelled when the caller went away first (the handler future is dropped).
-struct RouteTimer<'a> {
-    metrics: &'a KasMetrics,
-    started: std::time::Instant,
-    outcome: Outcome,
-}
-
-impl Drop for RouteTimer<'_> {
-    fn drop(&mut self) {
-        self.metrics
-            .routed(self.outcome, self.started.elapsed().as_secs_f64());
-    }
-}
-
-/// Counts a request as waiting for its agent while it lives; `counted` makes a
-/// request that waits more than once count once in `routing_waits`.
-struct Waiting<'a>(&'a KasMetrics);
-
-impl<'a> Waiting<'a> {
-    fn new(metrics: &'a KasMetrics, counted: &mut bool) -> Self {
-        if !std::mem::replace(counted, true) {
-            metrics.routing_waits.inc();
-        }
-        metrics.routing_waiting.inc();
-        Waiting(metrics)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.routing_waiting.dec();
-    }
-}
-
-/// kas → kas calls: to the internal listener of the kas the registry names, with a
-/// short-lived internal token. The receiving kas only follows the instruction.
-struct Router {
-    me: String,
-    internal_secret: Vec<u8>,
-    channels: std::sync::Mutex<std::collections::HashMap<String, tonic::transport::Channel>>,
-}
-
-impl Router {
-    fn channel(&self, kas: &str) -> Result<tonic::transport::Channel, Status> {
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = channels.get(kas) {
-            return Ok(c.clone());
-        }
-        let c = tonic::transport::Channel::from_shared(format!("http://{kas}"))
-            .map_err(|_| Status::internal("a kas address in the registry is not a URI"))?
-            .connect_lazy();
-        channels.insert(kas.to_owned(), c.clone());
-        Ok(c)
-    }
-
-    async fn get_pods(&self, kas: &str, req: GetPodsRequest) -> Result<GetPodsResponse, Status> {
-        let token = auth::mint_internal(&self.internal_secret, 30)
-            .map_err(|_| Status::internal("minting an internal token"))?;
-        let mut request = Request::new(req);
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {token}")
-                .parse()
-                .map_err(|_| Status::internal("token is not a header value"))?,
-        );
-        crate::proto::kas_internal_client::KasInternalClient::new(self.channel(kas)?)
-            .get_pods(request)
-            .await
-            .map(Response::into_inner)
-    }
-}
-
-/// `GetPods` through a tunnel this kas holds to the agent: `None` when it holds none.
-async fn get_pods_local(
-    tunnels: &tunnel::Tunnels,
-    req: &GetPodsRequest,
-) -> Option<Result<GetPodsResponse, Status>> {
+/// A `GetPods` answer from agentk, with the replica that answered.
+fn get_pods_response(connection_id: i64, payload: &[u8]) -> Result<GetPodsResponse, Status> {
     use prost::Message as _;
-    let result = tunnels
-        .call(
-            req.agent_id,
-            req.connection_id,
-            "GetPods",
-            req.encode_to_vec(),
-        )
-        .await?;
-    Some(result.and_then(|(connection_id, payload)| {
-        let mut resp = GetPodsResponse::decode(payload.as_slice())
-            .map_err(|_| Status::internal("agentk sent an undecodable GetPods response"))?;
-        resp.connection_id = connection_id;
-        Ok(resp)
-    }))
+    let mut resp = GetPodsResponse::decode(payload)
+        .map_err(|_| Status::internal("agentk sent an undecodable GetPods response"))?;
+    resp.connection_id = connection_id;
+    Ok(resp)
 }
 
 #[tonic::async_trait]
@@ -539,155 +463,77 @@ impl KasApi for Api {
         }))
     }
 
-    /// A local tunnel if this kas holds one; else the kas the registry names for the
-    /// agent (re-routed when that kas lost it); else wait, woken by the registry's
-    /// connect event, until the agent connects anywhere or `max_wait` passes.
+    /// Routed by [`AgentRouter`]: a local tunnel, else the kas the registry names,
+    /// else wait for the agent to connect.
     async fn get_pods(
         &self,
         request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
-        let mut timer = RouteTimer {
-            metrics: &self.metrics,
-            started: std::time::Instant::now(),
-            outcome: Outcome::Cancelled,
-        };
-        let (result, outcome) = self.route_get_pods(request.into_inner()).await;
-        timer.outcome = outcome;
-        result.map(Response::new)
+        use prost::Message as _;
+        let req = request.into_inner();
+        let routed = self
+            .router
+            .open(
+                req.agent_id,
+                req.connection_id,
+                "GetPods",
+                req.encode_to_vec(),
+            )
+            .await?;
+        let connection_id = routed.connection_id();
+        let payload = routed.unary().await?;
+        get_pods_response(connection_id, &payload).map(Response::new)
     }
 }
 
-impl Api {
-    async fn route_get_pods(
-        &self,
-        req: GetPodsRequest,
-    ) -> (Result<GetPodsResponse, Status>, Outcome) {
-        let deadline = tokio::time::Instant::now() + self.max_wait;
-        let mut events = self.registry.subscribe();
-        let mut waited = false;
-        loop {
-            if let Some(r) = get_pods_local(&self.tunnels, &req).await {
-                let outcome = if r.is_ok() {
-                    Outcome::Local
-                } else {
-                    Outcome::Error
-                };
-                return (r, outcome);
-            }
-            let conns = match self.registry.connections_by_agent(req.agent_id).await {
-                Ok(c) => c,
-                Err(e) => {
-                    self.metrics.registry_error("connections_by_agent");
-                    tracing::warn!(error = %e, "registry lookup failed; waiting for an event");
-                    Vec::new()
-                }
-            };
-            let conns = if conns.is_empty() {
-                // Connected nowhere: wait for the connect event (no polling).
-                let _waiting = Waiting::new(&self.metrics, &mut waited);
-                match self.registry.wait_for_agent(req.agent_id, deadline).await {
-                    Ok(c) => c,
-                    Err(_) => {
-                        self.metrics.routing_timeouts.inc();
-                        return (
-                            Err(Status::deadline_exceeded(NOT_CONNECTED)),
-                            Outcome::Timeout,
-                        );
-                    }
-                }
-            } else {
-                conns
-            };
-            let mut held_here = false;
-            for c in conns
-                .iter()
-                .filter(|c| req.connection_id == 0 || c.connection_id == req.connection_id)
-            {
-                if c.kas.0 == self.router.me {
-                    held_here = true;
-                    continue;
-                }
-                let instruction = GetPodsRequest {
-                    connection_id: c.connection_id,
-                    ..req.clone()
-                };
-                match self.router.get_pods(&c.kas.0, instruction).await {
-                    Ok(resp) => return (Ok(resp), Outcome::Kas),
-                    // That kas lost the agent (or is gone): try the next.
-                    Err(e) if matches!(e.code(), tonic::Code::Unavailable) => {
-                        self.metrics.reroutes.inc();
-                        continue;
-                    }
-                    Err(e) => return (Err(e), Outcome::Error),
-                }
-            }
-            // Nothing answered yet: wait for the next change (a tunnel here, or an
-            // agent event anywhere), never past the deadline.
-            let _waiting = Waiting::new(&self.metrics, &mut waited);
-            tokio::select! {
-                _ = self.tunnels.wait_idle(req.agent_id, req.connection_id, 1), if held_here => {}
-                _ = events.recv() => {}
-                _ = tokio::time::sleep_until(deadline) => {
-                    self.metrics.routing_timeouts.inc();
-                    return (Err(Status::deadline_exceeded(NOT_CONNECTED)), Outcome::Timeout);
-                }
-            }
-        }
-    }
-}
-
+/// `KasInternal`: calls routed here by another kas, for a replica this kas holds.
 struct Internal {
-    tunnels: Arc<tunnel::Tunnels>,
-    registry: Registry,
-    me: String,
-    max_wait: std::time::Duration,
+    follower: routing::Follower,
 }
 
 #[tonic::async_trait]
 impl KasInternal for Internal {
-    type CallStream = std::pin::Pin<
-        Box<dyn futures_util::Stream<Item = Result<crate::proto::TunnelMessage, Status>> + Send>,
-    >;
+    type CallStream = routing::CallStream;
 
     async fn call(
         &self,
-        _request: Request<crate::proto::TunnelCallRequest>,
+        request: Request<crate::proto::TunnelCallRequest>,
     ) -> Result<Response<Self::CallStream>, Status> {
-        Err(Status::unimplemented("KasInternal.Call is being built"))
+        let wait = self.follower.wait(request.metadata());
+        self.follower
+            .call(request.into_inner(), wait)
+            .await
+            .map(Response::new)
     }
 
+    /// The unary form older kas instances route `GetPods` with.
     async fn get_pods(
         &self,
         request: Request<GetPodsRequest>,
     ) -> Result<Response<GetPodsResponse>, Status> {
+        use prost::Message as _;
+        let wait = self.follower.wait(request.metadata());
         let req = request.into_inner();
-        let deadline = tokio::time::Instant::now() + self.max_wait;
-        loop {
-            if let Some(r) = get_pods_local(&self.tunnels, &req).await {
-                return r.map(Response::new);
-            }
-            // The replica may be ours with its tunnels busy or not open yet (they
-            // follow its GetConfiguration stream): wait for one. A replica that is not
-            // ours is answered at once, so the caller re-routes.
-            let ours = self
-                .registry
-                .connections_by_agent(req.agent_id)
-                .await
-                .unwrap_or_default()
-                .iter()
-                .any(|c| {
-                    c.kas.0 == self.me
-                        && (req.connection_id == 0 || c.connection_id == req.connection_id)
-                });
-            if !ours {
-                return Err(Status::unavailable(NO_TUNNELS));
-            }
-            tokio::select! {
-                _ = self.tunnels.wait_idle(req.agent_id, req.connection_id, 1) => {}
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(Status::unavailable(NO_TUNNELS));
-                }
-            }
+        let mut response = self
+            .follower
+            .open(
+                req.agent_id,
+                req.connection_id,
+                "GetPods",
+                req.encode_to_vec(),
+                wait,
+            )
+            .await?;
+        let connection_id = response.connection_id();
+        let payload = response
+            .message()
+            .await?
+            .ok_or_else(|| Status::internal("agentk sent no response message"))?;
+        if response.message().await?.is_some() {
+            return Err(Status::internal(
+                "agentk sent more than one response message",
+            ));
         }
+        get_pods_response(connection_id, &payload).map(Response::new)
     }
 }
