@@ -1,0 +1,386 @@
+//! `AgentRouter` and `KasInternal.Call`: tunnelled calls routed kas → kas stream
+//! message by message and are cancelled at agentk when the caller drops them; an
+//! agent's own `Unavailable` reaches the caller as it is while a kas without the
+//! tunnel answers a marked `Unavailable` (the caller re-routes); a blackholed kas holds
+//! nothing past `max_wait`; and agentk's `MakeRequest` against kube-sim through two
+//! kas instances: a list, a create, a 404 passed through as HTTP, and a watch whose
+//! events arrive while it is open.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use podgate_agent::agentk::{Handler, KubeHandler, Responses, TunnelPool, serve_tunnels};
+use podgate_agent::kas::Kas;
+use podgate_agent::kas::routing::{HOP_WAIT_KEY, NO_TUNNEL_KEY};
+use podgate_agent::proto::TunnelCallRequest;
+use podgate_agent::proto::kas_internal_client::KasInternalClient;
+use podgate_agent::proto::kubernetes_api::{
+    Header, HttpRequest, HttpResponsePart, http_response_part,
+};
+use podgate_agent::testing::fixtures::{
+    INTERNAL_SECRET, agent_tokens, bearer, channel, configuration_stream, http_get, kas_config,
+};
+use podgate_agent::testing::kube::KubeTestServer;
+use podgate_registry::{AgentConnection, KasAddress, MemoryBackend, Registry, RegistryConfig};
+use prost::Message as _;
+use serde_json::{Value, json};
+use tonic::Code;
+
+/// Two kas instances on one in-memory registry.
+async fn two_kas(
+    max_wait: Duration,
+) -> (
+    Kas,
+    Kas,
+    podgate_tokens::KeySet,
+    impl Fn(Option<u64>) -> String,
+) {
+    let (keys, mint) = agent_tokens();
+    let backend = MemoryBackend::new(podgate_registry::Topology::default());
+    let mut kases = Vec::new();
+    for _ in 0..2 {
+        let registry = Registry::with_memory(backend.clone(), RegistryConfig::default())
+            .await
+            .unwrap();
+        kases.push(
+            Kas::start(kas_config(keys.clone(), max_wait), registry)
+                .await
+                .unwrap(),
+        );
+    }
+    let kas2 = kases.pop().unwrap();
+    let kas1 = kases.pop().unwrap();
+    (kas1, kas2, keys, mint)
+}
+
+/// An agentk replica of agent `agent` on `kas` answering with `handler`: its
+/// connection id, its configuration stream (connected while held), its tunnels.
+async fn replica<H: Handler>(
+    kas: &Kas,
+    token: String,
+    agent: i64,
+    handler: Arc<H>,
+) -> (i64, impl Sized, tokio::task::JoinHandle<()>) {
+    let ch = channel(kas.agent_addr()).await;
+    let (conn, stream) = configuration_stream(ch.clone(), &token).await.unwrap();
+    let tunnels = tokio::spawn(serve_tunnels(ch, token, conn, TunnelPool::new(2), handler));
+    kas.tunnels().wait_idle(agent, conn, 2).await;
+    (conn, stream, tunnels)
+}
+
+/// "Count" streams 1, 2, … until the tunnel ends, then notifies; "Fail" answers
+/// agentk's own `Unavailable`.
+struct Test(Arc<tokio::sync::Notify>);
+struct Stopped(Arc<tokio::sync::Notify>);
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
+}
+impl Handler for Test {
+    fn handle(&self, method: String, _payload: Vec<u8>) -> Responses {
+        match method.as_str() {
+            "Count" => {
+                let stopped = Stopped(self.0.clone());
+                Box::pin(futures_util::stream::unfold(
+                    (0u32, stopped),
+                    |(n, s)| async move { Some((Ok((n + 1).to_be_bytes().to_vec()), (n + 1, s))) },
+                ))
+            }
+            _ => Box::pin(futures_util::stream::once(async {
+                Err(tonic::Status::unavailable("kubernetes API unreachable"))
+            })),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kas_to_kas_calls_stream_cancel_and_pass_agent_errors_through() {
+    let (kas1, kas2, _keys, mint) = two_kas(Duration::from_secs(5)).await;
+    let stopped = Arc::new(tokio::sync::Notify::new());
+    let (conn, _presence, tunnels) =
+        replica(&kas2, mint(Some(3)), 3, Arc::new(Test(stopped.clone()))).await;
+    let router = kas1.router();
+    assert_eq!(kas1.tunnels().idle(3, 0), 0, "kas1 holds no tunnel");
+
+    // Streamed through kas2, in order, by the replica there.
+    let mut counting = router.open(3, 0, "Count", Vec::new()).await.unwrap();
+    assert_eq!(counting.connection_id(), conn);
+    for want in 1u32..=500 {
+        assert_eq!(
+            counting.message().await.unwrap().unwrap(),
+            want.to_be_bytes()
+        );
+    }
+    assert_eq!(kas2.metrics().tunnels_busy.get(), 1);
+    // Dropping the response at kas1 ends the handler at agentk.
+    drop(counting);
+    stopped.notified().await;
+    podgate_registry::testing::eventually(
+        Duration::from_secs(5),
+        "kas2's tunnel is released",
+        || async { (kas2.metrics().tunnels_busy.get() == 0).then_some(()) },
+    )
+    .await;
+
+    // agentk's own Unavailable is an answer, not "no tunnel": no re-route, no wait.
+    let e = router
+        .open(3, conn, "Fail", Vec::new())
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert_eq!(e.message(), "kubernetes API unreachable");
+    assert!(e.metadata().get(NO_TUNNEL_KEY).is_none());
+    assert_eq!(kas1.metrics().reroutes.get(), 0);
+    assert_eq!(kas1.metrics().routing_waits.get(), 0);
+
+    let (_, metrics) = http_get(kas1.observability_addr().unwrap(), "/metrics").await;
+    for line in [
+        r#"podgate_kas_routed_total{method="Count",outcome="kas"} 1"#,
+        r#"podgate_kas_routed_total{method="Fail",outcome="error"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    tunnels.abort();
+}
+
+/// The receiving side follows the instruction only: no tunnel and no replica here
+/// is refused at once (trailers only); a replica registered here without a free
+/// tunnel is accepted, then refused once the caller's wait has passed; both refusals
+/// carry the no-tunnel mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kas_internal_call_marks_no_tunnel() {
+    let (_kas1, kas2, _keys, mint) = two_kas(Duration::from_secs(30)).await;
+    let token = podgate_agent::auth::mint_internal(&INTERNAL_SECRET, 30).unwrap();
+    let mut internal = KasInternalClient::new(channel(kas2.internal_addr()).await);
+    let call = |agent_id: i64, connection_id: i64, wait_ms: &str| {
+        let mut r = bearer(
+            tonic::Request::new(TunnelCallRequest {
+                agent_id,
+                connection_id,
+                method: "Count".into(),
+                payload: Vec::new(),
+            }),
+            &token,
+        );
+        r.metadata_mut()
+            .insert(HOP_WAIT_KEY, wait_ms.parse().unwrap());
+        r
+    };
+    let e = internal.call(call(9, 0, "30000")).await.err().unwrap();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(e.metadata().get(NO_TUNNEL_KEY).is_some(), "{e:?}");
+
+    // Agent 4's replica is connected to kas2 but serves no tunnels.
+    let (conn, _presence) = configuration_stream(channel(kas2.agent_addr()).await, &mint(Some(4)))
+        .await
+        .unwrap();
+    let mut stream = internal
+        .call(call(4, conn, "200"))
+        .await
+        .expect("accepted: the replica is registered here")
+        .into_inner();
+    let e = stream.message().await.err().unwrap();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(e.metadata().get(NO_TUNNEL_KEY).is_some(), "{e:?}");
+}
+
+/// A kas the registry names that accepts TCP connections and never answers: the
+/// call ends with `DeadlineExceeded` at `max_wait` instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_kas_holds_nothing_past_max_wait() {
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole_addr = hole.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((s, _)) = hole.accept().await {
+            sockets.push(s);
+        }
+    });
+    let registry = podgate_agent::testing::fixtures::memory_registry().await;
+    put(&registry, 7, 71, &hole_addr.to_string()).await;
+    let kas1 = Kas::start(
+        kas_config(podgate_tokens::KeySet::new(), Duration::from_millis(500)),
+        registry,
+    )
+    .await
+    .unwrap();
+    let e = tokio::time::timeout(
+        Duration::from_secs(30),
+        kas1.router().open(7, 0, "Count", Vec::new()),
+    )
+    .await
+    .expect("the call ends")
+    .err()
+    .unwrap();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    assert!(kas1.metrics().reroutes.get() >= 1);
+    assert_eq!(kas1.metrics().routing_timeouts.get(), 1);
+    held.abort();
+}
+
+/// Register replica `conn` of `agent` as held by the kas at `kas_addr`.
+async fn put(registry: &Registry, agent: i64, conn: i64, kas_addr: &str) {
+    registry
+        .register_agent(AgentConnection {
+            agent_id: agent,
+            connection_id: conn,
+            project_id: 42,
+            version: String::new(),
+            commit: String::new(),
+            pod_namespace: String::new(),
+            pod_name: String::new(),
+            connected_at_ms: 0,
+            kas: KasAddress::from(kas_addr),
+        })
+        .await
+        .unwrap();
+}
+
+fn get(path: &str) -> HttpRequest {
+    HttpRequest {
+        method: "GET".into(),
+        path: path.into(),
+        headers: vec![Header {
+            name: "Accept".into(),
+            values: vec!["application/json".into()],
+        }],
+        body: Vec::new(),
+        impersonation: None,
+    }
+}
+
+/// The header part of a MakeRequest response: status and headers.
+async fn head(r: &mut podgate_agent::kas::routing::Routed) -> (i32, Vec<Header>) {
+    let first = HttpResponsePart::decode(r.message().await.unwrap().unwrap().as_slice()).unwrap();
+    match first.part {
+        Some(http_response_part::Part::Header(h)) => (h.status, h.headers),
+        other => panic!("expected a header first, got {other:?}"),
+    }
+}
+
+/// The rest of a MakeRequest response: its body.
+async fn body(r: &mut podgate_agent::kas::routing::Routed) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(m) = r.message().await.unwrap() {
+        match HttpResponsePart::decode(m.as_slice()).unwrap().part {
+            Some(http_response_part::Part::Data(d)) => out.extend(d),
+            other => panic!("expected data, got {other:?}"),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_request_reaches_kube_sim_through_two_kas() {
+    let kube = KubeTestServer::start(1000).await.unwrap();
+    kube.put(
+        "configmaps",
+        "default",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "first", "namespace": "default"}}),
+    );
+    let kc = kube::config::Kubeconfig::from_yaml(&kube.kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let (kas1, kas2, _keys, mint) = two_kas(Duration::from_secs(5)).await;
+    let (_conn, _presence, tunnels) =
+        replica(&kas2, mint(Some(3)), 3, Arc::new(KubeHandler::new(client))).await;
+    let router = kas1.router();
+    let make = |req: HttpRequest| {
+        let router = router.clone();
+        async move {
+            router
+                .open(3, 0, "MakeRequest", req.encode_to_vec())
+                .await
+                .unwrap()
+        }
+    };
+
+    // A list.
+    let mut r = make(get("/api/v1/namespaces/default/configmaps")).await;
+    let (status, headers) = head(&mut r).await;
+    assert_eq!(status, 200);
+    assert!(
+        headers
+            .iter()
+            .any(|h| h.name == "content-type" && h.values[0].starts_with("application/json"))
+    );
+    let via = headers
+        .iter()
+        .find(|h| h.name == "via")
+        .expect("a Via header");
+    assert!(
+        via.values.iter().any(|v| v.contains("podgate-agentk/")),
+        "{via:?}"
+    );
+    let list: Value = serde_json::from_slice(&body(&mut r).await).unwrap();
+    assert_eq!(list["items"][0]["metadata"]["name"], "first");
+
+    // A 404 is an HTTP answer, passed through with its Status body.
+    let mut r = make(get("/api/v1/namespaces/default/configmaps/nope")).await;
+    assert_eq!(head(&mut r).await.0, 404);
+    let status: Value = serde_json::from_slice(&body(&mut r).await).unwrap();
+    assert_eq!(status["kind"], "Status");
+
+    // A watch: its events arrive while it is open, chunk by chunk.
+    let mut watch = make(get(&format!(
+        "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={}",
+        kube.resource_version()
+    )))
+    .await;
+    assert_eq!(head(&mut watch).await.0, 200);
+    // A create through the proxy (a body, POST).
+    let mut create = get("/api/v1/namespaces/default/configmaps");
+    create.method = "POST".into();
+    create.headers.push(Header {
+        name: "Content-Type".into(),
+        values: vec!["application/json".into()],
+    });
+    create.body = serde_json::to_vec(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "second", "namespace": "default"},
+        "data": {"k": "v"}
+    }))
+    .unwrap();
+    let mut r = make(create).await;
+    assert_eq!(head(&mut r).await.0, 201);
+    body(&mut r).await;
+    assert_eq!(
+        kube.get("configmaps", "default", "second").unwrap()["data"]["k"],
+        "v"
+    );
+    let mut seen = Vec::new();
+    let event: Value = loop {
+        let m = watch
+            .message()
+            .await
+            .unwrap()
+            .expect("the watch stays open");
+        match HttpResponsePart::decode(m.as_slice()).unwrap().part {
+            Some(http_response_part::Part::Data(d)) => seen.extend(d),
+            other => panic!("expected data, got {other:?}"),
+        }
+        if let Some(end) = seen.iter().position(|b| *b == b'\n') {
+            break serde_json::from_slice(&seen[..end]).unwrap();
+        }
+    };
+    assert_eq!(event["type"], "ADDED");
+    assert_eq!(event["object"]["metadata"]["name"], "second");
+    assert_eq!(
+        kas2.metrics().tunnels_busy.get(),
+        1,
+        "the watch holds a tunnel"
+    );
+    // Dropping the watch at kas1 ends it at agentk: kas2's tunnel is released.
+    drop(watch);
+    podgate_registry::testing::eventually(
+        Duration::from_secs(5),
+        "the watch's tunnel is released",
+        || async { (kas2.metrics().tunnels_busy.get() == 0).then_some(()) },
+    )
+    .await;
+    tunnels.abort();
+}
