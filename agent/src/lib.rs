@@ -18,15 +18,20 @@
 //! - [`kube_sim`]: a simulated Kubernetes API server that `kubectl` and kube-rs
 //!   accept (`podgate kube-sim`); `testing::kube` (feature `test-util`) runs it on a
 //!   free port for tests.
+//! - [`graph`]: the Graph API's request model and validation, CEL, kubectl JSONPath
+//!   and the WebSocket messages (pure; used by kas, agentk and the client).
+//! - [`selector`]: Kubernetes label and field selectors (parse, match).
 //!
-//! The Graph API and the Workspaces reconciliation loop are later issues.
+//! The Workspaces reconciliation loop is a later issue.
 
 pub mod agentk;
 pub mod auth;
+pub mod graph;
 pub mod kas;
 pub mod kube_sim;
 pub mod obs;
 pub mod proto;
+pub mod selector;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod transport;

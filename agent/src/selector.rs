@@ -1,0 +1,627 @@
+//! Kubernetes label and field selectors: parsing the strings `list` and `watch` take
+//! in `labelSelector` / `fieldSelector`, and matching objects against them.
+//!
+//! Used by kube-sim (serving `kubectl get -l … --field-selector …`) and by the Graph
+//! API (validating `label_selector` / `field_selector` of a request before they are
+//! passed to the API server).
+//!
+//! The grammar follows kube-apiserver's (`k8s.io/apimachinery/pkg/labels/selector.go`
+//! and `pkg/fields/selector.go`):
+//!
+//! - label selector: comma-separated requirements `k=v`, `k==v`, `k!=v`,
+//!   `k in (v1,v2)`, `k notin (v1)`, `k` (exists), `!k` (does not exist), `k>3`,
+//!   `k<3`; keys are qualified names (`[prefix/]name`), values label values;
+//! - field selector: comma-separated `field=value`, `field==value`, `field!=value`,
+//!   with `\,`, `\=` and `\\` escapes in values.
+
+use std::fmt;
+
+/// Why a selector string was refused. Not retryable: the selector must change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    /// A label selector that does not parse.
+    #[error("unable to parse requirement: {0}")]
+    Label(String),
+    /// A field selector that does not parse.
+    #[error("invalid field selector: {0}")]
+    Field(String),
+}
+
+/// The result type of this module.
+pub type Result<T, E = SelectorError> = std::result::Result<T, E>;
+
+/// One requirement of a label selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requirement {
+    /// `key=value` or `key==value`.
+    Eq(String, String),
+    /// `key!=value` (also true when the label is absent).
+    NotEq(String, String),
+    /// `key in (v1,v2)`.
+    In(String, Vec<String>),
+    /// `key notin (v1,v2)` (also true when the label is absent).
+    NotIn(String, Vec<String>),
+    /// `key`: the label is present.
+    Exists(String),
+    /// `!key`: the label is absent.
+    NotExists(String),
+    /// `key>n`: the label is an integer greater than `n`.
+    Gt(String, i64),
+    /// `key<n`: the label is an integer less than `n`.
+    Lt(String, i64),
+}
+
+impl Requirement {
+    /// Whether labels (`get` looks one up) meet this requirement.
+    pub fn matches<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
+        match self {
+            Requirement::Eq(k, v) => get(k) == Some(v.as_str()),
+            Requirement::NotEq(k, v) => get(k) != Some(v.as_str()),
+            Requirement::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
+            Requirement::NotIn(k, vs) => get(k).is_none_or(|x| !vs.iter().any(|v| v == x)),
+            Requirement::Exists(k) => get(k).is_some(),
+            Requirement::NotExists(k) => get(k).is_none(),
+            Requirement::Gt(k, n) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x > *n),
+            Requirement::Lt(k, n) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x < *n),
+        }
+    }
+}
+
+/// A parsed label selector: every requirement must hold. The empty selector
+/// matches everything.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LabelSelector {
+    /// The requirements, in the order written.
+    pub requirements: Vec<Requirement>,
+}
+
+impl LabelSelector {
+    /// Parse a label selector (`a=b,c!=d,e in (f,g),h notin (i),j,!k`).
+    pub fn parse(s: &str) -> Result<Self> {
+        LabelParser::new(s).parse()
+    }
+
+    /// Whether labels (`get` looks one up) meet every requirement.
+    pub fn matches<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.requirements.iter().all(|r| r.matches(&get))
+    }
+
+    /// Whether the selector has no requirements (selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+}
+
+/// One term of a field selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldRequirement {
+    /// The field, e.g. `metadata.name`.
+    pub field: String,
+    /// The value, unescaped.
+    pub value: String,
+    /// `!=` rather than `=` / `==`.
+    pub negate: bool,
+}
+
+/// A parsed field selector: every term must hold. Which fields a resource supports is
+/// up to the server; parsing checks the syntax only.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FieldSelector {
+    /// The terms, in the order written.
+    pub requirements: Vec<FieldRequirement>,
+}
+
+impl FieldSelector {
+    /// Parse a field selector (`metadata.name=x,status.phase!=Running`).
+    pub fn parse(s: &str) -> Result<Self> {
+        let mut requirements = Vec::new();
+        for term in split_unescaped(s, ',') {
+            let term = term.trim();
+            if term.is_empty() {
+                continue;
+            }
+            let Some((field, op_len, negate)) = split_field_term(term) else {
+                return Err(SelectorError::Field(format!(
+                    "{s:?}: can't understand {term:?}"
+                )));
+            };
+            let (lhs, rhs) = (&term[..field], &term[field + op_len..]);
+            let lhs = lhs.trim();
+            if lhs.is_empty() {
+                return Err(SelectorError::Field(format!(
+                    "{s:?}: empty field name in {term:?}"
+                )));
+            }
+            requirements.push(FieldRequirement {
+                field: lhs.to_owned(),
+                value: unescape_field_value(rhs.trim())
+                    .map_err(|e| SelectorError::Field(format!("{s:?}: {e}")))?,
+                negate,
+            });
+        }
+        Ok(FieldSelector { requirements })
+    }
+
+    /// Whether an object's fields (`get` looks one up by name, absent is `""`) meet
+    /// every term.
+    pub fn matches<'a>(&self, get: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.requirements
+            .iter()
+            .all(|r| (get(&r.field).unwrap_or("") == r.value) != r.negate)
+    }
+
+    /// Whether the selector has no terms (selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+}
+
+/// Parse a label selector into its requirements (kube-sim's entry point).
+pub fn parse_selector(s: &str) -> Result<Vec<Requirement>, String> {
+    LabelSelector::parse(s)
+        .map(|l| l.requirements)
+        .map_err(|e| e.to_string())
+}
+
+/// Whether an object's labels (`get` looks one up) meet every requirement.
+pub fn labels_match<'a>(reqs: &[Requirement], get: impl Fn(&str) -> Option<&'a str>) -> bool {
+    reqs.iter().all(|r| r.matches(&get))
+}
+
+/// Split `s` at every `sep` not preceded by a backslash escape.
+fn split_unescaped(s: &str, sep: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == sep {
+            parts.push(&s[start..i]);
+            start = i + 1;
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+/// The first operator of a field term, as kube-apiserver looks for it: at each
+/// position `!=`, then `==`, then `=`. Returns (position, operator length, negate).
+fn split_field_term(term: &str) -> Option<(usize, usize, bool)> {
+    let b = term.as_bytes();
+    (0..b.len()).find_map(|i| {
+        if b[i..].starts_with(b"!=") {
+            Some((i, 2, true))
+        } else if b[i..].starts_with(b"==") {
+            Some((i, 2, false))
+        } else if b[i] == b'=' {
+            Some((i, 1, false))
+        } else {
+            None
+        }
+    })
+}
+
+/// Undo `\,`, `\=` and `\\`; any other escape, or a bare `,`/`=`... is an error
+/// as in kube-apiserver's `UnescapeValue`.
+fn unescape_field_value(v: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(v.len());
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => out.push(e),
+                Some(e) => return Err(format!("invalid escape sequence \\{e} in {v:?}")),
+                None => return Err(format!("unterminated escape sequence in {v:?}")),
+            },
+            ',' | '=' => return Err(format!("invalid unescaped {c:?} in value {v:?}")),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Ident(String),
+    Not,      // !
+    Eq,       // =
+    DoubleEq, // ==
+    NotEq,    // !=
+    Comma,    // ,
+    Open,     // (
+    Close,    // )
+    Gt,       // >
+    Lt,       // <
+    In,       // in
+    NotIn,    // notin
+    End,
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Token::Ident(s) => write!(f, "{s:?}"),
+            Token::Not => f.write_str("'!'"),
+            Token::Eq => f.write_str("'='"),
+            Token::DoubleEq => f.write_str("'=='"),
+            Token::NotEq => f.write_str("'!='"),
+            Token::Comma => f.write_str("','"),
+            Token::Open => f.write_str("'('"),
+            Token::Close => f.write_str("')'"),
+            Token::Gt => f.write_str("'>'"),
+            Token::Lt => f.write_str("'<'"),
+            Token::In => f.write_str("'in'"),
+            Token::NotIn => f.write_str("'notin'"),
+            Token::End => f.write_str("end of string"),
+        }
+    }
+}
+
+fn tokenize(s: &str) -> Vec<Token> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+            continue;
+        }
+        let special = |c: char| "!=,()<>".contains(c) || c.is_whitespace();
+        if special(c) {
+            chars.next();
+            let t = match c {
+                '!' if chars.peek() == Some(&'=') => {
+                    chars.next();
+                    Token::NotEq
+                }
+                '!' => Token::Not,
+                '=' if chars.peek() == Some(&'=') => {
+                    chars.next();
+                    Token::DoubleEq
+                }
+                '=' => Token::Eq,
+                ',' => Token::Comma,
+                '(' => Token::Open,
+                ')' => Token::Close,
+                '>' => Token::Gt,
+                _ => Token::Lt,
+            };
+            out.push(t);
+            continue;
+        }
+        let mut word = String::new();
+        while let Some(&c) = chars.peek() {
+            if special(c) {
+                break;
+            }
+            word.push(c);
+            chars.next();
+        }
+        out.push(match word.as_str() {
+            "in" => Token::In,
+            "notin" => Token::NotIn,
+            _ => Token::Ident(word),
+        });
+    }
+    out.push(Token::End);
+    out
+}
+
+struct LabelParser<'a> {
+    src: &'a str,
+    tokens: Vec<Token>,
+    pos: usize,
+}
+
+impl<'a> LabelParser<'a> {
+    fn new(src: &'a str) -> Self {
+        LabelParser {
+            src,
+            tokens: tokenize(src),
+            pos: 0,
+        }
+    }
+
+    fn peek(&self) -> &Token {
+        &self.tokens[self.pos]
+    }
+
+    fn next(&mut self) -> Token {
+        let t = self.tokens[self.pos].clone();
+        if t != Token::End {
+            self.pos += 1;
+        }
+        t
+    }
+
+    fn err(&self, what: impl fmt::Display) -> SelectorError {
+        SelectorError::Label(format!("{:?}: {what}", self.src))
+    }
+
+    fn parse(mut self) -> Result<LabelSelector> {
+        let mut requirements = Vec::new();
+        if *self.peek() == Token::End {
+            return Ok(LabelSelector { requirements });
+        }
+        loop {
+            requirements.push(self.requirement()?);
+            match self.next() {
+                Token::End => break,
+                Token::Comma => {
+                    if *self.peek() == Token::End {
+                        return Err(self.err("expected a requirement after ','"));
+                    }
+                }
+                t => return Err(self.err(format_args!("found {t}, expected ','"))),
+            }
+        }
+        Ok(LabelSelector { requirements })
+    }
+
+    fn key(&mut self) -> Result<String> {
+        match self.next() {
+            Token::Ident(k) => {
+                validate_key(&k).map_err(|e| self.err(e))?;
+                Ok(k)
+            }
+            t => Err(self.err(format_args!("found {t}, expected a label key"))),
+        }
+    }
+
+    fn requirement(&mut self) -> Result<Requirement> {
+        if *self.peek() == Token::Not {
+            self.next();
+            return Ok(Requirement::NotExists(self.key()?));
+        }
+        let key = self.key()?;
+        let op = self.next();
+        Ok(match op {
+            Token::Comma | Token::End => {
+                // Give the separator back to the caller.
+                self.pos -= usize::from(op == Token::Comma);
+                Requirement::Exists(key)
+            }
+            Token::Eq | Token::DoubleEq => Requirement::Eq(key, self.single_value()?),
+            Token::NotEq => Requirement::NotEq(key, self.single_value()?),
+            Token::In => Requirement::In(key, self.set()?),
+            Token::NotIn => Requirement::NotIn(key, self.set()?),
+            Token::Gt | Token::Lt => {
+                let v = self.single_value()?;
+                let n = v
+                    .parse::<i64>()
+                    .map_err(|_| self.err(format_args!("{v:?} is not an integer")))?;
+                if op == Token::Gt {
+                    Requirement::Gt(key, n)
+                } else {
+                    Requirement::Lt(key, n)
+                }
+            }
+            t => return Err(self.err(format_args!("found {t}, expected an operator"))),
+        })
+    }
+
+    /// The value after `=`, `==`, `!=`: may be empty (`a=`).
+    fn single_value(&mut self) -> Result<String> {
+        match self.peek().clone() {
+            Token::Comma | Token::End => Ok(String::new()),
+            Token::Ident(v) => {
+                self.next();
+                validate_value(&v).map_err(|e| self.err(e))?;
+                Ok(v)
+            }
+            t => Err(self.err(format_args!("found {t}, expected a value"))),
+        }
+    }
+
+    /// `(v1, v2)` after `in` / `notin`: at least one value.
+    fn set(&mut self) -> Result<Vec<String>> {
+        match self.next() {
+            Token::Open => {}
+            t => return Err(self.err(format_args!("found {t}, expected '('"))),
+        }
+        let mut values = Vec::new();
+        loop {
+            match self.next() {
+                Token::Ident(v) => {
+                    validate_value(&v).map_err(|e| self.err(e))?;
+                    values.push(v);
+                    match self.next() {
+                        Token::Comma => continue,
+                        Token::Close => break,
+                        t => return Err(self.err(format_args!("found {t}, expected ',' or ')'"))),
+                    }
+                }
+                Token::Close if values.is_empty() => {
+                    return Err(self.err("for 'in', 'notin' operators, values set can't be empty"));
+                }
+                t => return Err(self.err(format_args!("found {t}, expected a value"))),
+            }
+        }
+        Ok(values)
+    }
+}
+
+/// A label key: `[prefix/]name`, prefix a DNS subdomain (≤253), name ≤63 characters of
+/// `[A-Za-z0-9_.-]` beginning and ending alphanumeric.
+fn validate_key(k: &str) -> Result<(), String> {
+    let (prefix, name) = match k.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    if let Some(p) = prefix {
+        let ok = !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !ok {
+            return Err(format!(
+                "invalid label key {k:?}: prefix part must be a lowercase DNS subdomain"
+            ));
+        }
+    }
+    if name.is_empty() || !is_label_name(name) {
+        return Err(format!(
+            "invalid label key {k:?}: name part must be at most 63 characters of \
+             alphanumerics, '-', '_' or '.', beginning and ending with an alphanumeric"
+        ));
+    }
+    Ok(())
+}
+
+/// A label value: empty, or like the name part of a key.
+fn validate_value(v: &str) -> Result<(), String> {
+    if v.is_empty() || is_label_name(v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid label value {v:?}: must be at most 63 characters of alphanumerics, \
+             '-', '_' or '.', beginning and ending with an alphanumeric"
+        ))
+    }
+}
+
+fn is_label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn lbl(sel: &str, labels: &Value) -> bool {
+        LabelSelector::parse(sel)
+            .unwrap()
+            .matches(|k| labels.get(k).and_then(Value::as_str))
+    }
+
+    #[test]
+    fn label_selectors_parse_and_match() {
+        let labels = json!({"app": "web", "tier": "front", "env": "prod", "replicas": "3"});
+        for (sel, want) in [
+            ("", true),
+            ("app=web", true),
+            ("app==web,tier=front", true),
+            ("app!=web", false),
+            ("app!=api", true),
+            ("missing!=x", true),
+            ("env in (prod, staging)", true),
+            ("env in (dev)", false),
+            ("env notin (prod)", false),
+            ("missing notin (prod)", true),
+            ("missing in (prod)", false),
+            ("tier", true),
+            ("!tier", false),
+            ("!missing,app in (web),env notin (dev,qa)", true),
+            ("missing", false),
+            ("replicas>2", true),
+            ("replicas<3", false),
+            ("app>2", false),
+            ("app=", false),
+            ("example.com/team=x", false),
+            (" app = web , tier ", true),
+        ] {
+            assert_eq!(lbl(sel, &labels), want, "{sel}");
+        }
+        assert_eq!(
+            LabelSelector::parse("a in (x,y),!b").unwrap().requirements,
+            vec![
+                Requirement::In("a".into(), vec!["x".into(), "y".into()]),
+                Requirement::NotExists("b".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_label_selectors_are_refused() {
+        for sel in [
+            "a b",
+            "a=b c",
+            "a in ()",
+            "a in (b",
+            "a in b",
+            "a=b,",
+            ",a",
+            "=b",
+            "!",
+            "a=(b)",
+            "a>x",
+            "-a=b",
+            "a=b-",
+            "Example.com/a=b",
+            "/a",
+            "a/",
+            &format!("{}=b", "k".repeat(64)),
+            &format!("a={}", "v".repeat(64)),
+            "a=b=c",
+        ] {
+            let err = LabelSelector::parse(sel).expect_err(sel);
+            assert!(matches!(err, SelectorError::Label(_)), "{sel}: {err}");
+        }
+        // What kube-apiserver accepts at the edges.
+        // What kube-apiserver accepts at the edges: an empty value after `=`, `==`, `!=`.
+        for sel in ["a==", "a=", "a!=", "example.com/app=web_1.x", "k in (a,b)"] {
+            assert!(LabelSelector::parse(sel).is_ok(), "{sel}");
+        }
+    }
+
+    #[test]
+    fn field_selectors_parse_and_match() {
+        let pod = json!({"metadata": {"name": "p,1", "namespace": "default"}, "status": {"phase": "Running"}});
+        let field = |f: &str| {
+            pod.pointer(&format!("/{}", f.replace('.', "/")))
+                .and_then(Value::as_str)
+        };
+        let m = |s: &str| FieldSelector::parse(s).unwrap().matches(field);
+        assert!(m(""));
+        assert!(m(r"metadata.name=p\,1,status.phase!=Pending"));
+        assert!(m(r"metadata.name==p\,1"));
+        assert!(!m("status.phase=Pending"));
+        assert!(m("spec.nodeName="));
+        assert!(!m("spec.nodeName!="));
+        assert_eq!(
+            FieldSelector::parse(r"a!=b\=c\\").unwrap().requirements,
+            vec![FieldRequirement {
+                field: "a".into(),
+                value: r"b=c\".into(),
+                negate: true
+            }]
+        );
+        for bad in ["a", "=b", "a=b=c", r"a=b\x", r"a=b\", "a,b=c"] {
+            let err = FieldSelector::parse(bad).expect_err(bad);
+            assert!(matches!(err, SelectorError::Field(_)), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn kube_sim_entry_points() {
+        let labels = json!({"app": "web"});
+        let reqs = parse_selector("app=web").unwrap();
+        assert!(labels_match(&reqs, |k| labels
+            .get(k)
+            .and_then(Value::as_str)));
+        assert!(
+            parse_selector("a b")
+                .unwrap_err()
+                .contains("unable to parse")
+        );
+    }
+}
