@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
+use super::access::{Identity, forbidden};
 use super::patch::{PatchKind, decode_body};
 use super::resources::{discovery, key, kind_at};
 use super::store::{Shared, as_version};
@@ -75,7 +76,8 @@ fn query(uri: &http::Uri) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn percent_decode(s: &str) -> String {
+/// Decode `%XX` escapes and `+` (as a space).
+pub(super) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -101,13 +103,43 @@ fn percent_decode(s: &str) -> String {
 }
 
 impl Shared {
-    /// Answer one request.
+    /// Answer one request as the user its impersonation headers name, and
+    /// remember it in the audit log.
     pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        let id = match Identity::from_headers(req.headers()) {
+            Ok(id) => id,
+            Err(e) => {
+                self.access.record(
+                    &req.method().as_str().to_lowercase(),
+                    &path,
+                    &Identity::default(),
+                );
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalError",
+                    &format!("Internal error occurred: {e}"),
+                );
+            }
+        };
+        let (verb, response) = self.clone().dispatch(req, &id).await;
+        self.access.record(&verb, &path, &id);
+        response
+    }
+
+    /// Route one request: (its verb, the response).
+    async fn dispatch(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        id: &Identity,
+    ) -> (String, Response<Body>) {
         let path = req.uri().path().trim_end_matches('/').to_owned();
         let q = query(req.uri());
         let method = req.method().clone();
+        let plain_verb = method.as_str().to_lowercase();
+        let not_found = || (plain_verb.clone(), not_found());
         if let Some(doc) = discovery(&path) {
-            return json_response(StatusCode::OK, &doc);
+            return (plain_verb, json_response(StatusCode::OK, &doc));
         }
         let (group, version, rest) = if let Some(rest) = path.strip_prefix("/api/v1/") {
             ("", "v1", rest)
@@ -140,10 +172,25 @@ impl Shared {
             return not_found();
         }
         let ns = namespace.unwrap_or("");
-        match (&method, name) {
-            (&Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-                self.watch(k, version, namespace, &q)
-            }
+        let watch = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+        let verb = match (&method, name) {
+            (&Method::GET, Some(_)) => "get",
+            (&Method::GET, None) if watch => "watch",
+            (&Method::GET, None) => "list",
+            (&Method::POST, _) => "create",
+            (&Method::PUT, _) => "update",
+            (&Method::PATCH, _) => "patch",
+            (&Method::DELETE, Some(_)) => "delete",
+            (&Method::DELETE, None) => "deletecollection",
+            _ => plain_verb.as_str(),
+        }
+        .to_owned();
+        if self.access.is_denied(k, &verb) {
+            let status = forbidden(k, &verb, namespace, name, id.name());
+            return (verb, json_response(StatusCode::FORBIDDEN, &status));
+        }
+        let response = match (&method, name) {
+            (&Method::GET, None) if watch => self.watch(k, version, namespace, &q),
             (&Method::GET, None) => match self.list(k, version, namespace, &q) {
                 Ok(list) => text_response(StatusCode::OK, list),
                 Err(e) => error(StatusCode::BAD_REQUEST, "BadRequest", &e),
@@ -166,12 +213,17 @@ impl Shared {
                 let bytes = match req.into_body().collect().await {
                     Ok(b) => b.to_bytes(),
                     Err(_) => {
-                        return error(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body");
+                        return (
+                            verb,
+                            error(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body"),
+                        );
                     }
                 };
                 let (patch, body) = match decode_body(&content_type, &bytes) {
                     Ok(v) => v,
-                    Err((code, reason, message)) => return error(code, reason, &message),
+                    Err((code, reason, message)) => {
+                        return (verb, error(code, reason, &message));
+                    }
                 };
                 // Server-side apply creates when absent.
                 let method = if method == Method::PATCH
@@ -194,7 +246,8 @@ impl Shared {
                 "MethodNotAllowed",
                 "method not allowed",
             ),
-        }
+        };
+        (verb, response)
     }
 }
 

@@ -29,6 +29,8 @@
 //! `store` the objects, resource versions and change history; `watch` the watch
 //! streams; `http` the request dispatch.
 
+mod access;
+mod churn;
 mod generate;
 mod http;
 mod patch;
@@ -50,8 +52,10 @@ use serde::Deserialize as _;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use resources::{Kind, NAMESPACES, key, kind, kind_named};
-use store::Shared;
+pub use access::AuditEntry;
+pub use churn::{Churn, ChurnStats};
+use resources::{KINDS, Kind, NAMESPACES, crd_object, key, kind, kind_named, kind_of};
+use store::{Shared, Stored};
 
 /// Errors of kube-sim. None is worth retrying: each names input to fix.
 #[derive(Debug, thiserror::Error)]
@@ -89,10 +93,73 @@ impl KubeSim {
                 NAMESPACES,
                 "",
                 None,
-                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {"kubernetes.io/metadata.name": ns}}}),
             );
         }
+        let crds = kind("customresourcedefinitions").expect("served");
+        for k in KINDS.iter().filter(|k| k.custom) {
+            shared.apply(Method::POST, crds, "", None, crd_object(*k));
+        }
         KubeSim { shared }
+    }
+
+    /// Deny `get`, `list` and `watch` of `resource` (a plural: `deployments`) in
+    /// `group` (`apps`; `""` for the core group): those requests get a `403
+    /// Forbidden` `Status` naming the user, as when RBAC does not allow them. Other
+    /// resources, and writes, are served as before.
+    pub fn deny(&self, group: &str, resource: &str) {
+        self.shared.access.deny(group, resource, &[]);
+    }
+
+    /// Deny the given `verbs` (`get`, `list`, `watch`, `create`, `update`,
+    /// `patch`, `delete`) of `group`/`resource`, replacing an earlier denial.
+    pub fn deny_verbs(&self, group: &str, resource: &str, verbs: &[&str]) {
+        self.shared.access.deny(group, resource, verbs);
+    }
+
+    /// Lift a denial of `group`/`resource`.
+    pub fn allow(&self, group: &str, resource: &str) {
+        self.shared.access.allow(group, resource);
+    }
+
+    /// Whether `group`/`resource` is served (`apps`/`deployments`, `""`/`pods`).
+    pub fn serves(group: &str, resource: &str) -> bool {
+        kind_of(group, resource).is_some()
+    }
+
+    /// The last requests served (at most 1,000), oldest first: who asked for what.
+    pub fn audit(&self) -> Vec<AuditEntry> {
+        self.shared.access.audit()
+    }
+
+    /// Start changing the cluster at `per_s` steps a second (see the `churn`
+    /// module: Deployments scaled with their ReplicaSets and Pods, ConfigMaps and
+    /// Pods created, labels, annotations, spec fields and statuses updated, Pods and
+    /// ConfigMaps deleted), deterministic from `seed` and the cluster as it is now.
+    /// It stops when the returned handle is dropped. Must be called inside a Tokio
+    /// runtime.
+    pub fn start_churn(&self, per_s: f64, seed: u64) -> Churn {
+        churn::start(self.shared.clone(), per_s, seed)
+    }
+
+    /// Every stored object, with its kind's group, storage version and plural: what
+    /// a test needs to compute a graph independently. Cheap: objects are shared
+    /// with the store and parsed only when asked ([`StoredObject::value`]).
+    pub fn objects(&self) -> Vec<StoredObject> {
+        let store = self.shared.lock();
+        let mut out = Vec::with_capacity(store.objects.len());
+        for k in KINDS {
+            out.extend(store.of(*k).map(|((_, ns, name), o)| StoredObject {
+                group: k.group,
+                version: k.versions[0],
+                resource: k.plural,
+                namespaced: k.namespaced,
+                namespace: ns.clone(),
+                name: name.clone(),
+                object: o.clone(),
+            }));
+        }
+        out
     }
 
     /// Serve the Kubernetes API on `listener` until `shutdown` resolves; then stop
@@ -251,6 +318,36 @@ impl KubeSim {
     }
 }
 
+/// One object as [`KubeSim::objects`] lists it.
+#[derive(Clone, Debug)]
+pub struct StoredObject {
+    /// The API group: `apps`, `""` for the core group.
+    pub group: &'static str,
+    /// The version objects of the kind are stored (and preferred) in: `v1`.
+    pub version: &'static str,
+    /// The plural resource name: `deployments`.
+    pub resource: &'static str,
+    /// Whether the kind lives in namespaces.
+    pub namespaced: bool,
+    /// The namespace; `""` for cluster-scoped kinds.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    object: Arc<Stored>,
+}
+
+impl StoredObject {
+    /// The object as stored (in [`StoredObject::version`]), parsed.
+    pub fn value(&self) -> Value {
+        self.object.value()
+    }
+
+    /// The object's JSON text as stored.
+    pub fn json(&self) -> &str {
+        &self.object.text
+    }
+}
+
 /// A kubeconfig for a kube-sim at `server_url` (`http://127.0.0.1:<port>`): no
 /// authentication, plain HTTP, namespace `default`.
 pub fn kubeconfig(server_url: &str) -> String {
@@ -283,11 +380,11 @@ mod tests {
         assert!(sim.get("namespaces", "", "apps").is_some());
 
         let e = sim
-            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d}\n")
+            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: d}\n")
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("seed document 2:"), "{e}");
-        assert!(e.contains("\"apps/v1\""), "{e}");
+        assert!(e.contains("\"policy/v1\""), "{e}");
         let e = sim
             .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {namespace: x}\n")
             .unwrap_err()
@@ -348,5 +445,204 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), closed)
             .await
             .expect("the watch connection closed when the server stopped");
+    }
+
+    /// One HTTP/1.1 request to `addr`: (status, body).
+    async fn request(
+        addr: std::net::SocketAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (u16, String) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut req = format!("GET {path} HTTP/1.1\r\nhost: k\r\nconnection: close\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.unwrap();
+        let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = raw
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap();
+        (status, body)
+    }
+
+    /// Requests are served as the impersonated user, who the audit log and the
+    /// 403 of a denied resource name.
+    #[tokio::test]
+    async fn impersonated_requests_are_audited_and_denials_name_the_user() {
+        let sim = KubeSim::new(10);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn({
+            let sim = sim.clone();
+            async move { sim.serve(listener, std::future::pending()).await }
+        });
+        sim.put(
+            "deployments",
+            "default",
+            json!({"metadata": {"name": "web"}, "spec": {}}),
+        );
+
+        let (code, _) = request(addr, "/apis/apps/v1/deployments", &[]).await;
+        assert_eq!(code, 200);
+        sim.deny("apps", "deployments");
+        let (code, body) = request(addr, "/apis/apps/v1/deployments", &[]).await;
+        assert_eq!(code, 403, "{body}");
+        let status: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status["kind"], "Status");
+        assert_eq!(status["reason"], "Forbidden");
+        assert_eq!(
+            status["message"],
+            r#"deployments.apps is forbidden: User "system:anonymous" cannot list resource "deployments" in API group "apps" at the cluster scope"#
+        );
+        let as_alice = [
+            ("Impersonate-User", "gitlab:user:alice"),
+            ("Impersonate-Group", "gitlab:user"),
+            ("Impersonate-Group", "gitlab:project_role:7:developer"),
+            ("Impersonate-Extra-agent.gitlab.com%2Fid", "9"),
+        ];
+        let (code, body) = request(
+            addr,
+            "/apis/apps/v1/namespaces/default/deployments?watch=true",
+            &as_alice,
+        )
+        .await;
+        assert_eq!(code, 403);
+        assert!(
+            body.contains(r#"User \"gitlab:user:alice\" cannot watch resource \"deployments\" in API group \"apps\" in the namespace \"default\""#),
+            "{body}"
+        );
+        let (code, body) = request(
+            addr,
+            "/apis/apps/v1/namespaces/default/deployments/web",
+            &[],
+        )
+        .await;
+        assert_eq!(code, 403);
+        assert!(
+            body.contains(r#"deployments.apps \"web\" is forbidden"#),
+            "{body}"
+        );
+        // Other resources are served, to the impersonated user too.
+        let (code, _) = request(addr, "/api/v1/namespaces/default/pods", &as_alice).await;
+        assert_eq!(code, 200);
+        // Groups without a user: refused, as kube-apiserver refuses them.
+        let (code, body) = request(addr, "/api/v1/pods", &[("Impersonate-Group", "g")]).await;
+        assert_eq!(code, 500, "{body}");
+        assert!(body.contains("without impersonating a user"), "{body}");
+        sim.allow("apps", "deployments");
+        let (code, _) = request(addr, "/apis/apps/v1/deployments", &as_alice).await;
+        assert_eq!(code, 200);
+
+        let audit = sim.audit();
+        let seen: Vec<(&str, &str, Option<&str>)> = audit
+            .iter()
+            .map(|e| (e.verb.as_str(), e.path.as_str(), e.user.as_deref()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("list", "/apis/apps/v1/deployments", None),
+                ("list", "/apis/apps/v1/deployments", None),
+                (
+                    "watch",
+                    "/apis/apps/v1/namespaces/default/deployments",
+                    Some("gitlab:user:alice")
+                ),
+                (
+                    "get",
+                    "/apis/apps/v1/namespaces/default/deployments/web",
+                    None
+                ),
+                (
+                    "list",
+                    "/api/v1/namespaces/default/pods",
+                    Some("gitlab:user:alice")
+                ),
+                ("get", "/api/v1/pods", None),
+                (
+                    "list",
+                    "/apis/apps/v1/deployments",
+                    Some("gitlab:user:alice")
+                ),
+            ]
+        );
+        let last = audit.last().unwrap();
+        assert_eq!(
+            last.groups,
+            ["gitlab:user", "gitlab:project_role:7:developer"]
+        );
+        assert_eq!(last.extra["agent.gitlab.com/id"], ["9"]);
+        assert!(audit[0].groups.is_empty() && audit[0].extra.is_empty());
+
+        // The log is bounded: the newest 1,000 are kept.
+        for _ in 0..access::AUDIT_LIMIT {
+            request(addr, "/version", &[]).await;
+        }
+        let audit = sim.audit();
+        assert_eq!(audit.len(), access::AUDIT_LIMIT);
+        assert!(
+            audit
+                .iter()
+                .all(|e| e.path == "/version" && e.verb == "get")
+        );
+        server.abort();
+    }
+
+    #[test]
+    fn objects_lists_everything_with_its_kind() {
+        let sim = KubeSim::new(10);
+        sim.put("widgets", "default", json!({"apiVersion": "example.podgate.dev/v1beta1", "kind": "Widget", "metadata": {"name": "w"}}));
+        sim.put("nodes", "", json!({"metadata": {"name": "worker-0"}}));
+        let objects = sim.objects();
+        let find = |resource: &str, name: &str| {
+            objects
+                .iter()
+                .find(|o| o.resource == resource && o.name == name)
+                .unwrap_or_else(|| panic!("{resource} {name}"))
+        };
+        let w = find("widgets", "w");
+        assert_eq!(
+            (w.group, w.version, w.namespaced),
+            ("example.podgate.dev", "v1", true)
+        );
+        assert_eq!(w.namespace, "default");
+        assert_eq!(
+            w.value()["apiVersion"],
+            "example.podgate.dev/v1",
+            "stored in the preferred version"
+        );
+        assert!(w.json().contains("\"name\":\"w\""));
+        let n = find("nodes", "worker-0");
+        assert_eq!(
+            (n.group, n.namespaced, n.namespace.as_str()),
+            ("", false, "")
+        );
+        // The CustomResourceDefinitions of every custom kind.
+        let crds: Vec<&str> = objects
+            .iter()
+            .filter(|o| o.resource == "customresourcedefinitions")
+            .map(|o| o.name.as_str())
+            .collect();
+        assert_eq!(
+            crds,
+            [
+                "gitrepositories.source.toolkit.fluxcd.io",
+                "helmreleases.helm.toolkit.fluxcd.io",
+                "helmrepositories.source.toolkit.fluxcd.io",
+                "kustomizations.kustomize.toolkit.fluxcd.io",
+                "widgets.example.podgate.dev",
+            ]
+        );
+        let crd = find("customresourcedefinitions", "widgets.example.podgate.dev").value();
+        assert_eq!(crd["spec"]["versions"][1]["name"], "v1beta1");
+        assert_eq!(crd["spec"]["versions"][1]["storage"], false);
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+        assert_eq!(objects.len(), 2 + 5 + 2);
     }
 }

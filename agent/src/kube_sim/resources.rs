@@ -28,6 +28,9 @@ pub(super) struct Kind {
     pub(super) namespaced: bool,
     /// Whether `kubectl get all` includes it (category `all`).
     pub(super) in_all: bool,
+    /// Whether a CustomResourceDefinition defines it (listed under
+    /// `customresourcedefinitions`); built-in kinds are not.
+    pub(super) custom: bool,
 }
 
 impl Kind {
@@ -43,6 +46,18 @@ impl Kind {
     /// `apiVersion` of stored objects (the preferred version).
     pub(super) fn storage_api_version(self) -> String {
         self.api_version(self.versions[0])
+    }
+
+    /// The same kind, cluster-scoped.
+    const fn cluster(mut self) -> Self {
+        self.namespaced = false;
+        self
+    }
+
+    /// The same kind, defined by a CustomResourceDefinition.
+    const fn crd(mut self) -> Self {
+        self.custom = true;
+        self
     }
 
     /// The store's first key: `pods`, `deployments.apps` (as kubectl names resources).
@@ -72,6 +87,7 @@ const fn core(
         short,
         namespaced,
         in_all,
+        custom: false,
     }
 }
 
@@ -93,6 +109,7 @@ const fn grouped(
         short,
         namespaced: true,
         in_all,
+        custom: false,
     }
 }
 
@@ -109,6 +126,14 @@ pub(super) const NAMESPACES: Kind = core(
     false,
     false,
 );
+
+/// Flux's groups (`fluxcd/*-controller/api`), each served in the version Flux 2.x
+/// stores.
+pub(super) const KUSTOMIZE_GROUP: &str = "kustomize.toolkit.fluxcd.io";
+/// Flux's helm-controller group.
+pub(super) const HELM_GROUP: &str = "helm.toolkit.fluxcd.io";
+/// Flux's source-controller group.
+pub(super) const SOURCE_GROUP: &str = "source.toolkit.fluxcd.io";
 
 pub(super) const KINDS: &[Kind] = &[
     core("pods", "pod", "Pod", &["po"], true, true),
@@ -132,6 +157,15 @@ pub(super) const KINDS: &[Kind] = &[
         true,
         false,
     ),
+    core(
+        "persistentvolumes",
+        "persistentvolume",
+        "PersistentVolume",
+        &["pv"],
+        false,
+        false,
+    ),
+    core("nodes", "node", "Node", &["no"], false, false),
     grouped(
         "apps",
         &["v1"],
@@ -159,6 +193,15 @@ pub(super) const KINDS: &[Kind] = &[
         &["sts"],
         true,
     ),
+    grouped(
+        "apps",
+        &["v1"],
+        "daemonsets",
+        "daemonset",
+        "DaemonSet",
+        &["ds"],
+        true,
+    ),
     grouped("batch", &["v1"], "jobs", "job", "Job", &[], true),
     grouped(
         "batch",
@@ -179,6 +222,56 @@ pub(super) const KINDS: &[Kind] = &[
         false,
     ),
     grouped(
+        "networking.k8s.io",
+        &["v1"],
+        "ingressclasses",
+        "ingressclass",
+        "IngressClass",
+        &[],
+        false,
+    )
+    .cluster(),
+    grouped(
+        "storage.k8s.io",
+        &["v1"],
+        "storageclasses",
+        "storageclass",
+        "StorageClass",
+        &["sc"],
+        false,
+    )
+    .cluster(),
+    grouped(
+        "scheduling.k8s.io",
+        &["v1"],
+        "priorityclasses",
+        "priorityclass",
+        "PriorityClass",
+        &["pc"],
+        false,
+    )
+    .cluster(),
+    grouped(
+        "node.k8s.io",
+        &["v1"],
+        "runtimeclasses",
+        "runtimeclass",
+        "RuntimeClass",
+        &[],
+        false,
+    )
+    .cluster(),
+    grouped(
+        "apiextensions.k8s.io",
+        &["v1"],
+        "customresourcedefinitions",
+        "customresourcedefinition",
+        "CustomResourceDefinition",
+        &["crd", "crds"],
+        false,
+    )
+    .cluster(),
+    grouped(
         EXAMPLE_GROUP,
         &["v1", "v1beta1"],
         "widgets",
@@ -186,7 +279,48 @@ pub(super) const KINDS: &[Kind] = &[
         "Widget",
         &["wd"],
         false,
-    ),
+    )
+    .crd(),
+    grouped(
+        KUSTOMIZE_GROUP,
+        &["v1"],
+        "kustomizations",
+        "kustomization",
+        "Kustomization",
+        &["ks"],
+        false,
+    )
+    .crd(),
+    grouped(
+        HELM_GROUP,
+        &["v2"],
+        "helmreleases",
+        "helmrelease",
+        "HelmRelease",
+        &["hr"],
+        false,
+    )
+    .crd(),
+    grouped(
+        SOURCE_GROUP,
+        &["v1"],
+        "gitrepositories",
+        "gitrepository",
+        "GitRepository",
+        &["gitrepo"],
+        false,
+    )
+    .crd(),
+    grouped(
+        SOURCE_GROUP,
+        &["v1"],
+        "helmrepositories",
+        "helmrepository",
+        "HelmRepository",
+        &["helmrepo"],
+        false,
+    )
+    .crd(),
     // Events, in two groups as in a real cluster (clients that build graphs skip them).
     core("events", "event", "Event", &["ev"], true, false),
     grouped(
@@ -208,15 +342,53 @@ const SUBRESOURCES: &[(&str, &str, &str, &[&str])] = &[
     ("", "pods", "log", &["get"]),
     ("", "pods", "exec", &["create", "get"]),
     ("", "services", "status", &["get", "patch", "update"]),
+    ("", "nodes", "status", &["get", "patch", "update"]),
+    (
+        "",
+        "persistentvolumeclaims",
+        "status",
+        &["get", "patch", "update"],
+    ),
     ("apps", "deployments", "scale", &["get", "patch", "update"]),
     ("apps", "deployments", "status", &["get", "patch", "update"]),
     ("apps", "replicasets", "scale", &["get", "patch", "update"]),
     ("apps", "statefulsets", "scale", &["get", "patch", "update"]),
+    ("apps", "daemonsets", "status", &["get", "patch", "update"]),
     ("batch", "jobs", "status", &["get", "patch", "update"]),
     ("batch", "cronjobs", "status", &["get", "patch", "update"]),
     (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "status",
+        &["get", "patch", "update"],
+    ),
+    (
         EXAMPLE_GROUP,
         "widgets",
+        "status",
+        &["get", "patch", "update"],
+    ),
+    (
+        KUSTOMIZE_GROUP,
+        "kustomizations",
+        "status",
+        &["get", "patch", "update"],
+    ),
+    (
+        HELM_GROUP,
+        "helmreleases",
+        "status",
+        &["get", "patch", "update"],
+    ),
+    (
+        SOURCE_GROUP,
+        "gitrepositories",
+        "status",
+        &["get", "patch", "update"],
+    ),
+    (
+        SOURCE_GROUP,
+        "helmrepositories",
         "status",
         &["get", "patch", "update"],
     ),
@@ -263,6 +435,82 @@ pub(super) fn kind_named(api_version: &str, kind: &str) -> Option<Kind> {
         .iter()
         .copied()
         .find(|k| k.group == group && k.kind == kind && k.versions.contains(&version))
+}
+
+/// The kind of `group` whose plural is `plural`, in any served version.
+pub(super) fn kind_of(group: &str, plural: &str) -> Option<Kind> {
+    KINDS
+        .iter()
+        .copied()
+        .find(|k| k.group == group && k.plural == plural)
+}
+
+/// The CustomResourceDefinition of a custom kind, as its controller's installer
+/// (controller-gen output applied by `flux install`, or a chart) leaves it once the
+/// API server has accepted it: every served version with a permissive schema, the
+/// first stored, `Established`.
+pub(super) fn crd_object(k: Kind) -> Value {
+    let names = json!({
+        "kind": k.kind,
+        "listKind": format!("{}List", k.kind),
+        "plural": k.plural,
+        "singular": k.singular,
+        "shortNames": k.short,
+    });
+    let versions: Vec<Value> = k
+        .versions
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            json!({
+                "name": v,
+                "served": true,
+                "storage": i == 0,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}],
+            })
+        })
+        .collect();
+    let mut labels = json!({});
+    if let Some(component) = match k.group {
+        KUSTOMIZE_GROUP => Some("kustomize-controller"),
+        HELM_GROUP => Some("helm-controller"),
+        SOURCE_GROUP => Some("source-controller"),
+        _ => None,
+    } {
+        labels = json!({
+            "app.kubernetes.io/component": component,
+            "app.kubernetes.io/instance": "flux-system",
+            "app.kubernetes.io/part-of": "flux",
+            "app.kubernetes.io/version": "v2.4.0",
+        });
+    }
+    let condition = |t: &str, reason: &str, message: &str| json!({"type": t, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z", "reason": reason, "message": message});
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{}.{}", k.plural, k.group),
+            "labels": labels,
+            "annotations": {"controller-gen.kubebuilder.io/version": "v0.16.1"},
+        },
+        "spec": {
+            "group": k.group,
+            "names": names,
+            "scope": if k.namespaced { "Namespaced" } else { "Cluster" },
+            "versions": versions,
+            "conversion": {"strategy": "None"},
+        },
+        "status": {
+            "acceptedNames": names,
+            "conditions": [
+                condition("NamesAccepted", "NoConflicts", "no conflicts found"),
+                condition("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+            ],
+            "storedVersions": [k.versions[0]],
+        },
+    })
 }
 
 /// The served groups (not the core one), in order of first appearance.
@@ -452,7 +700,9 @@ mod tests {
                 "replicasets",
                 "replicasets/scale",
                 "statefulsets",
-                "statefulsets/scale"
+                "statefulsets/scale",
+                "daemonsets",
+                "daemonsets/status"
             ]
         );
         assert!(discovery("/apis/apps/v2").is_none());

@@ -15,6 +15,7 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+use super::access::Access;
 use super::http::status;
 use super::patch::merge;
 use super::resources::{Key, Kind, key};
@@ -90,6 +91,18 @@ impl Stored {
         }
     }
 
+    /// `metadata.namespace`.
+    #[cfg(test)]
+    pub(super) fn index_namespace(&self) -> &str {
+        &self.index.namespace
+    }
+
+    /// `metadata.name`.
+    #[cfg(test)]
+    pub(super) fn index_name(&self) -> &str {
+        &self.index.name
+    }
+
     /// The object, parsed.
     pub(super) fn value(&self) -> Value {
         serde_json::from_str(&self.text).unwrap_or(Value::Null)
@@ -123,6 +136,18 @@ impl Store {
             .range((id.clone(), String::new(), String::new())..)
             .take_while(move |((r, _, _), _)| *r == id)
     }
+
+    /// The stored objects of kind `k` in namespace `ns`, in name order.
+    pub(super) fn in_namespace<'a>(
+        &'a self,
+        k: Kind,
+        ns: &'a str,
+    ) -> impl Iterator<Item = (&'a Key, &'a Arc<Stored>)> {
+        let id = k.id();
+        self.objects
+            .range((id.clone(), ns.to_owned(), String::new())..)
+            .take_while(move |((r, n, _), _)| *r == id && n == ns)
+    }
 }
 
 /// `o` (stored in `k`'s preferred version) as served in `version`: only `apiVersion`
@@ -137,6 +162,8 @@ pub(super) fn as_version(k: Kind, version: &str, mut o: Value) -> Value {
 /// What the HTTP side and the handle share.
 pub(super) struct Shared {
     store: Mutex<Store>,
+    /// Denied resources and the audit log.
+    pub(super) access: Access,
     pub(super) events: broadcast::Sender<Event>,
     history_limit: usize,
     pub(super) bookmark_every: Duration,
@@ -150,6 +177,7 @@ impl Shared {
                 rv: 100,
                 ..Store::default()
             }),
+            access: Access::default(),
             events: broadcast::channel(4096).0,
             history_limit: history_limit.max(1),
             bookmark_every: Duration::from_millis(500),
