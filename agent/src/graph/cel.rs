@@ -20,18 +20,24 @@
 //! run-time error on the sample (a missing key: `obj.status.ready == 'true'` on an
 //! object without `status`) is accepted: real objects may have the key.
 //!
-//! Evaluation binds the variables through a [`::cel::context::VariableResolver`] over
-//! the borrowed object, so nothing is converted up front; `obj` is converted to a CEL
-//! value only when an expression reads it, and only once per evaluation.
+//! Evaluation starts a root context from the shared standard environment (cheap: an
+//! `Arc` clone) and binds the variables through a
+//! [`::cel::context::VariableResolver`] over the borrowed object: `obj`, `labels` and
+//! `annotations` are views of the JSON (see `cel_json`), strings are borrowed, so
+//! nothing is copied up front and an expression pays only for what it reads.
 
+use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
 
 use ::cel::common::ast::{EntryExpr, Expr as Ast, IdedExpr};
+use ::cel::common::types::{CelBool, CelString};
 use ::cel::common::value::CowVal;
+use ::cel::common::value::Val;
 use ::cel::context::VariableResolver;
-use ::cel::objects::Map as CelMap;
 use ::cel::{Context, Env, ExecutionError, Program, Value};
 use serde_json::Value as Json;
+
+use super::cel_json::{JsonVal, to_val};
 
 /// The standard environment, built once: every evaluation starts a cheap root
 /// context from it.
@@ -138,7 +144,7 @@ impl Expr {
         if src.trim().is_empty() {
             return Err("expression is empty".into());
         }
-        let program = ENV.compile(src).map_err(|e| {
+        let program = ENV.compile(&escape_namespace(src)).map_err(|e| {
             let e = e.to_string();
             format!("does not parse: {}", e.trim())
         })?;
@@ -148,6 +154,11 @@ impl Expr {
         };
         let mut unknown = Vec::new();
         free_variables(program.expression(), &mut Vec::new(), &mut |name| {
+            let name = if name == NAMESPACE_IDENT {
+                "namespace"
+            } else {
+                name
+            };
             if !allowed.contains(&name) && !TYPE_NAMES.contains(&name) && !unknown.contains(&name) {
                 unknown.push(name);
             }
@@ -173,15 +184,12 @@ impl Expr {
             scope,
         };
         let sample = match scope {
-            Scope::Resource => expr.run(&ResourceResolver(&SAMPLE_RESOURCE)),
+            Scope::Resource => expr.run(&ResourceResolver::new(&SAMPLE_RESOURCE)),
             Scope::Object => expr.run(&ObjectResolver::new(&sample_object())),
         };
         match sample {
-            Ok(Value::Bool(_)) => Ok(expr),
-            Ok(v) => Err(format!(
-                "must evaluate to a boolean, got {} on a sample",
-                v.type_of()
-            )),
+            Ok(Ok(_)) => Ok(expr),
+            Ok(Err(t)) => Err(format!("must evaluate to a boolean, got {t} on a sample")),
             Err(ExecutionError::UndeclaredReference(name)) => {
                 Err(format!("undeclared reference to '{name}'"))
             }
@@ -204,7 +212,7 @@ impl Expr {
     /// Evaluate a resource expression. An error is a run-time error or a non-bool
     /// result.
     pub fn eval_resource(&self, v: &ResourceVars<'_>) -> Result<bool, String> {
-        to_bool(self.run(&ResourceResolver(v)))
+        to_bool(self.run(&ResourceResolver::new(v)))
     }
 
     /// Evaluate an object expression. An error is a run-time error (e.g. a missing
@@ -213,17 +221,23 @@ impl Expr {
         to_bool(self.run(&ObjectResolver::new(v)))
     }
 
-    fn run(&self, resolver: &dyn VariableResolver) -> Result<Value, ExecutionError> {
+    /// Evaluate with `resolver`: the bool, or the type name of a non-bool result, or
+    /// the run-time error.
+    fn run(&self, resolver: &dyn VariableResolver) -> Result<Result<bool, String>, ExecutionError> {
         let mut ctx = Context::with_env(Arc::clone(&ENV));
         ctx.set_variable_resolver(resolver);
-        self.program.execute(&ctx)
+        let v = Value::resolve_val(self.program.expression(), &ctx)?;
+        Ok(match v.downcast_ref::<CelBool>() {
+            Some(b) => Ok(*b.inner()),
+            None => Err(v.get_type().name().to_owned()),
+        })
     }
 }
 
-fn to_bool(r: Result<Value, ExecutionError>) -> Result<bool, String> {
+fn to_bool(r: Result<Result<bool, String>, ExecutionError>) -> Result<bool, String> {
     match r {
-        Ok(Value::Bool(b)) => Ok(b),
-        Ok(v) => Err(format!("must evaluate to a boolean, got {}", v.type_of())),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(t)) => Err(format!("must evaluate to a boolean, got {t}")),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -260,6 +274,80 @@ fn sample_object() -> ObjectVars<'static> {
         namespace: "default",
         name: "sample",
     }
+}
+
+/// What the variable `namespace` is called inside a compiled program (see
+/// [`escape_namespace`]).
+const NAMESPACE_IDENT: &str = "__namespace__";
+
+/// `namespace` is a reserved word in CEL (cel-spec langdef "Syntax"; cel-go and the
+/// `cel` crate refuse it as an identifier), yet the seed names the variable so and
+/// its own example uses it (`namespace == 'myns'`). So every bare identifier
+/// `namespace` outside string literals and comments, and not a field after `.`,
+/// becomes `__namespace__` before parsing, which is what Kubernetes' CEL escaping
+/// calls such a name. `obj.metadata.namespace` is left alone (fields may be reserved
+/// words).
+fn escape_namespace(src: &str) -> Cow<'_, str> {
+    if !src.contains("namespace") {
+        return Cow::Borrowed(src);
+    }
+    let b = src.as_bytes();
+    let mut out = String::with_capacity(src.len() + 8);
+    let mut i = 0;
+    let mut last_significant: Option<u8> = None;
+    let (mut prefix, mut prefix_end) = ("", usize::MAX);
+    while i < b.len() {
+        let c = b[i];
+        if c == b'/' && b.get(i + 1) == Some(&b'/') {
+            let end = src[i..].find('\n').map_or(b.len(), |n| i + n);
+            out.push_str(&src[i..end]);
+            i = end;
+        } else if c == b'"' || c == b'\'' {
+            // A string literal; its prefix (`r`, `b`, `rb`, …) was copied as a word
+            // just before it.
+            let raw = prefix_end == i && prefix.to_ascii_lowercase().contains('r');
+            let triple = b[i..].starts_with(&[c, c, c]);
+            let quote_len = if triple { 3 } else { 1 };
+            let mut j = i + quote_len;
+            while j < b.len() {
+                if !raw && b[j] == b'\\' {
+                    j += 2;
+                    continue;
+                }
+                if b[j] == c && (!triple || b[j..].starts_with(&[c, c, c])) {
+                    j += quote_len;
+                    break;
+                }
+                j += 1;
+            }
+            let j = j.min(b.len());
+            out.push_str(&src[i..j]);
+            i = j;
+            last_significant = Some(c);
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            let mut j = i;
+            while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                j += 1;
+            }
+            let word = &src[i..j];
+            (prefix, prefix_end) = (word, j);
+            if word == "namespace" && last_significant != Some(b'.') {
+                out.push_str(NAMESPACE_IDENT);
+            } else {
+                out.push_str(word);
+            }
+            i = j;
+            last_significant = Some(b'a');
+        } else {
+            let ch = src[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            if !ch.is_whitespace() {
+                last_significant = Some(if ch.is_ascii() { c } else { b'?' });
+            }
+            i += ch.len_utf8();
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// What the outermost operation of `e` yields when it can never be a bool.
@@ -340,91 +428,92 @@ fn entries<'e>(
     }
 }
 
-struct ResourceResolver<'a>(&'a ResourceVars<'a>);
+/// Resolves resource variables, each built once per evaluation.
+struct ResourceResolver<'a> {
+    group: CelString<'a>,
+    version: CelString<'a>,
+    resource: CelString<'a>,
+    namespaced: CelBool,
+}
+
+impl<'a> ResourceResolver<'a> {
+    fn new(v: &ResourceVars<'a>) -> Self {
+        ResourceResolver {
+            group: CelString::from(v.group),
+            version: CelString::from(v.version),
+            resource: CelString::from(v.resource),
+            namespaced: CelBool::from(v.namespaced),
+        }
+    }
+}
 
 impl VariableResolver for ResourceResolver<'_> {
     fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
-        let v = self.0;
-        let value = match variable {
-            "group" => Value::from(v.group),
-            "version" => Value::from(v.version),
-            "resource" => Value::from(v.resource),
-            "namespaced" => Value::Bool(v.namespaced),
+        Some(CowVal::Borrowed(match variable {
+            "group" => &self.group,
+            "version" => &self.version,
+            "resource" => &self.resource,
+            "namespaced" => &self.namespaced,
             _ => return None,
-        };
-        value.try_into().ok().map(CowVal::Owned)
+        }))
     }
 }
 
-/// Resolves object variables on demand; `obj` is converted once, when first read.
+/// `{}`, for an object without labels or annotations.
+static EMPTY_OBJECT: LazyLock<Json> = LazyLock::new(|| Json::Object(serde_json::Map::new()));
+
+/// Resolves object variables: views of the borrowed object, nothing copied.
 struct ObjectResolver<'a> {
-    vars: &'a ObjectVars<'a>,
-    obj: std::sync::OnceLock<Value>,
+    obj: Box<dyn Val + 'a>,
+    labels: JsonVal<'a>,
+    annotations: JsonVal<'a>,
+    group: CelString<'a>,
+    version: CelString<'a>,
+    resource: CelString<'a>,
+    namespace: CelString<'a>,
+    name: CelString<'a>,
 }
 
 impl<'a> ObjectResolver<'a> {
-    fn new(vars: &'a ObjectVars<'a>) -> Self {
+    fn new(v: &ObjectVars<'a>) -> Self {
+        let meta = |field: &str| {
+            let m = v
+                .obj
+                .get("metadata")
+                .and_then(|m| m.get(field))
+                .filter(|m| m.is_object())
+                .unwrap_or(&EMPTY_OBJECT);
+            JsonVal::new(m)
+        };
         ObjectResolver {
-            vars,
-            obj: std::sync::OnceLock::new(),
+            obj: to_val(v.obj),
+            labels: meta("labels"),
+            annotations: meta("annotations"),
+            group: CelString::from(v.group),
+            version: CelString::from(v.version),
+            resource: CelString::from(v.resource),
+            namespace: CelString::from(v.namespace),
+            name: CelString::from(v.name),
         }
-    }
-
-    fn string_map(&self, field: &str) -> Value {
-        let map = self
-            .vars
-            .obj
-            .get("metadata")
-            .and_then(|m| m.get(field))
-            .and_then(Json::as_object);
-        let entries: std::collections::HashMap<String, Value> = map
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.clone(), Value::from(v.as_str()?))))
-            .collect();
-        Value::Map(CelMap::from(entries))
     }
 }
 
 impl VariableResolver for ObjectResolver<'_> {
     fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
-        let v = self.vars;
-        let value = match variable {
-            "obj" => self.obj.get_or_init(|| json_to_cel(v.obj)).clone(),
-            "group" => Value::from(v.group),
-            "version" => Value::from(v.version),
-            "resource" => Value::from(v.resource),
-            "namespace" => Value::from(v.namespace),
-            "name" => Value::from(v.name),
-            "labels" => self.string_map("labels"),
-            "annotations" => self.string_map("annotations"),
+        Some(CowVal::Borrowed(match variable {
+            "obj" => self.obj.as_ref(),
+            "labels" => &self.labels,
+            "annotations" => &self.annotations,
+            "group" => &self.group,
+            "version" => &self.version,
+            "resource" => &self.resource,
+            NAMESPACE_IDENT => &self.namespace,
+            "name" => &self.name,
             _ => return None,
-        };
-        value.try_into().ok().map(CowVal::Owned)
+        }))
     }
 }
 
-/// A JSON value as a CEL value: objects become maps with string keys, integers `int`
-/// (or `uint` above `i64::MAX`), other numbers `double`.
-pub(crate) fn json_to_cel(v: &Json) -> Value {
-    match v {
-        Json::Null => Value::Null,
-        Json::Bool(b) => Value::Bool(*b),
-        Json::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                Value::Int(i)
-            } else if let Some(u) = n.as_u64() {
-                Value::UInt(u)
-            } else {
-                Value::Float(n.as_f64().unwrap_or(f64::NAN))
-            }
-        }
-        Json::String(s) => Value::from(s.as_str()),
-        Json::Array(a) => Value::List(Arc::new(a.iter().map(json_to_cel).collect())),
-        Json::Object(o) => {
-            let entries: std::collections::HashMap<String, Value> =
-                o.iter().map(|(k, v)| (k.clone(), json_to_cel(v))).collect();
-            Value::Map(CelMap::from(entries))
-        }
-    }
-}
+#[cfg(test)]
+#[path = "cel_tests.rs"]
+mod tests;

@@ -36,6 +36,9 @@ pub struct JsonPath {
     nodes: Vec<Node>,
 }
 
+/// A body being collected: the template's own, or that of an open `{range path}`.
+type Frame = (Vec<Node>, Option<(bool, serde_json_path::JsonPath)>);
+
 #[derive(Debug, Clone)]
 enum Node {
     /// Literal text, emitted as a JSON string.
@@ -65,8 +68,7 @@ impl JsonPath {
             return Err("empty template".into());
         }
         // Each open `range` collects its body; the bottom of the stack is the template.
-        let mut stack: Vec<(Vec<Node>, Option<(bool, serde_json_path::JsonPath)>)> =
-            vec![(Vec::new(), None)];
+        let mut stack: Vec<Frame> = vec![(Vec::new(), None)];
         let mut rest = t;
         while !rest.is_empty() {
             let Some(open) = rest.find('{') else {

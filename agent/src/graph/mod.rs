@@ -10,6 +10,7 @@
 //!   uses per `WatchGraphResponse` batch.
 
 pub mod cel;
+mod cel_json;
 pub mod jsonpath;
 pub mod request;
 pub mod wire;

@@ -308,6 +308,11 @@ pub fn parse(json: &str) -> Result<GraphRequest, RequestError> {
     };
     let v: Value =
         serde_json::from_str(json).map_err(|e| fail("request", format!("invalid JSON: {e}")))?;
+    // serde also decodes a struct from an array (`["true"]` as an `Include`): only
+    // objects are accepted.
+    if let Some((field, message)) = non_object(&v) {
+        return Err(fail(&field, message));
+    }
     match serde_json::from_value::<GraphRequest>(v.clone()) {
         Ok(r) => Ok(r),
         // Find the innermost part that does not decode, to name it.
@@ -315,6 +320,51 @@ pub fn parse(json: &str) -> Result<GraphRequest, RequestError> {
             let (field, message) = locate(&v).unwrap_or_else(|| ("request".into(), e.to_string()));
             Err(fail(&field, message))
         }
+    }
+}
+
+/// The first part of the request that must be an object but is something else.
+fn non_object(v: &Value) -> Option<(String, String)> {
+    fn want(v: Option<&Value>, path: &str, optional: bool) -> Option<(String, String)> {
+        match v {
+            None => None,
+            Some(Value::Null) if optional => None,
+            Some(Value::Object(_)) => None,
+            Some(other) => Some((
+                path.to_owned(),
+                format!("must be a JSON object, not {}", json_type(other)),
+            )),
+        }
+    }
+    if let Some(e) = want(Some(v), "request", false) {
+        return Some(e);
+    }
+    if let Some(Value::Array(queries)) = v.get("queries") {
+        for (i, q) in queries.iter().enumerate() {
+            let path = format!("queries[{i}]");
+            let found = want(Some(q), &path, false)
+                .or_else(|| want(q.get("include"), &format!("{path}.include"), true))
+                .or_else(|| want(q.get("exclude"), &format!("{path}.exclude"), true))
+                .or_else(|| {
+                    let inc = q.get("include")?;
+                    want(inc.get("object"), &format!("{path}.include.object"), true)
+                });
+            if found.is_some() {
+                return found;
+            }
+        }
+    }
+    want(v.get("namespaces"), "namespaces", true).or_else(|| want(v.get("roots"), "roots", true))
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -576,3 +626,7 @@ fn is_dns_label(s: &str) -> bool {
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

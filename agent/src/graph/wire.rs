@@ -314,3 +314,7 @@ pub fn action_from_proto(a: &pb::Action) -> Result<Action, String> {
         },
     })
 }
+
+#[cfg(test)]
+#[path = "wire_tests.rs"]
+mod tests;
