@@ -337,7 +337,7 @@ mod kas {
     /// Every metric kas (`agent/src/kas/metrics.rs`, `agent_auth.rs`), the presence
     /// registry it serves beside them (`pod-registry/src/metrics.rs`) and agentk
     /// (`agent/src/agentk/metrics.rs`) define.
-    const EXPECTED: [&str; 22] = [
+    const EXPECTED: [&str; 23] = [
         "podgate_kas_connected_agents",
         "podgate_kas_tunnels",
         "podgate_kas_routing_duration_seconds",
@@ -345,6 +345,7 @@ mod kas {
         "podgate_kas_routing_waiting",
         "podgate_kas_routing_timeouts_total",
         "podgate_kas_reroutes_total",
+        "podgate_kas_routed_total",
         "podgate_kas_registry_errors_total",
         "podgate_kas_agent_info_lookups_total",
         "podgate_registry_backend_up",
@@ -382,7 +383,7 @@ mod kas {
             Outcome::Error,
             Outcome::Cancelled,
         ] {
-            kas.routed(outcome, 0.001);
+            kas.routed("GetPods", outcome, 0.001);
         }
         kas.registry_error("dashboard-test");
         agent_info_lookup(&kas).await;
