@@ -1,6 +1,7 @@
 //! Tests of `graph::cel`: what compiling refuses, what evaluation yields.
 
 use super::*;
+use crate::graph::cel_syntax::escape_namespace;
 use serde_json::json;
 
 fn pod() -> Json {

@@ -11,6 +11,8 @@
 
 pub mod cel;
 mod cel_json;
+mod cel_syntax;
+mod decode;
 pub mod jsonpath;
 pub mod request;
 pub mod wire;

@@ -188,14 +188,16 @@ fn attrs_empty(a: &Option<ArcAttrs>) -> bool {
     a.is_none_or(|a| a.is_empty())
 }
 
-/// The name coder/websocket's `StatusCode.String()` gives `code` (graph-api.md §9);
-/// `"StatusUnknown"` for a code it has no name for (see [`close_code_string`]).
+/// The name coder/websocket's `StatusCode.String()` gives `code` (graph-api.md §9;
+/// the table is coder/websocket's generated `stringer.go`); `"StatusUnknown"` for a
+/// code it has no name for (see [`close_code_string`]).
 pub fn close_code_name(code: u16) -> &'static str {
     match code {
         1000 => "StatusNormalClosure",
         1001 => "StatusGoingAway",
         1002 => "StatusProtocolError",
         1003 => "StatusUnsupportedData",
+        1004 => "statusReserved",
         1005 => "StatusNoStatusRcvd",
         1006 => "StatusAbnormalClosure",
         1007 => "StatusInvalidFramePayloadData",
@@ -218,6 +220,24 @@ pub fn close_code_string(code: u16) -> Cow<'static, str> {
         "StatusUnknown" => Cow::Owned(format!("StatusCode({code})")),
         name => Cow::Borrowed(name),
     }
+}
+
+/// The most bytes a close frame's reason can hold (RFC 6455 §5.5: a control frame
+/// carries at most 125 bytes, 2 of which are the code).
+pub const MAX_CLOSE_REASON: usize = 123;
+
+/// `reason` cut to at most [`MAX_CLOSE_REASON`] bytes on a character boundary. When
+/// it had to be cut, the seed wants the whole reason sent first as an `error` message
+/// ([`ErrorInfo`]).
+pub fn truncate_close_reason(reason: &str) -> &str {
+    if reason.len() <= MAX_CLOSE_REASON {
+        return reason;
+    }
+    let mut end = MAX_CLOSE_REASON;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
 }
 
 /// One `WatchGraphResponse` batch from agentk as one JSON text message (what kas

@@ -335,3 +335,15 @@ fn raw_json() {
     assert_ne!(r, RawJson::from_string(r#"{"a": [1,"x"]}"#.into()).unwrap());
     assert!(RawJson::from_string("nope".into()).is_err());
 }
+
+#[test]
+fn close_reasons_fit_a_control_frame() {
+    assert_eq!(truncate_close_reason("short"), "short");
+    let long = "x".repeat(200);
+    assert_eq!(truncate_close_reason(&long).len(), 123);
+    // Never inside a character: 41 three-byte characters are 123 bytes, 42 are 126.
+    let wide = "€".repeat(42);
+    assert_eq!(truncate_close_reason(&wide), "€".repeat(41));
+    let off = format!("a{}", "€".repeat(41));
+    assert_eq!(truncate_close_reason(&off), format!("a{}", "€".repeat(40)));
+}

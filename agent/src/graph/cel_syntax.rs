@@ -1,0 +1,163 @@
+//! Checks and rewrites of CEL source that need no evaluation: the reserved word
+//! `namespace` as a variable, free variables (names not bound by a macro), and
+//! outermost operations that can never yield a bool.
+
+use std::borrow::Cow;
+
+use ::cel::common::ast::{EntryExpr, Expr as Ast, IdedEntryExpr, IdedExpr};
+
+/// What the variable `namespace` is called inside a compiled program (see
+/// [`escape_namespace`]).
+pub(super) const NAMESPACE_IDENT: &str = "__namespace__";
+
+/// `namespace` is a reserved word in CEL (cel-spec langdef "Syntax"; cel-go and the
+/// `cel` crate refuse it as an identifier), yet the seed names the variable so and
+/// its own example uses it (`namespace == 'myns'`). So every bare identifier
+/// `namespace` outside string literals and comments, and not a field after `.`,
+/// becomes `__namespace__` before parsing, which is what Kubernetes' CEL escaping
+/// calls such a name. `obj.metadata.namespace` is left alone (fields may be reserved
+/// words).
+pub(super) fn escape_namespace(src: &str) -> Cow<'_, str> {
+    if !src.contains("namespace") {
+        return Cow::Borrowed(src);
+    }
+    let b = src.as_bytes();
+    let mut out = String::with_capacity(src.len() + 8);
+    let mut i = 0;
+    let mut last_significant: Option<u8> = None;
+    let (mut prefix, mut prefix_end) = ("", usize::MAX);
+    while i < b.len() {
+        let c = b[i];
+        if c == b'/' && b.get(i + 1) == Some(&b'/') {
+            let end = src[i..].find('\n').map_or(b.len(), |n| i + n);
+            out.push_str(&src[i..end]);
+            i = end;
+        } else if c == b'"' || c == b'\'' {
+            // A string literal; its prefix (`r`, `b`, `rb`, …) was copied as a word
+            // just before it.
+            let raw = prefix_end == i && prefix.to_ascii_lowercase().contains('r');
+            let triple = b[i..].starts_with(&[c, c, c]);
+            let quote_len = if triple { 3 } else { 1 };
+            let mut j = i + quote_len;
+            while j < b.len() {
+                if !raw && b[j] == b'\\' {
+                    j += 2;
+                    continue;
+                }
+                if b[j] == c && (!triple || b[j..].starts_with(&[c, c, c])) {
+                    j += quote_len;
+                    break;
+                }
+                j += 1;
+            }
+            let j = j.min(b.len());
+            out.push_str(&src[i..j]);
+            i = j;
+            last_significant = Some(c);
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            let mut j = i;
+            while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                j += 1;
+            }
+            let word = &src[i..j];
+            (prefix, prefix_end) = (word, j);
+            if word == "namespace" && last_significant != Some(b'.') {
+                out.push_str(NAMESPACE_IDENT);
+            } else {
+                out.push_str(word);
+            }
+            i = j;
+            last_significant = Some(b'a');
+        } else {
+            let ch = src[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            if !ch.is_whitespace() {
+                last_significant = Some(if ch.is_ascii() { c } else { b'?' });
+            }
+            i += ch.len_utf8();
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// What the outermost operation of `e` yields when it can never be a bool.
+pub(super) fn never_bool(e: &Ast) -> Option<&'static str> {
+    use ::cel::common::ast::LiteralValue as L;
+    match e {
+        Ast::Literal(L::Boolean(_)) => None,
+        Ast::Literal(_) => Some("a literal of another type"),
+        Ast::List(_) => Some("a list"),
+        Ast::Map(_) => Some("a map"),
+        Ast::Call(c) => match c.func_name.as_str() {
+            "_+_" | "_-_" | "_*_" | "_/_" | "_%_" | "-_" => Some("an arithmetic result"),
+            "size" | "int" | "uint" | "double" | "string" | "bytes" | "type" => {
+                Some("a non-bool conversion")
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Call `found` for every identifier of `e` not bound by an enclosing comprehension
+/// (`x` in `labels.all(x, …)`).
+pub(super) fn free_variables<'e>(
+    e: &'e IdedExpr,
+    bound: &mut Vec<&'e str>,
+    found: &mut impl FnMut(&'e str),
+) {
+    match &e.expr {
+        Ast::Ident(name) => {
+            if !name.starts_with('@') && !bound.contains(&name.as_str()) {
+                found(name);
+            }
+        }
+        Ast::Call(call) => {
+            if let Some(t) = &call.target {
+                free_variables(t, bound, found);
+            }
+            for a in &call.args {
+                free_variables(a, bound, found);
+            }
+        }
+        Ast::Comprehension(c) => {
+            free_variables(&c.iter_range, bound, found);
+            free_variables(&c.accu_init, bound, found);
+            let depth = bound.len();
+            bound.push(&c.iter_var);
+            if let Some(v) = &c.iter_var2 {
+                bound.push(v);
+            }
+            bound.push(&c.accu_var);
+            free_variables(&c.loop_cond, bound, found);
+            free_variables(&c.loop_step, bound, found);
+            free_variables(&c.result, bound, found);
+            bound.truncate(depth);
+        }
+        Ast::List(l) => {
+            for x in &l.elements {
+                free_variables(x, bound, found);
+            }
+        }
+        Ast::Map(m) => entries(&m.entries, bound, found),
+        Ast::Struct(s) => entries(&s.entries, bound, found),
+        Ast::Select(s) => free_variables(&s.operand, bound, found),
+        Ast::Literal(_) | Ast::Unspecified => {}
+    }
+}
+
+fn entries<'e>(
+    entries: &'e [IdedEntryExpr],
+    bound: &mut Vec<&'e str>,
+    found: &mut impl FnMut(&'e str),
+) {
+    for entry in entries {
+        match &entry.expr {
+            EntryExpr::StructField(f) => free_variables(&f.value, bound, found),
+            EntryExpr::MapEntry(m) => {
+                free_variables(&m.key, bound, found);
+                free_variables(&m.value, bound, found);
+            }
+        }
+    }
+}
