@@ -1,7 +1,7 @@
 //! `podgate kube-sim` as a process, driven by the installed `kubectl` (the test fails
 //! when kubectl is missing): objects from a seed file, get with a label selector,
-//! apply, delete, `get -w` seeing an apply, a bad seed named, a clean SIGTERM, and a
-//! generated cluster listed whole.
+//! apply, delete, `get -w` seeing an apply, a bad seed named, a clean SIGTERM, a
+//! generated cluster listed whole, and one churning with a denied resource.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -257,7 +257,7 @@ fn a_bad_seed_document_is_named_and_nothing_is_served() {
     let seed = dir.path().join("seed.yaml");
     std::fs::write(
         &seed,
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: d}\n",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: d}\n",
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
@@ -269,7 +269,8 @@ fn a_bad_seed_document_is_named_and_nothing_is_served() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!("loading --seed {}", seed.display()))
-            && err.contains("seed document 2: apiVersion \"apps/v1\" kind \"DaemonSet\""),
+            && err
+                .contains("seed document 2: apiVersion \"policy/v1\" kind \"PodDisruptionBudget\""),
         "{err}"
     );
     assert!(
@@ -312,7 +313,7 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
         &config,
         &[
             "get",
-            "ns,secrets,cm,sa,svc,deploy,rs,pods,pvc,sts,jobs,cronjobs,ingresses,widgets",
+            "ns,secrets,cm,sa,svc,deploy,rs,ds,pods,pvc,pv,nodes,sts,jobs,cronjobs,ingresses,ingressclasses,sc,pc,runtimeclasses,widgets,ks,hr,gitrepo,helmrepo,crds",
             "-A",
             "-o",
             "json",
@@ -322,8 +323,10 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
     assert!(ok, "get: {err}");
     let list: Value = serde_json::from_str(&out).unwrap();
     let items = list["items"].as_array().unwrap();
-    // Everything generated, besides default and kube-system.
-    assert_eq!(items.len(), generated + 2);
+    // Exactly what was generated, besides default, kube-system and the five
+    // CustomResourceDefinitions.
+    assert_eq!(generated, 500);
+    assert_eq!(items.len(), generated + 2 + 5);
     let uids: std::collections::HashSet<&str> = items
         .iter()
         .map(|i| i["metadata"]["uid"].as_str().unwrap())
@@ -341,7 +344,119 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
     }
     let count = |kind: &str| items.iter().filter(|i| i["kind"] == kind).count();
     assert_eq!(owned, count("Pod") + count("ReplicaSet") + count("Job"));
-    assert!(count("Widget") > 0 && count("StatefulSet") > 0 && count("Ingress") > 0);
+    for kind in [
+        "Widget",
+        "StatefulSet",
+        "Ingress",
+        "DaemonSet",
+        "Node",
+        "PersistentVolume",
+        "Kustomization",
+        "HelmRelease",
+        "GitRepository",
+        "HelmRepository",
+    ] {
+        assert!(count(kind) > 0, "no {kind}");
+    }
     assert_eq!(count("CronJob"), count("Job"));
     assert!(count("Deployment") > 10, "{}", count("Deployment"));
+}
+
+#[test]
+fn a_churning_cluster_is_watched_and_a_denied_resource_is_forbidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_out = dir.path().join("kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args([
+            "kube-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--objects",
+            "400",
+            "--churn",
+            "40",
+            "--deny",
+            "apps/deployments",
+            "--deny",
+            "/secrets",
+        ])
+        .arg("--kubeconfig-out")
+        .arg(&config_out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = line_channel(child.stdout.take().unwrap());
+    let sim = Sim { child, lines };
+    let config = PathBuf::from(expect_prefix(&sim.lines, "kube-sim: kubeconfig "));
+    assert_eq!(
+        expect_prefix(&sim.lines, "kube-sim: churning "),
+        "40 changes a second (--gen-seed 1)"
+    );
+
+    for (resource, group) in [("deployments", "apps"), ("secrets", "")] {
+        let (ok, _, err) = kubectl(&config, &["get", resource, "-A"], None);
+        assert!(!ok, "{resource} listed");
+        let qualified = if group.is_empty() {
+            resource.to_owned()
+        } else {
+            format!("{resource}.{group}")
+        };
+        assert_eq!(
+            err.trim(),
+            format!(
+                "Error from server (Forbidden): {qualified} is forbidden: User \"system:anonymous\" cannot list resource \"{resource}\" in API group \"{group}\" at the cluster scope"
+            )
+        );
+    }
+
+    // The watch sees the churn: Pods coming, changing and going.
+    let mut watch = kubectl_command(
+        &config,
+        &[
+            "get",
+            "pods",
+            "-A",
+            "-w",
+            "--watch-only",
+            "--output-watch-events",
+            "-o",
+            "custom-columns=EVENT:.type,KIND:.object.kind",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("kubectl is installed");
+    let events = line_channel(watch.stdout.take().unwrap());
+    let mut seen = std::collections::BTreeSet::new();
+    while !["ADDED Pod", "DELETED Pod", "MODIFIED Pod"]
+        .iter()
+        .all(|w| seen.contains(*w))
+    {
+        let line = events
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("the churn stalled after {seen:?}: {e}"));
+        seen.insert(line.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+
+    // An unserved resource is refused up front.
+    let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args([
+            "kube-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--deny",
+            "apps/daemonset",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kube-sim serves no resource \"daemonset\" in group \"apps\""),
+        "{err}"
+    );
 }

@@ -519,3 +519,235 @@ async fn kubectl_reaches_api_groups_and_chooses_versions() {
     .await;
     assert_eq!(events[0]["code"], 404, "{events:?}");
 }
+
+const KUSTOMIZATION: &str = r#"
+apiVersion: kustomize.toolkit.fluxcd.io/v1
+kind: Kustomization
+metadata:
+  name: podinfo
+  namespace: default
+spec:
+  interval: 10m
+  path: ./kustomize
+  prune: true
+  sourceRef:
+    kind: GitRepository
+    name: podinfo
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_is_forbidden_a_denied_resource_and_impersonates() {
+    let server = KubeTestServer::start(1000).await.unwrap();
+    let k = Kubectl::new(&server);
+    server.put(
+        "deployments",
+        "default",
+        json!({"metadata": {"name": "web"}, "spec": {}}),
+    );
+    let (ok, out, err) =
+        tokio::task::block_in_place(|| k.run(&["get", "deploy", "-o", "name"], None));
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "deployment.apps/web");
+
+    server.sim().deny("apps", "deployments");
+    let (ok, _, err) = tokio::task::block_in_place(|| k.run(&["get", "deployments"], None));
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        r#"Error from server (Forbidden): deployments.apps is forbidden: User "system:anonymous" cannot list resource "deployments" in API group "apps" in the namespace "default""#
+    );
+    let (ok, _, err) = tokio::task::block_in_place(|| k.run(&["get", "deploy", "-A"], None));
+    assert!(!ok);
+    assert!(
+        err.contains(
+            r#"cannot list resource "deployments" in API group "apps" at the cluster scope"#
+        ),
+        "{err}"
+    );
+    let (ok, _, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &[
+                "get",
+                "deploy",
+                "web",
+                "--as",
+                "gitlab:user:alice",
+                "--as-group",
+                "gitlab:user",
+                "--as-group",
+                "devs",
+            ],
+            None,
+        )
+    });
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        r#"Error from server (Forbidden): deployments.apps "web" is forbidden: User "gitlab:user:alice" cannot get resource "deployments" in API group "apps" in the namespace "default""#
+    );
+    let audit = server.sim().audit();
+    let get = audit
+        .iter()
+        .rev()
+        .find(|e| e.path == "/apis/apps/v1/namespaces/default/deployments/web")
+        .expect("the get was audited");
+    assert_eq!(get.verb, "get");
+    assert_eq!(get.user.as_deref(), Some("gitlab:user:alice"));
+    assert_eq!(get.groups, ["gitlab:user", "devs"]);
+    // Other resources are served as before.
+    let (ok, _, err) = tokio::task::block_in_place(|| k.run(&["get", "pods", "--as", "bob"], None));
+    assert!(ok, "{err}");
+    assert!(
+        server.sim().audit().iter().any(|e| e.verb == "list"
+            && e.path == "/api/v1/namespaces/default/pods"
+            && e.user.as_deref() == Some("bob")),
+        "the list as bob was audited"
+    );
+    // `get -w` lists before it watches: the list is refused first.
+    let (ok, _, err) = tokio::task::block_in_place(|| {
+        k.run(&["get", "deploy", "-w", "--request-timeout", "5s"], None)
+    });
+    assert!(!ok);
+    assert!(
+        err.contains("Error from server (Forbidden): deployments.apps is forbidden"),
+        "{err}"
+    );
+    server.sim().allow("apps", "deployments");
+    let (ok, _, err) = tokio::task::block_in_place(|| k.run(&["get", "deployments"], None));
+    assert!(ok, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_gets_flux_kinds_and_crds_and_applies_a_kustomization() {
+    let server = KubeTestServer::start(1000).await.unwrap();
+    let k = Kubectl::new(&server);
+    let generated = server.sim().generate(300, 4);
+    assert_eq!(generated, 300);
+
+    let (ok, out, err) =
+        tokio::task::block_in_place(|| k.run(&["get", "crds", "-o", "name"], None));
+    assert!(ok, "get crds: {err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "customresourcedefinition.apiextensions.k8s.io/gitrepositories.source.toolkit.fluxcd.io",
+            "customresourcedefinition.apiextensions.k8s.io/helmreleases.helm.toolkit.fluxcd.io",
+            "customresourcedefinition.apiextensions.k8s.io/helmrepositories.source.toolkit.fluxcd.io",
+            "customresourcedefinition.apiextensions.k8s.io/kustomizations.kustomize.toolkit.fluxcd.io",
+            "customresourcedefinition.apiextensions.k8s.io/widgets.example.podgate.dev",
+        ]
+    );
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &[
+                "get",
+                "crd",
+                "kustomizations.kustomize.toolkit.fluxcd.io",
+                "-o",
+                "jsonpath={.spec.names.kind} {.spec.scope} {.spec.versions[0].name}",
+            ],
+            None,
+        )
+    });
+    assert!(ok, "get crd: {err}");
+    assert_eq!(out, "Kustomization Namespaced v1");
+
+    // Every Flux kind, by short name, across namespaces.
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(&["get", "ks,hr,gitrepo,helmrepo", "-A", "-o", "json"], None)
+    });
+    assert!(ok, "get flux kinds: {err}");
+    let list: Value = serde_json::from_str(&out).unwrap();
+    let items = list["items"].as_array().unwrap();
+    let kinds: std::collections::BTreeSet<(&str, &str)> = items
+        .iter()
+        .map(|i| {
+            (
+                i["apiVersion"].as_str().unwrap(),
+                i["kind"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        [
+            ("helm.toolkit.fluxcd.io/v2", "HelmRelease"),
+            ("kustomize.toolkit.fluxcd.io/v1", "Kustomization"),
+            ("source.toolkit.fluxcd.io/v1", "GitRepository"),
+            ("source.toolkit.fluxcd.io/v1", "HelmRepository"),
+        ]
+    );
+    let apps = items
+        .iter()
+        .find(|i| i["kind"] == "Kustomization" && i["metadata"]["name"] == "apps")
+        .unwrap();
+    let entry = apps["status"]["inventory"]["entries"][0]["id"]
+        .as_str()
+        .unwrap();
+    let ns = apps["metadata"]["namespace"].as_str().unwrap();
+    assert!(entry.starts_with(&format!("{ns}_")), "{entry}");
+    // An inventory entry names an object kubectl can get.
+    let parts: Vec<&str> = entry.split('_').collect();
+    let (name, group, kind_name) = (parts[1], parts[2], parts[3]);
+    let resource = if group.is_empty() {
+        kind_name.to_lowercase()
+    } else {
+        format!("{}.{group}", kind_name.to_lowercase())
+    };
+    let (ok, _, err) =
+        tokio::task::block_in_place(|| k.run(&["get", &resource, "-n", ns, name], None));
+    assert!(ok, "get {resource} {ns}/{name}: {err}");
+
+    // Discovery names the Flux kinds in their groups.
+    let (ok, out, err) =
+        tokio::task::block_in_place(|| k.run(&["api-resources", "-o", "name"], None));
+    assert!(ok, "api-resources: {err}");
+    for want in [
+        "kustomizations.kustomize.toolkit.fluxcd.io",
+        "helmreleases.helm.toolkit.fluxcd.io",
+        "gitrepositories.source.toolkit.fluxcd.io",
+        "helmrepositories.source.toolkit.fluxcd.io",
+        "customresourcedefinitions.apiextensions.k8s.io",
+        "nodes",
+        "persistentvolumes",
+        "daemonsets.apps",
+        "storageclasses.storage.k8s.io",
+        "ingressclasses.networking.k8s.io",
+        "priorityclasses.scheduling.k8s.io",
+        "runtimeclasses.node.k8s.io",
+    ] {
+        assert!(out.lines().any(|l| l == want), "{want} missing from\n{out}");
+    }
+
+    // apply a Kustomization: created, then configured.
+    let (ok, out, err) =
+        tokio::task::block_in_place(|| k.run(&["apply", "-f", "-"], Some(KUSTOMIZATION)));
+    assert!(ok, "apply: {out}\n{err}");
+    assert!(
+        out.contains("kustomization.kustomize.toolkit.fluxcd.io/podinfo created"),
+        "{out}"
+    );
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &["apply", "-f", "-"],
+            Some(&KUSTOMIZATION.replace("interval: 10m", "interval: 5m")),
+        )
+    });
+    assert!(ok, "re-apply: {out}\n{err}");
+    assert!(
+        out.contains("kustomization.kustomize.toolkit.fluxcd.io/podinfo configured"),
+        "{out}"
+    );
+    let stored = server.get("kustomizations", "default", "podinfo").unwrap();
+    assert_eq!(stored["apiVersion"], "kustomize.toolkit.fluxcd.io/v1");
+    assert_eq!(stored["spec"]["interval"], "5m");
+    assert_eq!(stored["spec"]["sourceRef"]["name"], "podinfo");
+    let (ok, out, err) = tokio::task::block_in_place(|| {
+        k.run(
+            &["get", "ks", "podinfo", "-o", "jsonpath={.spec.path}"],
+            None,
+        )
+    });
+    assert!(ok, "{err}");
+    assert_eq!(out, "./kustomize");
+}

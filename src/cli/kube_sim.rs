@@ -1,6 +1,6 @@
-//! `podgate kube-sim --listen ADDR [--seed FILE.yaml] [--objects N [--gen-seed S]]`:
-//! a simulated Kubernetes API server that `kubectl` and agentk accept, until
-//! SIGTERM/SIGINT.
+//! `podgate kube-sim --listen ADDR [--seed FILE.yaml] [--objects N [--gen-seed S]]
+//! [--churn PER_S] [--deny GROUP/RESOURCE]…`: a simulated Kubernetes API server that
+//! `kubectl` and agentk accept, until SIGTERM/SIGINT.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -20,14 +20,26 @@ pub(crate) struct KubeSimArgs {
     /// documents) of any served kind (`kubectl api-resources` lists them).
     #[arg(long, value_name = "FILE.yaml")]
     seed: Option<PathBuf>,
-    /// Generate a cluster of at least this many objects (namespaces with apps:
-    /// ConfigMaps, Secrets, ServiceAccounts, Services, Deployments → ReplicaSets →
-    /// Pods), after the seed file.
+    /// Generate a cluster of exactly this many objects (Nodes and classes;
+    /// namespaces with apps: ConfigMaps, Secrets, ServiceAccounts, Services,
+    /// Deployments → ReplicaSets → Pods; Ingresses, StatefulSets, CronJobs; Flux
+    /// Kustomizations, HelmReleases and their sources), after the seed file.
     #[arg(long, value_name = "N")]
     objects: Option<usize>,
-    /// The seed number of `--objects`: the same number, the same cluster.
-    #[arg(long, value_name = "S", default_value_t = 1, requires = "objects")]
+    /// The seed number of `--objects` and `--churn`: the same number, the same
+    /// cluster and the same changes.
+    #[arg(long, value_name = "S", default_value_t = 1)]
     gen_seed: u64,
+    /// Change the cluster this many times a second (Deployments scaled with their
+    /// Pods, ConfigMaps and Pods created, labels, annotations, specs and statuses
+    /// updated, Pods and ConfigMaps deleted).
+    #[arg(long, value_name = "PER_S")]
+    churn: Option<f64>,
+    /// Answer get, list and watch of this resource with `403 Forbidden`, as missing
+    /// RBAC does: `apps/deployments`, `/pods` or `core/pods` for the core group.
+    /// Repeatable.
+    #[arg(long, value_name = "GROUP/RESOURCE", value_parser = parse_deny)]
+    deny: Vec<(String, String)>,
     /// Write the kubeconfig here (default: a temporary file, removed at exit).
     #[arg(long, value_name = "PATH")]
     kubeconfig_out: Option<PathBuf>,
@@ -37,8 +49,32 @@ pub(crate) struct KubeSimArgs {
     history: usize,
 }
 
+/// `apps/deployments` → (`apps`, `deployments`); `/pods` and `core/pods` name the
+/// core group. The resource must be served.
+fn parse_deny(s: &str) -> Result<(String, String), String> {
+    let (group, resource) = s.split_once('/').ok_or_else(|| {
+        format!("{s:?}: expected GROUP/RESOURCE, such as apps/deployments or /pods")
+    })?;
+    let group = if group == "core" { "" } else { group };
+    if !KubeSim::serves(group, resource) {
+        return Err(format!(
+            "{s:?}: kube-sim serves no resource {resource:?} in group {group:?} (`kubectl api-resources` lists them)"
+        ));
+    }
+    Ok((group.to_owned(), resource.to_owned()))
+}
+
 pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
+    if let Some(per_s) = args.churn
+        && !(per_s.is_finite() && per_s >= 0.0)
+    {
+        anyhow::bail!("--churn {per_s}: expected a number of changes a second, 0 or more");
+    }
     let sim = KubeSim::new(args.history);
+    for (group, resource) in &args.deny {
+        sim.deny(group, resource);
+        println!("kube-sim: denying get, list and watch of {resource} in group {group:?}");
+    }
     if let Some(path) = &args.seed {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading --seed {}", path.display()))?;
@@ -96,6 +132,14 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
             "kube-sim: try `kubectl --kubeconfig {} get pods -A`",
             path.display()
         );
+        // Held while serving: dropping it stops the churn.
+        let _churn = args.churn.filter(|c| *c > 0.0).map(|per_s| {
+            println!(
+                "kube-sim: churning {per_s} changes a second (--gen-seed {})",
+                args.gen_seed
+            );
+            sim.start_churn(per_s, args.gen_seed)
+        });
         sim.serve(listener, super::shutdown_signal()).await;
         println!("kube-sim: stopping");
         Ok(ExitCode::SUCCESS)
