@@ -104,6 +104,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
             observability_listen: None,
             kubeconfig: Some(kubeconfig.clone()),
             ca_file: Some(cert.clone()),
+            graph_sync_timeout: std::time::Duration::from_secs(30),
         })
         .await
         .unwrap();
@@ -136,6 +137,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
         observability_listen: None,
         kubeconfig: Some(kubeconfig.clone()),
         ca_file: None,
+        graph_sync_timeout: std::time::Duration::from_secs(30),
     })
     .await
     .unwrap();

@@ -158,6 +158,7 @@ fn agentk_config(kas: &Kas, token: String) -> AgentkConfig {
         observability_listen: None,
         kubeconfig: None,
         ca_file: None,
+        graph_sync_timeout: std::time::Duration::from_secs(30),
     }
 }
 

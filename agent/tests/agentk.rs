@@ -39,6 +39,7 @@ fn agentk_config(kas_url: String, token: String, kubeconfig: &std::path::Path) -
         observability_listen: Some("127.0.0.1:0".parse().unwrap()),
         kubeconfig: Some(kubeconfig.to_owned()),
         ca_file: None,
+        graph_sync_timeout: std::time::Duration::from_secs(30),
     }
 }
 

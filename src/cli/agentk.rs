@@ -36,6 +36,10 @@ pub(crate) struct AgentkArgs {
     /// Most requests answered at once.
     #[arg(long, default_value_t = 500)]
     max_busy_tunnels: usize,
+    /// Graph API: seconds a watch may take to list before the client is warned
+    /// (`INFORMER_SYNC_FAILED`).
+    #[arg(long, default_value_t = 30.0)]
+    graph_sync_timeout: f64,
     /// This replica's namespace, as reported to kas.
     #[arg(long, env = "POD_NAMESPACE", default_value = "")]
     pod_namespace: String,
@@ -63,6 +67,8 @@ pub(crate) fn run(args: AgentkArgs) -> anyhow::Result<ExitCode> {
         observability_listen,
         kubeconfig: args.kubeconfig,
         ca_file: args.ca_file,
+        graph_sync_timeout: std::time::Duration::try_from_secs_f64(args.graph_sync_timeout)
+            .context("--graph-sync-timeout: seconds, e.g. 30 or 0.5")?,
     };
     config.validate()?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -16,12 +16,22 @@ const PAGE: u32 = 500;
 #[derive(Clone)]
 pub struct KubeHandler {
     client: kube::Client,
+    graph: super::watch_graph::Settings,
 }
 
 impl KubeHandler {
     /// Use `client` for every request.
     pub fn new(client: kube::Client) -> KubeHandler {
-        KubeHandler { client }
+        KubeHandler {
+            client,
+            graph: super::watch_graph::Settings::default(),
+        }
+    }
+
+    /// Use `settings` for Graph API watches.
+    pub fn with_graph_settings(mut self, settings: super::watch_graph::Settings) -> KubeHandler {
+        self.graph = settings;
+        self
     }
 
     /// The pods in `namespace` (all when empty).
@@ -79,7 +89,9 @@ impl Handler for KubeHandler {
     fn handle(&self, method: String, payload: Vec<u8>) -> Responses {
         match method.as_str() {
             "MakeRequest" => super::k8s_api::make_request(self.client.clone(), payload),
-            "WatchGraph" => super::watch_graph::watch_graph(self.client.clone(), payload),
+            "WatchGraph" => {
+                super::watch_graph::watch_graph(self.client.clone(), payload, self.graph.clone())
+            }
             _ => {
                 let this = self.clone();
                 unary(async move {

@@ -79,6 +79,9 @@ pub struct AgentkConfig {
     /// CA certificates (PEM) trusted for `grpcs://` and `wss://` kas URLs, instead of
     /// the system's.
     pub ca_file: Option<PathBuf>,
+    /// Graph API watches: how long a watch may take to list before the client gets
+    /// `INFORMER_SYNC_FAILED` (default 30 s, the seed's figure).
+    pub graph_sync_timeout: Duration,
 }
 
 impl AgentkConfig {
@@ -101,6 +104,9 @@ impl AgentkConfig {
             && !ca.is_file()
         {
             bad.push(format!("ca_file = {}: not a readable file", ca.display()));
+        }
+        if self.graph_sync_timeout.is_zero() {
+            bad.push("graph_sync_timeout: must be more than 0".into());
         }
         if self.max_busy_tunnels < 1 {
             bad.push("max_busy_tunnels: at least 1".into());
@@ -153,7 +159,12 @@ impl Agentk {
         };
         let client =
             ::kube::Client::try_from(kube_config).map_err(|e| Error::Kube(e.to_string()))?;
-        let handler = Arc::new(KubeHandler::new(client));
+        let handler = Arc::new(KubeHandler::new(client).with_graph_settings(
+            watch_graph::Settings {
+                sync_timeout: config.graph_sync_timeout,
+                ..Default::default()
+            },
+        ));
         Agentk::start_with(config, handler).await
     }
 
