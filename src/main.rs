@@ -57,6 +57,9 @@ enum Command {
     PodSim(cli::pod_sim::PodSimArgs),
     /// Simulate a Kubernetes API server that kubectl and agentk accept.
     KubeSim(cli::kube_sim::KubeSimArgs),
+    /// Watch the Kubernetes object graph through the Graph API (as `glab cluster
+    /// graph` does) and print it.
+    Graph(cli::graph::GraphArgs),
     /// Run the edge router.
     Proxy {
         /// The proxy configuration (TOML).
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Registry(args) => cli::registry::run(args),
         Command::PodSim(args) => cli::pod_sim::run(args),
         Command::KubeSim(args) => cli::kube_sim::run(args),
+        Command::Graph(args) => cli::graph::run(args),
         Command::Kas(args) => cli::kas::run(args),
         Command::Agentk(args) => cli::agentk::run(args),
         Command::Loadtest(cmd) => cli::loadtest::run(cmd),
