@@ -73,9 +73,15 @@ pub struct Pod {
     /// Web (Workhorse) upstreams, `host:port`.
     #[serde(default)]
     pub web: Vec<String>,
-    /// kas upstreams, `host:port`.
+    /// kas upstreams, `host:port`: kas's agent listener (agentk's gRPC and
+    /// WebSocket).
     #[serde(default)]
     pub kas: Vec<String>,
+    /// kas's Kubernetes API proxy listener, `host:port` (`kubectl` and the Graph API
+    /// through `/-/kubernetes-agent/k8s-proxy/`): a listener of its own in kas,
+    /// HTTP/1.1, so a pool of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kas_k8s_proxy: Vec<String>,
     /// Whether it takes traffic.
     #[serde(default)]
     pub state: PodState,
@@ -100,6 +106,8 @@ struct PodWire {
     #[serde(default)]
     kas: Vec<String>,
     #[serde(default)]
+    kas_k8s_proxy: Vec<String>,
+    #[serde(default)]
     state: PodState,
     #[serde(default, rename = "weight")]
     _retired_weight: Option<u32>,
@@ -116,6 +124,7 @@ impl From<PodWire> for Pod {
             name: w.name,
             web: w.web,
             kas: w.kas,
+            kas_k8s_proxy: w.kas_k8s_proxy,
             state: w.state,
             labels: w.labels,
             session_prefix: w.session_prefix,
@@ -131,6 +140,7 @@ impl Pod {
             name: name.into(),
             web: vec![web.into()],
             kas: Vec::new(),
+            kas_k8s_proxy: Vec::new(),
             state: PodState::Active,
             labels: BTreeMap::new(),
             session_prefix: None,
@@ -150,14 +160,18 @@ impl Pod {
         if self.name.trim().is_empty() {
             bad.push(format!("{at}.name: must not be empty"));
         }
-        for (field, addrs) in [("web", &self.web), ("kas", &self.kas)] {
+        for (field, addrs) in [
+            ("web", &self.web),
+            ("kas", &self.kas),
+            ("kas_k8s_proxy", &self.kas_k8s_proxy),
+        ] {
             for (i, a) in addrs.iter().enumerate() {
                 if !is_host_port(a) {
                     bad.push(format!("{at}.{field}[{i}] = {a:?}: expected host:port"));
                 }
             }
         }
-        if self.web.is_empty() && self.kas.is_empty() {
+        if self.web.is_empty() && self.kas.is_empty() && self.kas_k8s_proxy.is_empty() {
             bad.push(format!("{at}: needs at least one web or kas upstream"));
         }
         if let Some(p) = &self.session_prefix
@@ -264,6 +278,7 @@ impl Topology {
 /// name = "legacy"
 /// web = ["10.0.0.1:8080", "10.0.0.2:8080"]
 /// kas = ["10.0.0.1:8150"]
+/// kas_k8s_proxy = ["10.0.0.1:8154"]   # kas's Kubernetes API proxy listener
 ///
 /// [[pods]]
 /// id = 2
@@ -356,6 +371,7 @@ mod tests {
             name = "legacy"
             web = ["10.0.0.1:8080", "10.0.0.2:8080"]
             kas = ["10.0.0.1:8150"]
+            kas_k8s_proxy = ["10.0.0.1:8154"]
             [[pods]]
             id = 2
             name = "pod-2"
@@ -366,7 +382,12 @@ mod tests {
         let f = TopologyFile::parse(text, "test").unwrap();
         let t = f.to_topology(1);
         assert_eq!(t.legacy_pod().unwrap().name, "legacy");
+        assert_eq!(t.legacy_pod().unwrap().kas_k8s_proxy, ["10.0.0.1:8154"]);
         assert_eq!(t.pod(pod(2)).unwrap().state, PodState::Draining);
+        // A Pod without the pool is stored as before (older readers refuse unknown
+        // fields).
+        let json = serde_json::to_string(t.pod(pod(2)).unwrap().as_ref()).unwrap();
+        assert!(!json.contains("kas_k8s_proxy"), "{json}");
         assert_eq!(t.pod_for_session("cell-2-abcdef").unwrap().id, pod(2));
         assert!(t.pod_for_session("cell-20-abcdef").is_none());
         assert!(t.pod_for_session("cell-2").is_none());
@@ -400,6 +421,7 @@ mod tests {
             id = 1
             name = "dup"
             web = ["a:1"]
+            kas_k8s_proxy = ["k8s"]
             session_prefix = "bad prefix"
         "#;
         let err = TopologyFile::parse(text, "topo.toml")
@@ -411,6 +433,7 @@ mod tests {
             "default_pod = 9",
             "web[0] = \"no-port\"",
             "web[1] = \"host:0\"",
+            "kas_k8s_proxy[0] = \"k8s\"",
             "name",
         ] {
             assert!(err.contains(needle), "{needle:?} missing from: {err}");

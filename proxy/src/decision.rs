@@ -198,9 +198,7 @@ pub fn route_by_token(
                 // browser's API calls): the session's Pod, as the session rule and
                 // GitLab's cells router route it (`user_from_warden` is GitLab's last
                 // source), else the default Pod.
-                (false, _) => match crate::rules::cookie(request.headers, "_gitlab_session")
-                    .and_then(|v| topology.pod_for_session(v))
-                {
+                (false, _) => match crate::rules::session_pod(rule, request.headers, topology) {
                     Some(p) => to_pod(topology, p.id, "session"),
                     None => to_legacy(topology, "no_token"),
                 },

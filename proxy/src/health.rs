@@ -126,8 +126,8 @@ impl HealthConfig {
         Duration::from_millis(self.timeout_ms)
     }
 
-    /// The pingora check for `pool`: HTTP for web, TCP for kas, with `rise`/`fall`
-    /// and the timeout applied.
+    /// The pingora check for `pool`: HTTP for web, TCP for kas's listeners, with
+    /// `rise`/`fall` and the timeout applied.
     pub fn check_for(&self, pool: Pool) -> Box<dyn HealthCheck + Send + Sync> {
         let timeout = Some(self.timeout());
         let (rise, fall) = (self.rise as usize, self.fall as usize);
@@ -143,7 +143,7 @@ impl HealthConfig {
                 hc.validator = Some(Box::new(status_ok));
                 Box::new(hc)
             }
-            Pool::Kas => {
+            Pool::Kas | Pool::KasK8sProxy => {
                 let mut hc = TcpHealthCheck::new();
                 hc.consecutive_success = rise;
                 hc.consecutive_failure = fall;
@@ -245,11 +245,12 @@ impl HealthCheck for Observed {
     }
 }
 
-/// `web` or `kas`: the `pool` metric label.
+/// `web`, `kas` or `kas_k8s_proxy`: the `pool` metric label.
 pub fn pool_name(pool: Pool) -> &'static str {
     match pool {
         Pool::Web => "web",
         Pool::Kas => "kas",
+        Pool::KasK8sProxy => "kas_k8s_proxy",
     }
 }
 
@@ -288,7 +289,7 @@ mod tests {
             fall: 7,
             ..HealthConfig::default()
         };
-        for pool in [Pool::Web, Pool::Kas] {
+        for pool in [Pool::Web, Pool::Kas, Pool::KasK8sProxy] {
             let hc = c.check_for(pool);
             assert_eq!(hc.health_threshold(true), 4);
             assert_eq!(hc.health_threshold(false), 7);

@@ -31,6 +31,23 @@ mod serde_regex {
     }
 }
 
+mod serde_regex_opt {
+    use regex::Regex;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(r: &Option<Regex>, s: S) -> Result<S::Ok, S::Error> {
+        match r {
+            Some(r) => s.serialize_some(r.as_str()),
+            None => s.serialize_none(),
+        }
+    }
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Regex>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| Regex::new(&s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 impl PathMatch {
     fn matches(&self, path: &str) -> bool {
         match self {
@@ -47,8 +64,12 @@ pub enum Pool {
     /// GitLab web (Workhorse).
     #[default]
     Web,
-    /// The Pod's kas.
+    /// The Pod's kas: its agent listener (the topology's `kas`).
     Kas,
+    /// The Pod's kas: its Kubernetes API proxy listener (the topology's
+    /// `kas_k8s_proxy`), a listener of its own in kas.
+    #[serde(rename = "kas_k8s_proxy")]
+    KasK8sProxy,
 }
 
 /// What a matching rule does.
@@ -82,6 +103,17 @@ pub struct Rule {
     /// Only when this cookie is present.
     #[serde(default)]
     pub cookie: Option<String>,
+    /// Only when an `Authorization` header matches this regular expression.
+    #[serde(
+        default,
+        with = "serde_regex_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub authorization: Option<Regex>,
+    /// Where no token is found: route by the `_gitlab_kas` cookie's Pod prefix
+    /// before the `_gitlab_session` cookie's ([`session_pod`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kas_cookie: bool,
     /// What to do.
     pub action: ActionKind,
     /// For `route-by-token`: where to look, in order.
@@ -130,6 +162,13 @@ impl Rule {
                 .cookie
                 .as_ref()
                 .is_none_or(|c| cookie(headers, c).is_some())
+            && self.authorization.as_ref().is_none_or(|re| {
+                headers
+                    .get_all(http::header::AUTHORIZATION)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .any(|v| re.is_match(v))
+            })
     }
 
     /// Every problem with this rule, each naming its field (`rules[3].pod`).
@@ -175,6 +214,42 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         })
 }
 
+/// The Pod a request without a token follows: for a rule with `kas_cookie`, the
+/// `_gitlab_kas` cookie's Pod prefix; then the `_gitlab_session` cookie's; `None`:
+/// the default Pod.
+///
+/// GitLab writes the `_gitlab_kas` cookie as the Rails session's
+/// `session_cookie_token_prefix` (a Cell's `cell-<id>`, the same prefix its session
+/// ids carry) followed directly, with no separator, by the encrypted public session
+/// id (`Gitlab::Kas::UserAccess.cookie_data` in `lib/gitlab/kas/user_access.rb`;
+/// releases before the prefix wrote the encrypted id alone, which names no Pod). A
+/// prefix that is itself a prefix of another Pod's (`cell-1`, `cell-12`) cannot be
+/// told apart from the encrypted bytes after it; such a value is not used.
+/// Browsers send the session cookie along in the Omnibus layout
+/// (`/-/kubernetes-agent/k8s-proxy/` is on GitLab's host), not to kas's own host.
+pub fn session_pod<'a>(
+    rule: &Rule,
+    headers: &HeaderMap,
+    topology: &'a podgate_registry::Topology,
+) -> Option<&'a std::sync::Arc<podgate_registry::Pod>> {
+    let by_kas_cookie = || {
+        let value = cookie(headers, KAS_COOKIE)?;
+        let mut matching = topology.pods.values().filter(|p| {
+            let prefix = p.session_prefix();
+            value.len() > prefix.len() && value.starts_with(&prefix)
+        });
+        let pod = matching.next()?;
+        matching.next().is_none().then_some(pod)
+    };
+    rule.kas_cookie
+        .then(by_kas_cookie)
+        .flatten()
+        .or_else(|| topology.pod_for_session(cookie(headers, "_gitlab_session")?))
+}
+
+/// GitLab's cookie for kas (`Gitlab::Kas::COOKIE_KEY`).
+pub const KAS_COOKIE: &str = "_gitlab_kas";
+
 fn rule(
     name: &str,
     methods: &[&str],
@@ -189,6 +264,8 @@ fn rule(
         path,
         header: None,
         cookie: None,
+        authorization: None,
+        kas_cookie: false,
         action: ActionKind::RouteByToken,
         requires_token: false,
         max_body_bytes: None,
@@ -231,6 +308,12 @@ const API: &[&str] = &[
     "header:job-token",
 ];
 
+/// kas's Kubernetes API proxy (`internal/module/kubernetes_api/server/proxy.go`
+/// in gitlab-org/cluster-integration/gitlab-agent): the token inside
+/// `Authorization: Bearer pat:<agent id>:<token>` or `ci:<agent id>:<job token>`;
+/// with none, the cookies ([`session_pod`]).
+const KAS_K8S_PROXY: &[&str] = &["kas-bearer"];
+
 /// The built-in rules: every runner endpoint of the GitLab runner API, Git and the
 /// other job-token surfaces, kas traffic, API tokens, session cookies, and a default.
 ///
@@ -249,6 +332,8 @@ const API: &[&str] = &[
 /// | `job-artifacts-download` | `GET`/`HEAD /api/v4/jobs/:id/artifacts[/…]` | the general API's | `authenticate_job_via_dependent_job!` → `find_current_user!` with `job_token_allowed` |
 /// | `git` | `/…/<project>.git/info/refs`, `git-upload-pack`, `git-receive-pack`, `info/lfs/…`, `gitlab-lfs/…` | `basic` | `app/controllers/repositories/git_http_client_controller.rb` (Basic only), `lib/gitlab/auth.rb` `find_for_git_client` (`gitlab-ci-token:<job token>`, `<user>:<PAT>`, deploy tokens) |
 /// | `registry-auth` | `/jwt/auth` | `basic` | `app/controllers/jwt_controller.rb` (Basic only, `find_for_git_client`) |
+/// | `kas-k8s-proxy` | `/-/kubernetes-agent/k8s-proxy/…` (Omnibus layout) → the Pod's `kas_k8s_proxy` pool | `kas-bearer`; no token: the `_gitlab_kas` cookie's Pod prefix, the `_gitlab_session` cookie's, else the default Pod | kas `internal/module/kubernetes_api/server/proxy.go`; `lib/gitlab/kas/user_access.rb` |
+/// | `kas-k8s-proxy-host`, `kas-k8s-proxy-host-cookie` | `/k8s-proxy/…` (kas's own host) with a `pat:`/`ci:` bearer, or with the `_gitlab_kas` cookie | same | same; `lib/gitlab/path_regex.rb` (`k8s-proxy` is not reserved on GitLab's host) |
 /// | `kas-agent`, `kas-grpc`, `kas-podgate` | agentk's gRPC and WebSocket | `bearer` | kas: `Authorization: Bearer <agent token>` |
 /// | `api-token` | any other `/api/…` | `basic`, `header:deploy-token`, `rails-param:access_token`, `bearer`, `rails-param:bearer_token`, `rails-param:private_token`, `header:private-token`, `rails-param:job_token`, `rails-param:token`, `header:job-token` | `lib/api/api_guard.rb` `find_user_from_sources`, `lib/gitlab/auth/auth_finders.rb`; packages: `lib/api/helpers/authentication.rb` |
 /// | `session` | anything with `_gitlab_session` | the cookie's `cell-<n>-` prefix | the Cells HTTP router |
@@ -323,6 +408,17 @@ pub fn builtin() -> Vec<Rule> {
             Pool::Web,
             60,
         ),
+        // kubectl and the Graph API → kas's Kubernetes API proxy, in the Omnibus
+        // layout; before `kas-agent`, whose pattern covers it. Watches and the
+        // Graph API's WebSocket stay open as long as the client keeps them.
+        rule(
+            "kas-k8s-proxy",
+            &[],
+            re(r"^/-/kubernetes-agent/k8s-proxy(/.*)?$"),
+            KAS_K8S_PROXY,
+            Pool::KasK8sProxy,
+            7200,
+        ),
         // agentk → kas (gRPC over h2c or WebSocket through the proxy).
         rule(
             "kas-agent",
@@ -350,6 +446,35 @@ pub fn builtin() -> Vec<Rule> {
             Pool::Kas,
             7200,
         ),
+        // kas's own host layout (`https://kas.example.com/k8s-proxy/`). On GitLab's
+        // host `/k8s-proxy/…` is an ordinary namespace path (`k8s-proxy` is not in
+        // GitLab's reserved `TOP_LEVEL_ROUTES`, `lib/gitlab/path_regex.rb`), so it
+        // is kas's only with kas's credentials: a `pat:`/`ci:` bearer, or the
+        // `_gitlab_kas` cookie (both rules below).
+        Rule {
+            authorization: Some(
+                Regex::new(r"^(?i:bearer)\s+(pat|ci):").expect("built-in regex compiles"),
+            ),
+            ..rule(
+                "kas-k8s-proxy-host",
+                &[],
+                re(r"^/k8s-proxy(/.*)?$"),
+                KAS_K8S_PROXY,
+                Pool::KasK8sProxy,
+                7200,
+            )
+        },
+        Rule {
+            cookie: Some(KAS_COOKIE.into()),
+            ..rule(
+                "kas-k8s-proxy-host-cookie",
+                &[],
+                re(r"^/k8s-proxy(/.*)?$"),
+                KAS_K8S_PROXY,
+                Pool::KasK8sProxy,
+                7200,
+            )
+        },
         // Any other API call with a token (packages included). Anonymous API calls
         // exist (public projects): no token goes to the default Pod.
         rule(
@@ -372,6 +497,7 @@ pub fn builtin() -> Vec<Rule> {
     ];
     for r in &mut rules {
         r.requires_token = NEED_TOKEN.contains(&r.name.as_str());
+        r.kas_cookie = r.pool == Pool::KasK8sProxy;
         if r.name == "jobs-request" {
             r.max_body_bytes = Some(32 * 1024);
         }
@@ -382,6 +508,8 @@ pub fn builtin() -> Vec<Rule> {
         path: PathMatch::Prefix("/".into()),
         header: None,
         cookie: Some("_gitlab_session".into()),
+        authorization: None,
+        kas_cookie: false,
         action: ActionKind::SessionPrefix,
         requires_token: false,
         max_body_bytes: None,
@@ -396,6 +524,8 @@ pub fn builtin() -> Vec<Rule> {
         path: PathMatch::Prefix("/".into()),
         header: None,
         cookie: None,
+        authorization: None,
+        kas_cookie: false,
         action: ActionKind::Default,
         requires_token: false,
         max_body_bytes: None,

@@ -227,6 +227,33 @@ async fn respond(
     Ok(())
 }
 
+/// A 401 on kas's Kubernetes API proxy, as kas answers it
+/// (`internal/module/kubernetes_api/server/proxy.go`): a Kubernetes `Status` and
+/// `Gitlab-Unauthorized: true`, so kubectl, glab and GitLab's UI tell GitLab's
+/// refusal from the cluster's.
+async fn respond_kas_unauthorized(session: &mut Session, ctx: &Ctx, reason: &str) -> Result<()> {
+    let body = Bytes::from(
+        serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": format!("GitLab Agent Server: Unauthorized: {reason}"),
+            "reason": "Unauthorized",
+            "code": 401,
+        })
+        .to_string(),
+    );
+    let mut resp = ResponseHeader::build(401, Some(5))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    resp.insert_header("gitlab-unauthorized", "true")?;
+    resp.insert_header("x-request-id", ctx.request_id.as_str())?;
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await?;
+    Ok(())
+}
+
 /// Answer a refusal: its pingora error's status, and `{"message": "<status> <reason>:
 /// <code>: <detail>"}`.
 async fn respond_refusal(session: &mut Session, ctx: &Ctx, refusal: &Refusal) -> Result<()> {
@@ -346,6 +373,10 @@ impl ProxyHttp for PodGate {
             .observe(started.elapsed().as_secs_f64());
         ctx.outcome = Some(outcome);
         match &ctx.outcome {
+            Some(Outcome::Unauthorized(reason)) if rule.pool == Pool::KasK8sProxy => {
+                respond_kas_unauthorized(session, ctx, reason).await?;
+                Ok(true)
+            }
             Some(Outcome::Unauthorized(reason)) => {
                 let message = format!("401 Unauthorized: {reason}");
                 respond(session, ctx, 401, &message, false).await?;

@@ -21,6 +21,14 @@ pub enum TokenSource {
     Header(http::HeaderName),
     /// `Authorization: Bearer <token>`.
     Bearer,
+    /// kas's Kubernetes API proxy credentials, `Authorization: Bearer
+    /// <type>:<agent id>:<token>` with type `pat` (a personal, project or group
+    /// access token) or `ci` (a CI job token): the token is the `<token>` part. A
+    /// value kas would refuse (another scheme or type, an agent id that is not an
+    /// int64, an empty token; kas's `getAgentIdAndTokenFromHeader`) carries no token
+    /// here: the request then goes where a request without one goes, and kas there
+    /// answers its own 401 (with `Gitlab-Unauthorized: true`), as it would.
+    KasBearer,
     /// `Authorization: Basic base64(user:<token>)`: the token is the password
     /// (`gitlab-ci-token:<job token>`, `<user>:<PAT>`, `<deploy user>:<deploy token>`).
     Basic,
@@ -159,7 +167,7 @@ fn collect(
                 }
                 push(&mut found, &mut values, i, Place::Head);
             }
-            TokenSource::Bearer | TokenSource::Basic => {
+            TokenSource::Bearer | TokenSource::Basic | TokenSource::KasBearer => {
                 if !hop_by_hop.contains(&http::header::AUTHORIZATION) {
                     for v in headers.get_all(http::header::AUTHORIZATION) {
                         if let Some(t) = credentials(v, src) {
@@ -245,6 +253,9 @@ fn credentials(v: &http::HeaderValue, src: &TokenSource) -> Option<String> {
     let (scheme, rest) = v.to_str().ok()?.trim().split_once(' ')?;
     let rest = rest.trim();
     match src {
+        TokenSource::KasBearer if scheme.eq_ignore_ascii_case("bearer") => {
+            kas_token(rest).map(str::to_owned)
+        }
         TokenSource::Bearer if scheme.eq_ignore_ascii_case("bearer") => {
             (!rest.is_empty()).then(|| rest.to_owned())
         }
@@ -259,6 +270,20 @@ fn credentials(v: &http::HeaderValue, src: &TokenSource) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// The `<token>` of kas's `<type>:<agent id>:<token>`, as kas splits it: the type
+/// up to the first `:`, `ci` or `pat`; the agent id up to the next, an int64; the
+/// rest, non-empty, is the token (`internal/module/kubernetes_api/server/proxy.go`,
+/// `getAgentIdAndTokenFromHeader`, in gitlab-org/cluster-integration/gitlab-agent).
+pub fn kas_token(credentials: &str) -> Option<&str> {
+    let (kind, rest) = credentials.split_once(':')?;
+    if kind != "ci" && kind != "pat" {
+        return None;
+    }
+    let (agent, token) = rest.split_once(':')?;
+    agent.parse::<i64>().ok()?;
+    (!token.is_empty()).then_some(token)
 }
 
 impl TokenSource {
@@ -302,6 +327,7 @@ impl fmt::Display for TokenSource {
         match self {
             TokenSource::Header(h) => write!(f, "header:{}", h.as_str()),
             TokenSource::Bearer => f.write_str("bearer"),
+            TokenSource::KasBearer => f.write_str("kas-bearer"),
             TokenSource::Basic => f.write_str("basic"),
             TokenSource::Param(p) => write!(f, "param:{p}"),
             TokenSource::RailsParam(p) => write!(f, "rails-param:{p}"),
@@ -327,6 +353,7 @@ impl FromStr for TokenSource {
                 .map(TokenSource::Header)
                 .map_err(|_| format!("{s:?}: not a valid header name")),
             "bearer" if arg.is_empty() => Ok(TokenSource::Bearer),
+            "kas-bearer" if arg.is_empty() => Ok(TokenSource::KasBearer),
             "basic" if arg.is_empty() => Ok(TokenSource::Basic),
             "param" => need("parameter name").map(TokenSource::Param),
             "rails-param" => need("parameter name").map(TokenSource::RailsParam),
@@ -335,7 +362,7 @@ impl FromStr for TokenSource {
                 "{s:?}: body fields are read as GitLab reads them, from every body type: use param:{arg}"
             )),
             _ => Err(format!(
-                "{s:?}: expected header:NAME, bearer, basic, param:NAME, rails-param:NAME or query:NAME"
+                "{s:?}: expected header:NAME, bearer, kas-bearer, basic, param:NAME, rails-param:NAME or query:NAME"
             )),
         }
     }

@@ -73,9 +73,13 @@ enum PodsCommand {
         /// Web upstream `host:port` (repeatable).
         #[arg(long)]
         web: Vec<String>,
-        /// kas upstream `host:port` (repeatable).
+        /// kas upstream `host:port`: its agent listener (repeatable).
         #[arg(long)]
         kas: Vec<String>,
+        /// kas's Kubernetes API proxy listener `host:port` (repeatable): where
+        /// `/-/kubernetes-agent/k8s-proxy/` goes.
+        #[arg(long)]
+        kas_k8s_proxy: Vec<String>,
         /// Retired: Pods have no weight (a Pod's traffic is spread evenly over its
         /// healthy upstreams). Accepted with a warning so existing scripts keep
         /// working.
@@ -216,6 +220,7 @@ async fn pods(
             name,
             web,
             kas,
+            kas_k8s_proxy,
             weight,
             label,
             session_prefix,
@@ -229,6 +234,7 @@ async fn pods(
                 name,
                 web,
                 kas,
+                kas_k8s_proxy,
                 state: current.pod(id).map_or(PodState::Active, |p| p.state),
                 labels: label.into_iter().collect::<BTreeMap<_, _>>(),
                 session_prefix,

@@ -168,6 +168,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             name: format!("pod-{}", s.state().pod()),
             web: vec![s.addr().to_string()],
             kas: vec![],
+            kas_k8s_proxy: vec![],
             state: PodState::Active,
             labels: BTreeMap::new(),
             session_prefix: None,

@@ -95,3 +95,106 @@ fn builtin_rules_are_valid_and_config_problems_name_fields() {
     let err = toml::from_str::<Rule>("name='x'\npath={regex='('}\naction='default'").unwrap_err();
     assert!(err.to_string().contains("regex"), "{err}");
 }
+
+#[test]
+fn kas_k8s_proxy_rules_come_before_kas_agent_and_need_kas_credentials_on_the_host_layout() {
+    let k8s = "/-/kubernetes-agent/k8s-proxy/api/v1/pods";
+    assert_eq!(name("GET", k8s, &[]), "kas-k8s-proxy");
+    assert_eq!(
+        name("GET", "/-/kubernetes-agent/k8s-proxy", &[]),
+        "kas-k8s-proxy"
+    );
+    assert_eq!(
+        name("GET", "/-/kubernetes-agent/k8s-proxy/graph", &[]),
+        "kas-k8s-proxy"
+    );
+    assert_eq!(
+        name("GET", "/-/kubernetes-agent/k8s-proxyx", &[]),
+        "kas-agent"
+    );
+    assert_eq!(name("GET", "/-/kubernetes-agent/", &[]), "kas-agent");
+    let rules = builtin();
+    let pos = |n: &str| rules.iter().position(|r| r.name == n).unwrap();
+    assert!(pos("kas-k8s-proxy") < pos("kas-agent"));
+    for r in rules.iter().filter(|r| r.name.starts_with("kas-k8s-proxy")) {
+        assert_eq!(r.pool, Pool::KasK8sProxy, "{}", r.name);
+        assert!(r.kas_cookie, "{}", r.name);
+        assert!(!r.requires_token, "{}", r.name);
+    }
+    // kas's own host: `/k8s-proxy/` is a namespace path on GitLab's host, so only
+    // with kas's credentials.
+    let host = "/k8s-proxy/api/v1/pods";
+    assert_eq!(
+        name("GET", host, &[("authorization", "Bearer pat:3:glpat-x")]),
+        "kas-k8s-proxy-host"
+    );
+    assert_eq!(
+        name("GET", host, &[("authorization", "bearer ci:3:glcbt-x")]),
+        "kas-k8s-proxy-host"
+    );
+    assert_eq!(
+        name("GET", host, &[("cookie", "_gitlab_kas=abc")]),
+        "kas-k8s-proxy-host-cookie"
+    );
+    assert_eq!(
+        name("GET", host, &[("authorization", "Bearer glpat-x")]),
+        "default"
+    );
+    assert_eq!(
+        name("GET", host, &[("cookie", "_gitlab_session=cell-2-x")]),
+        "session"
+    );
+    assert_eq!(name("GET", host, &[]), "default");
+}
+
+#[test]
+fn kas_cookie_names_its_pod_by_prefix_unless_ambiguous() {
+    let t = podgate_registry::TopologyFile::parse(
+        "default_pod = 1\n[[pods]]\nid = 1\nname = 'a'\nweb = ['a:1']\n[[pods]]\nid = 2\nname = 'b'\nweb = ['b:1']\n[[pods]]\nid = 21\nname = 'c'\nweb = ['c:1']",
+        "t",
+    )
+    .unwrap()
+    .to_topology(1);
+    let rule = builtin()
+        .into_iter()
+        .find(|r| r.name == "kas-k8s-proxy")
+        .unwrap();
+    let pod = |cookies: &str| {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::COOKIE, cookies.parse().unwrap());
+        session_pod(&rule, &h, &t).map(|p| p.id.get())
+    };
+    // GitLab writes `<session_cookie_token_prefix><encrypted id>`, no separator.
+    assert_eq!(pod("_gitlab_kas=cell-1QmFzZTY0--aXY=--dGFn"), Some(1));
+    assert_eq!(
+        pod("_gitlab_kas=cell-21abc"),
+        None,
+        "cell-2 + '1abc' or cell-21 + 'abc'"
+    );
+    assert_eq!(
+        pod("_gitlab_kas=cell-21abc; _gitlab_session=cell-2-ff"),
+        Some(2)
+    );
+    assert_eq!(
+        pod("_gitlab_kas=cell-2Zabc; _gitlab_session=cell-1-ff"),
+        Some(2),
+        "the kas cookie first"
+    );
+    // Without the prefix (older GitLab): no Pod; the session cookie, else none.
+    assert_eq!(pod("_gitlab_kas=QmFzZTY0--aXY=--dGFn"), None);
+    assert_eq!(
+        pod("_gitlab_kas=QmFzZTY0; _gitlab_session=cell-21-ab"),
+        Some(21)
+    );
+    // Other rules read the session cookie only.
+    let api = builtin()
+        .into_iter()
+        .find(|r| r.name == "api-token")
+        .unwrap();
+    let mut h = HeaderMap::new();
+    h.insert(
+        http::header::COOKIE,
+        "_gitlab_kas=cell-1abc".parse().unwrap(),
+    );
+    assert!(session_pod(&api, &h, &t).is_none());
+}

@@ -186,3 +186,44 @@ fn source_names_round_trip_and_errors_are_clear() {
     assert_eq!(p.label(Place::Query), "query:token");
     assert_eq!(p.labels().len(), 4);
 }
+
+#[test]
+fn kas_bearer_takes_the_token_out_of_kas_credentials() {
+    let s = srcs(&["kas-bearer"]);
+    let found = |v: &str| {
+        chosen(&collect(&s, &headers(&[("authorization", v)]), None, None, &[]).unwrap())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        found("Bearer pat:42:glpat-abc").as_deref(),
+        Some("glpat-abc")
+    );
+    assert_eq!(found("Bearer ci:7:glcbt-x:y").as_deref(), Some("glcbt-x:y"));
+    assert_eq!(found("Bearer pat:-1:t").as_deref(), Some("t"));
+    // What kas refuses carries no token (kas answers its own 401 where it goes).
+    for refused in [
+        "Bearer pat:x:",
+        "Bearer pat:42:",
+        "Bearer pat:abc:glpat-abc",
+        "Bearer pat:99999999999999999999:t",
+        "Bearer job:42:t",
+        "Bearer glpat-abc",
+        "Bearer pat:42",
+        "Basic cGF0OjQyOmdscGF0LWFiYw==",
+    ] {
+        assert_eq!(found(refused), None, "{refused}");
+    }
+    assert_eq!(kas_token("ci:1:tok"), Some("tok"));
+    assert_eq!(
+        "kas-bearer".parse::<TokenSource>().unwrap(),
+        TokenSource::KasBearer
+    );
+    assert_eq!(TokenSource::KasBearer.to_string(), "kas-bearer");
+    // A plain bearer source does not read kas's credentials as kas does.
+    let plain = srcs(&["bearer"]);
+    let h = headers(&[("authorization", "Bearer pat:42:glpat-abc")]);
+    assert_eq!(
+        chosen(&collect(&plain, &h, None, None, &[]).unwrap()),
+        Some("pat:42:glpat-abc")
+    );
+}

@@ -257,6 +257,7 @@ pub struct Upstreams {
     shared: Arc<Shared>,
     web_health: Arc<HealthRegistry>,
     kas_health: Arc<HealthRegistry>,
+    kas_k8s_proxy_health: Arc<HealthRegistry>,
     health: HealthConfig,
     config: UpstreamsConfig,
     resolver: Arc<dyn Resolve>,
@@ -282,6 +283,7 @@ impl Upstreams {
         Upstreams {
             web_health: registry(Pool::Web),
             kas_health: registry(Pool::Kas),
+            kas_k8s_proxy_health: registry(Pool::KasK8sProxy),
             shared: shared.clone(),
             health,
             config,
@@ -295,15 +297,19 @@ impl Upstreams {
         if !self.health.enabled {
             return Vec::new();
         }
-        [("web", &self.web_health), ("kas", &self.kas_health)]
-            .into_iter()
-            .map(|(name, registry)| {
-                let mut s = HealthCheckService::new(registry.clone());
-                s.health_check_frequency = Some(self.health.interval());
-                s.parallel_health_check = true;
-                (name, s)
-            })
-            .collect()
+        [
+            ("web", &self.web_health),
+            ("kas", &self.kas_health),
+            ("kas_k8s_proxy", &self.kas_k8s_proxy_health),
+        ]
+        .into_iter()
+        .map(|(name, registry)| {
+            let mut s = HealthCheckService::new(registry.clone());
+            s.health_check_frequency = Some(self.health.interval());
+            s.parallel_health_check = true;
+            (name, s)
+        })
+        .collect()
     }
 
     /// Whether `pod`'s `pool` can take a request now.
@@ -370,7 +376,11 @@ impl Upstreams {
         let mut pools = HashMap::new();
         let mut pending = Vec::new();
         for pod in topology.pods.values() {
-            for (pool, list) in [(Pool::Web, &pod.web), (Pool::Kas, &pod.kas)] {
+            for (pool, list) in [
+                (Pool::Web, &pod.web),
+                (Pool::Kas, &pod.kas),
+                (Pool::KasK8sProxy, &pod.kas_k8s_proxy),
+            ] {
                 if list.is_empty() {
                     continue;
                 }
@@ -393,6 +403,7 @@ impl Upstreams {
                 let registry = match pool {
                     Pool::Web => &self.web_health,
                     Pool::Kas => &self.kas_health,
+                    Pool::KasK8sProxy => &self.kas_k8s_proxy_health,
                 };
                 let backends = Backends::new_with_health_registry(
                     Box::new(Discovery(discovery.clone())),
