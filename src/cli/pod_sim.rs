@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use podgate_loadtest::pod_sim::{PodSim, PodSimConfig, TokenFormat};
+use podgate_loadtest::pod_sim::{AgentSpec, PodSim, PodSimConfig, TokenFormat};
 use podgate_tokens::{KeySet, PodId};
 
 /// Flags of `podgate pod-sim`.
@@ -66,6 +66,15 @@ pub(crate) struct PodSimArgs {
     /// The generated jobs' stage.
     #[arg(long, value_name = "STAGE")]
     job_stage: Option<String>,
+    /// The GitLab ↔ kas secret file (base64, as kas's `external_secret_file`): kas's
+    /// internal API calls (`authorize_proxy_user`) are verified with it; without it
+    /// they are refused.
+    #[arg(long, value_name = "FILE")]
+    kas_secret_file: Option<PathBuf>,
+    /// Register agent ID in the Pod's project, with `user_access` as the user for
+    /// the project's members; repeat for more (more through the control API).
+    #[arg(long = "agent", value_name = "ID")]
+    agents: Vec<i64>,
 }
 
 pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
@@ -98,6 +107,19 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
     if let Some(stage) = args.job_stage {
         config.job.stage = stage;
     }
+    if let Some(path) = &args.kas_secret_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --kas-secret-file {}", path.display()))?;
+        config.kas_secret = Some(
+            podgate_agent::auth::decode_secret("kas_secret_file", &text)
+                .context("--kas-secret-file")?,
+        );
+    }
+    config.agents = args
+        .agents
+        .iter()
+        .map(|id| AgentSpec::with_user_access(*id, args.pod_id))
+        .collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

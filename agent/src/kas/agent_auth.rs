@@ -13,11 +13,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt as _, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use podgate_tokens::{Classification, Classifier, TokenFormat, TokenKind};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
@@ -56,7 +51,7 @@ const CACHE_CAP: usize = 100_000;
 
 struct AgentInfo {
     config: AgentInfoConfig,
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: super::gitlab::GitlabClient,
     cache: Mutex<Cache>,
     lookups: prometheus::IntCounterVec,
 }
@@ -97,8 +92,8 @@ impl AgentAuth {
             .expect("valid metric");
             let _ = registry.register(Box::new(lookups.clone()));
             AgentInfo {
+                client: super::gitlab::GitlabClient::new(&config.url, config.secret.clone()),
                 config,
-                client: Client::builder(TokioExecutor::new()).build_http(),
                 cache: Mutex::default(),
                 lookups,
             }
@@ -206,34 +201,25 @@ impl AgentInfo {
 
     /// `Ok(Some)` yes, `Ok(None)` no (401, 403, 404), `Err` when GitLab did not say.
     async fn ask(&self, token: &str) -> Result<Option<AgentIdentity>, String> {
-        let api_jwt =
-            crate::auth::mint_kas_api_request(&self.config.secret).map_err(|e| e.to_string())?;
-        let request = http::Request::get(format!(
-            "{}/api/v4/internal/kubernetes/agent_info",
-            self.config.url.trim_end_matches('/')
-        ))
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header("Gitlab-Kas-Api-Request", api_jwt)
-        .body(Empty::new())
-        .map_err(|e| e.to_string())?;
-        let response = self
+        let authorization = format!("Bearer {token}");
+        let answer = self
             .client
-            .request(request)
+            .request(
+                http::Method::GET,
+                "/api/v4/internal/kubernetes/agent_info",
+                &[(http::header::AUTHORIZATION.as_str(), &authorization)],
+                None,
+                true,
+            )
             .await
             .map_err(|e| e.to_string())?;
-        let status = response.status();
+        let (status, body) = (answer.status, answer.body);
         if matches!(status.as_u16(), 401 | 403 | 404) {
             return Ok(None);
         }
         if !status.is_success() {
             return Err(format!("GitLab answered {status}"));
         }
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
         let info: AgentInfoResponse =
             serde_json::from_slice(&body).map_err(|e| format!("agent_info body: {e}"))?;
         Ok(Some(AgentIdentity {

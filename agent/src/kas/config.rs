@@ -16,6 +16,15 @@
 //! url = "http://gitlab-webservice:8080"
 //! positive_ttl = "5m"
 //! negative_ttl = "1m"
+//! [k8s_proxy]                          # optional: the Kubernetes API proxy (/graph too)
+//! listen = "0.0.0.0:8154"
+//! url_prefix = "/k8s-proxy/"            # normalised to end with "/"
+//! allowed_origins = ["https://gitlab.example.com"] # browsers' Origin (CORS)
+//! gitlab_url = "http://gitlab-webservice:8080" # default: [agent_info] url
+//! positive_ttl = "1m"                   # authorize_proxy_user / allowed_agents yes
+//! negative_ttl = "10s"                  # their 401/403/404
+//! timeout = "5s"                        # one GitLab call
+//! max_request_body = 16777216           # bytes; 413 above
 //! [registry]
 //! backend = { kind = "redis", url = "redis://127.0.0.1:6379" }
 //! ```
@@ -29,6 +38,7 @@ use serde::Deserialize;
 
 use super::KasConfig;
 use super::agent_auth::AgentInfoConfig;
+use super::k8s_proxy::K8sProxyConfig;
 use crate::auth;
 
 /// Configuration problems.
@@ -96,6 +106,144 @@ pub struct KasFileConfig {
     /// GitLab's `agent_info` endpoint, for opaque agent tokens.
     #[serde(default)]
     pub agent_info: Option<AgentInfoFile>,
+    /// The Kubernetes API proxy listener, if any.
+    #[serde(default)]
+    pub k8s_proxy: Option<K8sProxyFile>,
+}
+
+/// `[k8s_proxy]`: the Kubernetes API proxy (`kubectl`, the Graph API). Defaults as
+/// GitLab's kas (`internal/module/kubernetes_api/server/defaulting.go`): a yes from
+/// GitLab cached 1 minute, a no 10 seconds.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct K8sProxyFile {
+    /// `ip:port`.
+    pub listen: String,
+    /// The URL path prefix every request must start with (a `/` is appended when
+    /// missing).
+    #[serde(default = "default_url_prefix")]
+    pub url_prefix: String,
+    /// Origins (`scheme://host[:port]`) browsers may call from; a request with
+    /// another `Origin` is refused (403).
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// GitLab's base URL for `authorize_proxy_user` and `job/allowed_agents`
+    /// (default: `[agent_info] url`).
+    #[serde(default)]
+    pub gitlab_url: Option<String>,
+    /// How long GitLab's yes is cached.
+    #[serde(default = "default_proxy_positive_ttl", with = "humantime_serde")]
+    pub positive_ttl: std::time::Duration,
+    /// How long GitLab's no (401, 403, 404) is cached.
+    #[serde(default = "default_proxy_negative_ttl", with = "humantime_serde")]
+    pub negative_ttl: std::time::Duration,
+    /// How long one GitLab call may take.
+    #[serde(default = "default_lookup_timeout", with = "humantime_serde")]
+    pub timeout: std::time::Duration,
+    /// Largest request body forwarded (bytes); 413 above.
+    #[serde(default = "default_max_request_body")]
+    pub max_request_body: usize,
+}
+
+fn default_url_prefix() -> String {
+    "/k8s-proxy/".into()
+}
+
+fn default_proxy_positive_ttl() -> std::time::Duration {
+    std::time::Duration::from_secs(60)
+}
+
+fn default_proxy_negative_ttl() -> std::time::Duration {
+    std::time::Duration::from_secs(10)
+}
+
+fn default_max_request_body() -> usize {
+    16 << 20
+}
+
+impl K8sProxyFile {
+    /// Check every field (problems into `bad`, each naming its field) and build the
+    /// runtime configuration; `agent_info_url` is the `gitlab_url` default.
+    fn validate(
+        &self,
+        agent_info_url: Option<&str>,
+        bad: &mut Vec<String>,
+    ) -> Option<K8sProxyConfig> {
+        let before = bad.len();
+        let listen = match self.listen.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                bad.push(format!(
+                    "k8s_proxy.listen = {:?}: expected ip:port",
+                    self.listen
+                ));
+                None
+            }
+        };
+        if !self.url_prefix.starts_with('/') {
+            bad.push(format!(
+                "k8s_proxy.url_prefix = {:?}: must start with /",
+                self.url_prefix
+            ));
+        }
+        let mut url_prefix = self.url_prefix.clone();
+        if !url_prefix.ends_with('/') {
+            url_prefix.push('/');
+        }
+        for (i, origin) in self.allowed_origins.iter().enumerate() {
+            let rest = origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"));
+            if !rest.is_some_and(|r| !r.is_empty() && !r.contains('/')) {
+                bad.push(format!(
+                    "k8s_proxy.allowed_origins[{i}] = {origin:?}: an origin, scheme://host[:port] with no path"
+                ));
+            }
+        }
+        let gitlab_url = match (&self.gitlab_url, agent_info_url) {
+            (Some(u), _) => {
+                if !u.starts_with("http://") {
+                    bad.push(format!(
+                        "k8s_proxy.gitlab_url = {u:?}: must be http://host:port"
+                    ));
+                }
+                u.clone()
+            }
+            (None, Some(u)) => u.to_owned(),
+            (None, None) => {
+                bad.push(
+                    "k8s_proxy.gitlab_url: required (GitLab's internal API) when [agent_info] is not set"
+                        .into(),
+                );
+                String::new()
+            }
+        };
+        for (field, d) in [
+            ("k8s_proxy.positive_ttl", self.positive_ttl),
+            ("k8s_proxy.negative_ttl", self.negative_ttl),
+            ("k8s_proxy.timeout", self.timeout),
+        ] {
+            if d.is_zero() {
+                bad.push(format!("{field}: must be positive"));
+            }
+        }
+        if self.max_request_body == 0 {
+            bad.push("k8s_proxy.max_request_body: must be positive".into());
+        }
+        match listen {
+            Some(listen) if bad.len() == before => Some(K8sProxyConfig {
+                listen,
+                url_prefix,
+                allowed_origins: self.allowed_origins.clone(),
+                gitlab_url,
+                positive_ttl: self.positive_ttl,
+                negative_ttl: self.negative_ttl,
+                timeout: self.timeout,
+                max_request_body: self.max_request_body,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// `[agent_info]`: GitLab's internal API, asked about opaque agent tokens.
@@ -234,6 +382,10 @@ impl KasFileConfig {
                 }
             }
         }
+        let k8s_proxy = self
+            .k8s_proxy
+            .as_ref()
+            .map(|p| p.validate(self.agent_info.as_ref().map(|i| i.url.as_str()), &mut bad));
         if let Err(podgate_registry::Error::Config { problems, .. }) = self.registry.validate() {
             bad.extend(problems.into_iter().map(|p| format!("registry.{p}")));
         }
@@ -278,6 +430,7 @@ impl KasFileConfig {
                         observability_listen: observability,
                         agent_info,
                         metrics_token,
+                        k8s_proxy: k8s_proxy.flatten(),
                     },
                     self.registry.clone(),
                 ))
@@ -333,5 +486,75 @@ mod tests {
         }
         assert!(!err.contains("external_listen"), "{err}");
         assert!(!err.contains("positive_ttl"), "{err}");
+    }
+
+    fn with_secrets(dir: &Path, rest: &str) -> KasFileConfig {
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        std::fs::write(&a, "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE=").unwrap();
+        std::fs::write(&b, "YmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmJiYmI=").unwrap();
+        toml::from_str(&format!(
+            r#"agent_listen = "127.0.0.1:0"
+               external_listen = "127.0.0.1:0"
+               internal_listen = "127.0.0.1:0"
+               external_secret_file = "{}"
+               internal_secret_file = "{}"
+               {rest}"#,
+            a.display(),
+            b.display()
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn k8s_proxy_defaults_and_normalisation() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = with_secrets(
+            dir.path(),
+            r#"[agent_info]
+               url = "http://gitlab:8080"
+               [k8s_proxy]
+               listen = "127.0.0.1:8154"
+               url_prefix = "/-/kubernetes-agent/k8s-proxy"
+               allowed_origins = ["https://gitlab.example.com"]"#,
+        );
+        let (config, _) = file.validate("kas.toml").unwrap();
+        let p = config.k8s_proxy.unwrap();
+        assert_eq!(p.url_prefix, "/-/kubernetes-agent/k8s-proxy/");
+        assert_eq!(p.gitlab_url, "http://gitlab:8080");
+        assert_eq!(p.positive_ttl, std::time::Duration::from_secs(60));
+        assert_eq!(p.negative_ttl, std::time::Duration::from_secs(10));
+        assert_eq!(p.max_request_body, 16 << 20);
+        let default_prefix = with_secrets(
+            dir.path(),
+            "[k8s_proxy]\nlisten = \"127.0.0.1:0\"\ngitlab_url = \"http://g\"",
+        );
+        let (config, _) = default_prefix.validate("kas.toml").unwrap();
+        assert_eq!(config.k8s_proxy.unwrap().url_prefix, "/k8s-proxy/");
+    }
+
+    #[test]
+    fn k8s_proxy_bad_fields_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = with_secrets(
+            dir.path(),
+            r#"[k8s_proxy]
+               listen = "nowhere"
+               url_prefix = "k8s"
+               allowed_origins = ["https://ok.example.com", "https://x.example.com/path"]
+               negative_ttl = "0s"
+               max_request_body = 0"#,
+        );
+        let err = file.validate("kas.toml").unwrap_err().to_string();
+        for field in [
+            "k8s_proxy.listen",
+            "k8s_proxy.url_prefix",
+            "k8s_proxy.allowed_origins[1]",
+            "k8s_proxy.gitlab_url: required",
+            "k8s_proxy.negative_ttl",
+            "k8s_proxy.max_request_body",
+        ] {
+            assert!(err.contains(field), "{field}: {err}");
+        }
+        assert!(!err.contains("allowed_origins[0]"), "{err}");
     }
 }

@@ -17,6 +17,8 @@
 
 pub mod agent_auth;
 pub mod config;
+pub mod gitlab;
+pub mod k8s_proxy;
 pub mod metrics;
 pub mod presence;
 pub mod routing;
@@ -95,6 +97,8 @@ pub struct KasConfig {
     pub agent_info: Option<agent_auth::AgentInfoConfig>,
     /// The bearer token `/metrics` requires, if any.
     pub metrics_token: Option<String>,
+    /// The Kubernetes API proxy listener (`[k8s_proxy]`), if any.
+    pub k8s_proxy: Option<k8s_proxy::K8sProxyConfig>,
 }
 
 /// A running kas. Dropping it stops its listeners.
@@ -103,6 +107,7 @@ pub struct Kas {
     internal: SocketAddr,
     agent: SocketAddr,
     observability: Option<SocketAddr>,
+    k8s_proxy: Option<SocketAddr>,
     registry: Registry,
     tunnels: Arc<tunnel::Tunnels>,
     router: Arc<AgentRouter>,
@@ -136,6 +141,11 @@ impl Kas {
             None => None,
         };
         let observability = obs.as_ref().and_then(|l| l.local_addr().ok());
+        let k8s = match &config.k8s_proxy {
+            Some(p) => Some(bind("k8s proxy listener", p.listen).await?),
+            None => None,
+        };
+        let k8s_proxy_addr = k8s.as_ref().and_then(|l| l.local_addr().ok());
         let agent = agt.local_addr().map_err(|source| Error::Bind {
             what: "agent listener",
             addr: config.agent_listen,
@@ -221,7 +231,7 @@ impl Kas {
                 Ok(req)
             });
         let (ext_drain, int_drain) = (draining_rx.clone(), draining_rx);
-        let drained = vec![
+        let mut drained = vec![
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
                     .add_service(ext_service)
@@ -267,11 +277,25 @@ impl Kas {
             });
             tasks.push(tokio::spawn(crate::obs::serve(obs, report)));
         }
+        if let (Some(listener), Some(c)) = (k8s, &config.k8s_proxy) {
+            let proxy = k8s_proxy::K8sProxy::new(
+                c.clone(),
+                config.external_secret.clone(),
+                router.clone(),
+                metrics.registry(),
+            );
+            drained.push(tokio::spawn(k8s_proxy::serve(
+                listener,
+                Arc::new(proxy),
+                draining.subscribe(),
+            )));
+        }
         Ok(Kas {
             external,
             internal,
             agent,
             observability,
+            k8s_proxy: k8s_proxy_addr,
             registry,
             tunnels,
             router,
@@ -301,6 +325,11 @@ impl Kas {
     /// This kas's metrics.
     pub fn metrics(&self) -> &KasMetrics {
         &self.metrics
+    }
+
+    /// The Kubernetes API proxy listener's address, if it has one.
+    pub fn k8s_proxy_addr(&self) -> Option<SocketAddr> {
+        self.k8s_proxy
     }
 
     /// The observability listener's address, if it has one.

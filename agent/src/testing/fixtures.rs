@@ -33,6 +33,7 @@ pub fn kas_config(keys: KeySet, max_wait: Duration) -> KasConfig {
         observability_listen: Some(any()),
         agent_info: None,
         metrics_token: None,
+        k8s_proxy: None,
     }
 }
 

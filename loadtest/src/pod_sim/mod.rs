@@ -19,12 +19,20 @@
 //!   streamed to disk and hashed) and download (streamed back).
 //! - Git smart HTTP (`git http-backend`) for `/group/project-<pod>.git`, with
 //!   `gitlab-ci-token:<job token>` Basic authentication.
+//! - What kas asks GitLab for its Kubernetes API proxy ([`kubernetes`]):
+//!   `POST /api/v4/internal/kubernetes/authorize_proxy_user` (kas's JWT checked with
+//!   [`PodSimConfig::kas_secret`]) and `GET /api/v4/job/allowed_agents`, from the
+//!   Pod's users, personal access tokens (`glpat-`, routable here), browser sessions,
+//!   agents ([`PodSimConfig::agents`]) and running jobs. The control API creates
+//!   users, tokens, sessions and agents (`http/control.rs`).
 //!
 //! Layout: `http/` (one file per endpoint family: `runners`, `jobs`, `trace`,
 //! `artifacts`, `git`, `control`), `params/` (Rack and Grape parameter parsing),
-//! [`state`] (the rules, no I/O), `repo` (the Git repository).
+//! [`state`] (the rules, no I/O), [`kubernetes`] (users, tokens and agents for the
+//! Kubernetes API proxy, no I/O), `repo` (the Git repository).
 
 mod http;
+pub mod kubernetes;
 mod params;
 mod repo;
 pub mod state;
@@ -39,6 +47,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use tokio::net::TcpListener;
 
+pub use kubernetes::{AgentSpec, KubeAccess};
 pub use repo::BRANCH;
 pub use state::{JobSpec, State};
 
@@ -97,6 +106,11 @@ pub struct PodSimConfig {
     /// What generated jobs ([`PodSim::enqueue`], `job_rate`) run: script, image (none
     /// is possible), artifact paths and stage.
     pub job: JobSpec,
+    /// The GitLab ↔ kas shared secret (≥ 32 bytes): verifies kas's
+    /// `Gitlab-Kas-Api-Request` JWT on the internal API. `None`: kas is refused.
+    pub kas_secret: Option<Vec<u8>>,
+    /// Agents registered in the Pod's project (more through the control API).
+    pub agents: Vec<AgentSpec>,
 }
 
 impl PodSimConfig {
@@ -114,6 +128,8 @@ impl PodSimConfig {
             max_artifact_bytes: 1 << 30,
             external_url: None,
             job: JobSpec::default(),
+            kas_secret: None,
+            agents: Vec::new(),
         }
     }
 
@@ -135,6 +151,15 @@ impl PodSimConfig {
             bad.push(format!(
                 "external_url = {url:?}: an http:// or https:// URL"
             ));
+        }
+        if self.kas_secret.as_ref().is_some_and(|s| s.len() < 32) {
+            bad.push("kas_secret: at least 32 bytes".into());
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, a) in self.agents.iter().enumerate() {
+            if !ids.insert(a.id) {
+                bad.push(format!("agents[{i}].id = {}: registered twice", a.id));
+            }
         }
         if self.job.script.is_empty() {
             bad.push("job.script: at least one line".into());
@@ -250,6 +275,8 @@ pub(crate) struct Shared {
     pub(crate) repo: Option<repo::Repo>,
     /// [`PodSimConfig::external_url`], resolved, without a trailing `/`.
     pub(crate) external_url: String,
+    /// Users, tokens, sessions and agents for the Kubernetes API proxy.
+    pub(crate) kube: KubeAccess,
 }
 
 impl PodSim {
@@ -283,6 +310,7 @@ impl PodSim {
             .trim_end_matches('/')
             .to_owned();
         let shared = Arc::new(Shared {
+            kube: KubeAccess::new(config.pod_id, &config.agents),
             state,
             metrics: SimMetrics::new(config.pod_id),
             artifacts: dir,
@@ -341,6 +369,36 @@ impl PodSim {
     /// `<external_url>/<path>.git`).
     pub fn project_path(&self) -> String {
         repo::project_path(self.shared.config.pod_id)
+    }
+
+    /// Users, tokens, sessions and agents for the Kubernetes API proxy.
+    pub fn kube(&self) -> &KubeAccess {
+        &self.shared.kube
+    }
+
+    /// A new personal access token (`glpat-`, routable to this Pod) for the user
+    /// called `username`, with `scopes` (`k8s_proxy` lets it through kas's
+    /// Kubernetes API proxy).
+    pub fn create_personal_access_token(
+        &self,
+        username: &str,
+        scopes: &[&str],
+    ) -> Result<String, Error> {
+        let user = self
+            .shared
+            .kube
+            .user_by_name(username)
+            .ok_or_else(|| Error::Config(format!("user {username:?}: no such user")))?;
+        let token = self.shared.state.issue_personal_access_token()?;
+        self.shared
+            .kube
+            .add_pat(
+                token.clone(),
+                user.id,
+                scopes.iter().map(|s| (*s).to_owned()).collect(),
+            )
+            .map_err(Error::Config)?;
+        Ok(token)
     }
 
     /// Queue a job from [`PodSimConfig::job`]: its id.

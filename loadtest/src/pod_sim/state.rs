@@ -273,6 +273,17 @@ impl State {
         }
     }
 
+    /// A new personal access token (`glpat-`) routable to this Pod.
+    pub fn issue_personal_access_token(&self) -> Result<String, Error> {
+        self.issue(TokenKind::PersonalAccess, "glpat-")
+    }
+
+    /// Where `token` routes, as this Pod sees it: [`Owner::Misrouted`] for another
+    /// Pod's, else [`Owner::Unknown`] (this Pod's tables are not consulted).
+    pub fn owner_of(&self, token: &str) -> Owner<()> {
+        self.owner(token, None)
+    }
+
     /// Whose is `token`: a lookup in `table`, else the Pod it routes to.
     fn owner<T: Copy>(&self, token: &str, found: Option<T>) -> Owner<T> {
         if let Some(x) = found {

@@ -10,6 +10,24 @@
 //! - `GET /-/podsim/jobs/N`: `{"id", "name", "stage", "state", "runner_id", "sha",
 //!   "trace", "artifact": null | {"size", "sha256", "filename"}}`.
 //! - `GET /-/podsim/jobs/N/artifact`: the stored file part's bytes.
+//!
+//! For kas's Kubernetes API proxy (`authorize_proxy_user`, `job/allowed_agents`):
+//!
+//! - `GET /-/podsim/users`: `[{"id", "username", "access_level"}]` (user 1 `root`
+//!   is the group's owner). `POST /-/podsim/users` with `{"username", "role":
+//!   "developer" | null}` (the role in the Pod's group and project; null: not a
+//!   member): 201 `{"id"}`.
+//! - `POST /-/podsim/personal_access_tokens` with `{"username": "root", "scopes":
+//!   ["k8s_proxy", "read_api"]}` (the defaults): 201 `{"id", "token", "user_id",
+//!   "scopes"}`: a `glpat-` token routable to this Pod. `DELETE
+//!   /-/podsim/personal_access_tokens/N` revokes it (204).
+//! - `POST /-/podsim/sessions` with `{"username": "root"}`: 201 `{"cookie":
+//!   "_gitlab_kas=<value>", "session", "csrf_token"}`: a browser session for the
+//!   `_gitlab_kas` cookie and its CSRF token.
+//! - `GET /-/podsim/agents`: `[{"id", "name", "user_access", "ci_access"}]`.
+//!   `POST /-/podsim/agents` with one in that shape (the agent's `config.yaml`
+//!   keys, e.g. `{"id": 1, "user_access": {"access_as": {"user": {}}, "projects":
+//!   [{"id": "group/project-1"}]}}`): 201, replacing an agent of that id.
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -18,6 +36,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::super::Shared;
+use super::super::kubernetes::AgentSpec;
 use super::super::repo::{self, BRANCH};
 use super::super::state::JobSpec;
 use super::artifacts::stream_file;
@@ -61,7 +80,141 @@ pub(crate) async fn route(shared: &Shared, req: Request<Incoming>, rest: &str) -
                 None => message(StatusCode::NOT_FOUND, "404 Job Not Found"),
             }
         }
+        (&Method::GET, ["users"]) => reply(StatusCode::OK, json!(shared.kube.users())),
+        (&Method::POST, ["users"]) => create_user(shared, req).await,
+        (&Method::POST, ["personal_access_tokens"]) => create_pat(shared, req).await,
+        (&Method::DELETE, ["personal_access_tokens", id]) => {
+            match id.parse().ok().map(|id| shared.kube.revoke_pat(id)) {
+                Some(true) => super::empty(StatusCode::NO_CONTENT),
+                _ => message(StatusCode::NOT_FOUND, "404 Token Not Found"),
+            }
+        }
+        (&Method::POST, ["sessions"]) => create_session(shared, req).await,
+        (&Method::GET, ["agents"]) => reply(StatusCode::OK, json!(shared.kube.agents())),
+        (&Method::POST, ["agents"]) => match body::<AgentSpec>(req).await {
+            Ok(agent) => {
+                shared.kube.put_agent(agent.clone());
+                reply(StatusCode::CREATED, json!(agent))
+            }
+            Err(r) => r,
+        },
         _ => message(StatusCode::NOT_FOUND, "404 Not Found"),
+    }
+}
+
+/// A JSON control body, or the response to send.
+async fn body<T: serde::de::DeserializeOwned>(req: Request<Incoming>) -> Result<T, Response<Body>> {
+    let bytes = match Limited::new(req.into_body(), 1 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return Err(message(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "413 Request Entity Too Large",
+            ));
+        }
+    };
+    serde_json::from_slice(&bytes)
+        .map_err(|e| message(StatusCode::BAD_REQUEST, &format!("400 Bad request - {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewUser {
+    username: String,
+    #[serde(default)]
+    role: Option<String>,
+}
+
+async fn create_user(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    let new: NewUser = match body(req).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    match shared.kube.add_user(&new.username, new.role.as_deref()) {
+        Ok(id) => reply(StatusCode::CREATED, json!({ "id": id })),
+        Err(e) => message(StatusCode::BAD_REQUEST, &format!("400 Bad request - {e}")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPat {
+    #[serde(default = "root")]
+    username: String,
+    #[serde(default = "default_scopes")]
+    scopes: Vec<String>,
+}
+
+fn root() -> String {
+    "root".into()
+}
+
+fn default_scopes() -> Vec<String> {
+    vec!["k8s_proxy".into(), "read_api".into()]
+}
+
+async fn create_pat(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    let new: NewPat = match body(req).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let Some(user) = shared.kube.user_by_name(&new.username) else {
+        return message(StatusCode::NOT_FOUND, "404 User Not Found");
+    };
+    let token = match shared.state.issue_personal_access_token() {
+        Ok(t) => t,
+        Err(e) => return message(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    match shared
+        .kube
+        .add_pat(token.clone(), user.id, new.scopes.clone())
+    {
+        Ok(id) => reply(
+            StatusCode::CREATED,
+            json!({ "id": id, "token": token, "user_id": user.id, "scopes": new.scopes }),
+        ),
+        Err(e) => message(StatusCode::BAD_REQUEST, &format!("400 Bad request - {e}")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewSession {
+    #[serde(default = "root")]
+    username: String,
+}
+
+/// 32 random bytes as hex.
+fn random_hex() -> String {
+    podgate_tokens::gitlab::random_bytes()
+        .iter()
+        .chain(podgate_tokens::gitlab::random_bytes().iter())
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+async fn create_session(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    let new: NewSession = match body(req).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let Some(user) = shared.kube.user_by_name(&new.username) else {
+        return message(StatusCode::NOT_FOUND, "404 User Not Found");
+    };
+    let (session, csrf) = (random_hex(), random_hex());
+    match shared
+        .kube
+        .add_session(user.id, session.clone(), csrf.clone())
+    {
+        Ok(()) => reply(
+            StatusCode::CREATED,
+            json!({
+                "cookie": format!("_gitlab_kas={session}"),
+                "session": session,
+                "csrf_token": csrf,
+            }),
+        ),
+        Err(e) => message(StatusCode::BAD_REQUEST, &format!("400 Bad request - {e}")),
     }
 }
 

@@ -290,7 +290,7 @@ pub(crate) fn payload(shared: &Shared, job: &Job) -> Value {
 }
 
 fn project_id(shared: &Shared) -> u64 {
-    1000 + shared.state.pod().get()
+    super::super::kubernetes::project_id(shared.state.pod())
 }
 
 /// The predefined variables GitLab sends with every job, in GitLab's order

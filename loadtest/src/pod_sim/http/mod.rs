@@ -2,7 +2,8 @@
 //! helpers every endpoint shares. One module per endpoint family:
 //! [`runners`] (registration and friends), [`jobs`] (`jobs/request`, `PUT jobs/:id`,
 //! the job payload), [`trace`], [`artifacts`], [`git`] (smart HTTP through
-//! `git http-backend`) and [`control`] (`/-/podsim/…`, for tests and `podgate up`).
+//! `git http-backend`), [`kubernetes`] (what kas asks for its Kubernetes API proxy)
+//! and [`control`] (`/-/podsim/…`, for tests and `podgate up`).
 //!
 //! Paths are cleaned as Workhorse cleans them before Rails sees them
 //! (`CleanURIPath`: `//` squeezed, `.` and `..` resolved), and Grape's optional
@@ -16,6 +17,7 @@ mod artifacts;
 mod control;
 mod git;
 mod jobs;
+mod kubernetes;
 mod runners;
 mod trace;
 
@@ -177,6 +179,14 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> (&'static str, Respon
         (&M::GET, ["jobs", id, "artifacts"]) => (
             "jobs_artifacts_download",
             artifacts::download(shared, req, id).await,
+        ),
+        (&M::POST, ["internal", "kubernetes", "authorize_proxy_user"]) => (
+            "k8s_authorize_proxy_user",
+            kubernetes::authorize_proxy_user(shared, req).await,
+        ),
+        (&M::GET, ["job", "allowed_agents"]) => (
+            "k8s_allowed_agents",
+            kubernetes::allowed_agents(shared, req).await,
         ),
         _ => ("other", not_found()),
     }
