@@ -11,7 +11,8 @@
 //!
 //! The standard library of the `cel` crate is enabled: `in` on lists and maps, `has()`,
 //! the macros `all`, `exists`, `exists_one`, `map`, `filter`, `size`, string functions
-//! (`startsWith`, `endsWith`, `contains`, `matches`), conversions.
+//! (`startsWith`, `endsWith`, `contains`, `matches`), conversions; and its extension
+//! libraries: strings, lists, math, base64.
 //!
 //! Compiling checks what can be checked without a type checker (the crate has none):
 //! the source parses; it names no variable outside the table above; its outermost
@@ -38,9 +39,23 @@ use serde_json::Value as Json;
 use super::cel_json::{JsonVal, to_val};
 use super::cel_syntax::{NAMESPACE_IDENT, escape_namespace, free_variables, never_bool};
 
-/// The standard environment, built once: every evaluation starts a cheap root
-/// context from it.
-static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
+/// The environment, built once: every evaluation starts a cheap root context from
+/// it. The standard library plus the extension libraries cel-go ships and
+/// Kubernetes' CEL enables (strings: `lowerAscii`, `split`, `replace`, …; lists;
+/// math; base64), since which ones agentk enables is not public (graph-api.md §4).
+static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
+    let mut env = Env::stdlib();
+    for ext in [
+        ::cel::extensions::strings as fn(&mut Env) -> _,
+        ::cel::extensions::lists,
+        ::cel::extensions::math,
+        ::cel::extensions::encoders,
+    ] {
+        env.add_extension(ext)
+            .expect("the cel crate's own extensions do not conflict");
+    }
+    Arc::new(env)
+});
 
 /// Names that are always in scope: CEL's type identifiers (`type(x) == string`).
 const TYPE_NAMES: &[&str] = &[

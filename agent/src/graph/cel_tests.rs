@@ -126,6 +126,16 @@ fn object_expressions() {
         ("labels.exists(k, labels[k] == 'front')", true),
         ("obj.kind in ['Pod', 'Deployment']", true),
         ("type(obj) == map && type(obj.spec.replicas) == int", true),
+        // Extension libraries.
+        (
+            "name.upperAscii() == 'WEB-1' && name.split('-')[1] == '1'",
+            true,
+        ),
+        (
+            "obj.spec.containers.map(c, c.name).join(',') == 'web,side'",
+            true,
+        ),
+        ("math.greatest(obj.spec.replicas, 7) == 7", true),
         // `namespace` is reserved in CEL: in strings and as a field it stays as written.
         (
             "'namespace' != namespace && obj.metadata.namespace == 'shop'",
