@@ -91,6 +91,11 @@ struct Stack {
 /// proxy asking that simulator; agentk for agent 1 whose cluster is the capturing
 /// upstream.
 async fn stack() -> Stack {
+    stack_with(None).await
+}
+
+/// [`stack`], agentk's cluster at `cluster_url` when given.
+async fn stack_with(cluster_url: Option<String>) -> Stack {
     let pod = PodId::new(1).unwrap();
     let mut as_agent = AgentSpec::with_user_access(2, pod);
     as_agent.user_access = Some(UserAccessConfig {
@@ -128,7 +133,9 @@ async fn stack() -> Stack {
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        podgate_agent::kube_sim::kubeconfig(&format!("http://{upstream_addr}")),
+        podgate_agent::kube_sim::kubeconfig(
+            &cluster_url.unwrap_or_else(|| format!("http://{upstream_addr}")),
+        ),
     )
     .unwrap();
     let agentk = Agentk::start(AgentkConfig {
@@ -677,4 +684,62 @@ async fn an_agent_that_never_connects_is_a_bad_gateway() {
         "HTTP->gRPC: failed to read gRPC response: rpc error: code = DeadlineExceeded",
     );
     assert_eq!(s.gitlab_calls("k8s_authorize_proxy_user"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_streams_events_while_the_client_keeps_it_open() {
+    let kube = podgate_agent::testing::kube::KubeTestServer::start(100)
+        .await
+        .unwrap();
+    let pod = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "default"},
+               "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    };
+    kube.put("pods", "default", pod("web-1"));
+    let s = stack_with(Some(kube.url())).await;
+    let pat = s.pat(&["k8s_proxy"]);
+    let rv = kube.resource_version();
+    let req = Request::get(format!(
+        "http://{}{PODS}?watch=1&resourceVersion={rv}",
+        s.proxy()
+    ))
+    .header("authorization", format!("Bearer pat:1:{pat}"))
+    .body(Full::new(Bytes::new()))
+    .unwrap();
+    let resp = s.client.request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    // The header came before any event: the watch is open. An object created now
+    // arrives as an event on the same response.
+    kube.put("pods", "default", pod("web-2"));
+    let mut seen = String::new();
+    while !seen.contains("web-2") {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("the event arrives while the watch is open")
+            .expect("the watch is still open")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    assert!(seen.contains("\"ADDED\""), "{seen}");
+    // kube-sim served it as the user GitLab named.
+    let watch = kube
+        .sim()
+        .audit()
+        .into_iter()
+        .find(|e| e.verb == "watch")
+        .expect("a watch reached the cluster");
+    assert_eq!(watch.user.as_deref(), Some("gitlab:user:root"));
+    assert!(
+        watch
+            .groups
+            .contains(&"gitlab:project_role:1001:owner".to_owned())
+    );
+    assert_eq!(
+        watch.extra.get("agent.gitlab.com/access_type"),
+        Some(&vec!["personal_access_token".to_owned()])
+    );
 }
