@@ -159,7 +159,8 @@ impl Expr {
             return Err("expression is empty".into());
         }
         let program = ENV.compile(&escape_namespace(src)).map_err(|e| {
-            let e = e.to_string();
+            // The parser quotes the source it was given: show the user's spelling.
+            let e = e.to_string().replace(NAMESPACE_IDENT, "namespace");
             format!("does not parse: {}", e.trim())
         })?;
         let allowed = match scope {
