@@ -743,3 +743,81 @@ async fn a_watch_streams_events_while_the_client_keeps_it_open() {
         Some(&vec!["personal_access_token".to_owned()])
     );
 }
+
+/// A cluster whose every answer is a stream the test feeds: each request's sender
+/// comes out of the returned channel.
+async fn streaming_upstream() -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<tokio::sync::mpsc::Sender<Bytes>>,
+) {
+    let (senders, streams) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let senders = senders.clone();
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |_req: Request<hyper::body::Incoming>| {
+                        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+                        let _ = senders.send(tx);
+                        let body = http_body_util::StreamBody::new(futures_util::StreamExt::map(
+                            tokio_stream::wrappers::ReceiverStream::new(rx),
+                            |b| Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(b)),
+                        ));
+                        async move {
+                            Ok::<_, std::convert::Infallible>(
+                                http::Response::builder()
+                                    .header("content-type", "application/json")
+                                    .body(body)
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, streams)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_ends_the_request_at_the_cluster() {
+    let (addr, mut streams) = streaming_upstream().await;
+    let s = stack_with(Some(format!("http://{addr}"))).await;
+    let pat = s.pat(&["k8s_proxy"]);
+    let req = Request::get(format!("http://{}{PODS}?watch=1", s.proxy()))
+        .header("authorization", format!("Bearer pat:1:{pat}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = s.client.request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let tx = streams.recv().await.unwrap();
+    let mut body = resp.into_body();
+    tx.send(Bytes::from_static(b"{\"type\":\"ADDED\"}\n"))
+        .await
+        .unwrap();
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), "{\"type\":\"ADDED\"}\n");
+    drop(body);
+    // The cluster keeps sending; its stream is dropped once the cancellation has
+    // travelled kas → agentk → the API server connection.
+    let keep_sending = async {
+        loop {
+            if tx.send(Bytes::from_static(b"{}\n")).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::select! {
+            _ = tx.closed() => {}
+            _ = keep_sending => {}
+        }
+    })
+    .await
+    .expect("the request ended at the cluster");
+}

@@ -22,6 +22,7 @@ pub(crate) struct KasArgs {
 
 pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
     let (config, registry_config) = KasFileConfig::load(&args.config)?;
+    let k8s_prefix = config.k8s_proxy.as_ref().map(|p| p.url_prefix.clone());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -39,6 +40,9 @@ pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
         );
         if let Some(addr) = kas.observability_addr() {
             println!("kas: observability (/metrics, /healthz, /readyz) on {addr}");
+        }
+        if let (Some(addr), Some(prefix)) = (kas.k8s_proxy_addr(), &k8s_prefix) {
+            println!("kas: Kubernetes API proxy (kubectl, the Graph API at {prefix}graph) on http://{addr}{prefix}");
         }
         super::shutdown_signal().await;
         println!(
