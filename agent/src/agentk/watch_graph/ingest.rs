@@ -119,7 +119,6 @@ pub(crate) fn ingest(
 ) -> (Ingested, Option<Problem>) {
     let gvr = &resolver.gvrs[usize::from(gvr_index)];
     let secret = gvr.group.is_empty() && &*gvr.resource == "secrets";
-    trim(&mut obj, secret);
     let meta = obj.get("metadata");
     let name = meta
         .and_then(|m| m.get("name"))
@@ -136,6 +135,9 @@ pub(crate) fn ingest(
         resolver.namespace(if gvr.namespaced { &namespace } else { "" }),
         &name,
     );
+    // References first: a Helm storage Secret's come from the data trimmed next.
+    let refs = references(&gvr.group, &gvr.kind, &namespace, &obj);
+    trim(&mut obj, secret);
     let vars = ObjectVars {
         obj: &obj,
         group: &gvr.group,
@@ -180,7 +182,7 @@ pub(crate) fn ingest(
         }
     }
     let mut out: Vec<OutArc> = Vec::new();
-    for r in references(&gvr.group, &gvr.kind, &namespace, &obj) {
+    for r in refs {
         let Some(to) = resolver.resolve(&r) else {
             continue;
         };

@@ -22,8 +22,14 @@
 //!   `serviceAccountName` → `r`;
 //! - Flux `HelmRelease`: `chart.spec.sourceRef` / `chartRef`, `valuesFrom`,
 //!   `dependsOn`, `kubeConfig.secretRef`, `serviceAccountName`, and its latest
-//!   release's Helm storage Secret (`sh.helm.release.v1.<release>.v<version>`) → `r`.
+//!   release's Helm storage Secret (`sh.helm.release.v1.<release>.v<version>`) → `r`;
+//! - Helm storage Secret (type `helm.sh/release.v1`): every object of the release's
+//!   manifest (a list reference, as the seed says of "`HelmRelease`'s `Secret`") → `r`.
+//!   Helm stores the release as base64 of gzipped JSON (`pkg/storage/driver/util.go`
+//!   `encodeRelease` in helm/helm) in `data.release`; namespaced objects without a
+//!   namespace are in the release's namespace.
 
+use serde::Deserialize as _;
 use serde_json::Value;
 
 use crate::graph::request::ArcType;
@@ -273,9 +279,65 @@ pub(crate) fn references(group: &str, kind: &str, namespace: &str, obj: &Value) 
             flux_common(&mut c, spec);
             helm_storage_secret(&mut c, obj, spec);
         }
+        (CORE, "Secret") if str_at(obj, "type") == Some("helm.sh/release.v1") => {
+            helm_release_objects(&mut c, obj);
+        }
         _ => {}
     }
     c.out
+}
+
+/// The objects of the Helm release a storage Secret holds (see the module docs).
+/// A release that cannot be decoded names nothing.
+fn helm_release_objects(c: &mut Collector<'_>, obj: &Value) {
+    use base64::Engine as _;
+    use std::io::Read as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let Some(data) = at(obj, &["data", "release"]).and_then(Value::as_str) else {
+        return;
+    };
+    let Ok(helm) = b64.decode(data) else { return };
+    let Ok(mut raw) = b64.decode(helm.trim_ascii()) else {
+        return;
+    };
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        let limit = 64 * 1024 * 1024;
+        if flate2::read::GzDecoder::new(raw.as_slice())
+            .take(limit)
+            .read_to_end(&mut out)
+            .is_err()
+        {
+            return;
+        }
+        raw = out;
+    }
+    let Ok(release) = serde_json::from_slice::<Value>(&raw) else {
+        return;
+    };
+    let release_ns = str_at(&release, "namespace")
+        .unwrap_or(c.namespace)
+        .to_owned();
+    let Some(manifest) = str_at(&release, "manifest") else {
+        return;
+    };
+    for doc in serde_yaml::Deserializer::from_str(manifest) {
+        let Ok(v) = serde_json::Value::deserialize(doc) else {
+            continue;
+        };
+        let (Some(api_version), Some(kind)) = (str_at(&v, "apiVersion"), str_at(&v, "kind")) else {
+            continue;
+        };
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let meta = v.get("metadata").unwrap_or(&Value::Null);
+        let ns = str_at(meta, "namespace").unwrap_or(&release_ns).to_owned();
+        c.push(
+            Target::Kind(group.to_owned(), kind.to_owned()),
+            &ns,
+            str_at(meta, "name"),
+            ArcType::Reference,
+        );
+    }
 }
 
 /// `kubeConfig.secretRef` and `serviceAccountName`, shared by Flux kinds.
@@ -536,5 +598,38 @@ mod tests {
                 ("persistentvolumeclaims".into(), "data-db-1".into(), "t"),
             ]
         );
+    }
+
+    #[test]
+    fn helm_storage_secret_names_the_objects_of_its_release() {
+        use base64::Engine as _;
+        use std::io::Write as _;
+        let release = json!({"name": "redis", "namespace": "db", "version": 2,
+            "manifest": "---\n# Source: x\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: redis\n---\napiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: redis\n  namespace: other\n"});
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(release.to_string().as_bytes()).expect("gzip");
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let helm = b64.encode(gz.finish().expect("gzip"));
+        let secret = json!({"type": "helm.sh/release.v1", "metadata": {"name": "sh.helm.release.v1.redis.v2"},
+            "data": {"release": b64.encode(helm)}});
+        let refs = references("", "Secret", "db", &secret);
+        let got: Vec<(String, &str, &str)> = refs
+            .iter()
+            .map(|r| match &r.target {
+                Target::Kind(g, k) => (format!("{g}/{k}"), r.namespace.as_str(), r.name.as_str()),
+                Target::Resource(..) => panic!("kind references expected"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("/ServiceAccount".to_owned(), "db", "redis"),
+                ("apps/StatefulSet".to_owned(), "other", "redis")
+            ]
+        );
+        assert!(refs.iter().all(|r| r.arc == ArcType::Reference));
+        // Not a Helm storage Secret, or undecodable: nothing.
+        let plain = json!({"type": "Opaque", "data": {"release": b64.encode(b"x")}});
+        assert!(references("", "Secret", "db", &plain).is_empty());
     }
 }

@@ -198,6 +198,9 @@ impl Graph {
                 }
             }
             None => {
+                // New, or back after a delete within this batch: the client may hold
+                // an older version, so it is sent whole either way.
+                self.changed_payloads.insert(key.clone());
                 self.link(&key, &node.out);
                 self.dirty_sources.insert(key.clone());
                 // Arcs to it lose `e`.
@@ -529,6 +532,18 @@ mod tests {
             show(&g.flush()),
             ["darc pods/p->replicasets/rs or", "dvx pods/p"]
         );
+    }
+
+    #[test]
+    fn deleted_and_recreated_within_a_batch_is_sent_again() {
+        let mut g = Graph::new(gvrs(), None);
+        g.upsert(key(3, "cm"), node(false, vec![]));
+        g.flush();
+        g.remove(&key(3, "cm"));
+        let mut n = node(false, vec![]);
+        n.payload = Payload::Object(b"{\"v\":2}".to_vec().into());
+        g.upsert(key(3, "cm"), n);
+        assert_eq!(show(&g.flush()), ["svx configmaps/cm"]);
     }
 
     #[test]
