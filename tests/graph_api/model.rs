@@ -889,6 +889,17 @@ pub fn expected_graph(discovery: &[ApiResource], objects: &[Object], request: &V
     }
 }
 
+/// How many arcs of each kind (`group/resource -type-> group/resource`) `expected`
+/// holds: what a comparison covered.
+pub fn census(expected: &Expected) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (s, d, t) in expected.arcs.keys() {
+        *out.entry(format!("{}/{} -{t}-> {}/{}", s.g, s.r, d.g, d.r))
+            .or_default() += 1;
+    }
+    out
+}
+
 /// The differences between `expected` and a client's graph, `None` when equal;
 /// summarised by kind of difference, with a few examples each.
 pub fn diff(
