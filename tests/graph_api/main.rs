@@ -721,6 +721,73 @@ async fn json_path_results_are_arrays() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Filters.
+
+/// Queries in order (an `exclude` before an `include` wins), both namespace modes,
+/// and the object filters (label selector, field selector, CEL): each request's
+/// graph as the model computes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_modes_queries_in_order_and_object_filters() {
+    let labelled = |name: &str, team: &str| {
+        json!({"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": name, "labels": {"team": team}}})
+    };
+    let mut objects = vec![labelled("a", "x"), labelled("b", "x"), labelled("c", "y")];
+    for n in ["a", "b", "c"] {
+        objects.push(config_map(n, "cfg"));
+        objects.push(replica_set(n, "rs", None));
+        objects.push(pod(n, "p1", "rs", true, Some("cfg")));
+        objects.push(pod(n, "p2", "rs", true, Some("gone")));
+    }
+    let stack = start_stack(&objects, None, &[]).await;
+    let base = ["resource in ['pods', 'configmaps', 'replicasets']"];
+    let with = |extra: Value| {
+        let mut r = includes(&base);
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        r
+    };
+    let requests = [
+        (
+            "exclude first",
+            json!({"queries": [
+                {"exclude": {"resource_selector_expression": "resource == 'configmaps'"}},
+                {"include": {"resource_selector_expression": "true"}}]}),
+        ),
+        ("names", with(json!({"namespaces": {"names": ["a", "c"]}}))),
+        (
+            "names and CEL",
+            with(json!({"namespaces": {"names": ["a", "b", "c"],
+                                        "object_selector_expression": "name != 'b'"}})),
+        ),
+        (
+            "label selector",
+            with(json!({"namespaces": {"label_selector": "team=x"}})),
+        ),
+        (
+            "CEL over all namespaces",
+            with(json!({"namespaces": {"object_selector_expression": "labels['team'] == 'y'"}})),
+        ),
+        (
+            "object filters",
+            json!({"queries": [
+                {"include": {"resource_selector_expression": "resource == 'pods'",
+                             "object": {"field_selector": "metadata.namespace!=b",
+                                        "object_selector_expression": "name != 'p2'"}}},
+                {"include": {"resource_selector_expression": "resource in ['configmaps', 'replicasets']",
+                             "object": {"label_selector": "app=rs"}}}]}),
+        ),
+    ];
+    for (what, request) in requests {
+        let want = expected(&stack, &request).await;
+        assert!(!want.vertices.is_empty(), "{what}: the model sees nothing");
+        let c = connect(&stack, &request).await;
+        converge(&c, &want, what, WAIT).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Roots.
 
 /// Deployment `web` as the root: owner arcs point up (Pod → ReplicaSet →
