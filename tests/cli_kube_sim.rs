@@ -313,7 +313,7 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
         &config,
         &[
             "get",
-            "ns,secrets,cm,sa,svc,deploy,rs,ds,pods,pvc,pv,nodes,sts,jobs,cronjobs,ingresses,ingressclasses,sc,pc,runtimeclasses,widgets,ks,hr,gitrepo,helmrepo,crds",
+            "ns,secrets,cm,sa,svc,deploy,rs,ds,pods,pvc,pv,nodes,sts,jobs,cronjobs,ingresses,ingressclasses,sc,pc,runtimeclasses,widgets,ks,hr,gitrepo,helmrepo,ocirepo,crds",
             "-A",
             "-o",
             "json",
@@ -323,10 +323,10 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
     assert!(ok, "get: {err}");
     let list: Value = serde_json::from_str(&out).unwrap();
     let items = list["items"].as_array().unwrap();
-    // Exactly what was generated, besides default, kube-system and the five
+    // Exactly what was generated, besides default, kube-system and the six
     // CustomResourceDefinitions.
     assert_eq!(generated, 500);
-    assert_eq!(items.len(), generated + 2 + 5);
+    assert_eq!(items.len(), generated + 2 + 6);
     let uids: std::collections::HashSet<&str> = items
         .iter()
         .map(|i| i["metadata"]["uid"].as_str().unwrap())
@@ -355,6 +355,7 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
         "HelmRelease",
         "GitRepository",
         "HelmRepository",
+        "OCIRepository",
     ] {
         assert!(count(kind) > 0, "no {kind}");
     }

@@ -634,6 +634,7 @@ async fn kubectl_gets_flux_kinds_and_crds_and_applies_a_kustomization() {
             "customresourcedefinition.apiextensions.k8s.io/helmreleases.helm.toolkit.fluxcd.io",
             "customresourcedefinition.apiextensions.k8s.io/helmrepositories.source.toolkit.fluxcd.io",
             "customresourcedefinition.apiextensions.k8s.io/kustomizations.kustomize.toolkit.fluxcd.io",
+            "customresourcedefinition.apiextensions.k8s.io/ocirepositories.source.toolkit.fluxcd.io",
             "customresourcedefinition.apiextensions.k8s.io/widgets.example.podgate.dev",
         ]
     );
@@ -707,6 +708,7 @@ async fn kubectl_gets_flux_kinds_and_crds_and_applies_a_kustomization() {
         "helmreleases.helm.toolkit.fluxcd.io",
         "gitrepositories.source.toolkit.fluxcd.io",
         "helmrepositories.source.toolkit.fluxcd.io",
+        "ocirepositories.source.toolkit.fluxcd.io",
         "customresourcedefinitions.apiextensions.k8s.io",
         "nodes",
         "persistentvolumes",

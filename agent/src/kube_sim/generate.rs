@@ -25,7 +25,8 @@
 //!   `sourceRef`, `valuesFrom`, `status.history`) with its Helm storage Secrets
 //!   (`sh.helm.release.v1.redis.v1`…`v3`, the release gzipped in `data.release`
 //!   as Helm writes it) and the objects its manifest lists; every other namespace a
-//!   second HelmRelease depending on the first, every fourth a Kustomization with
+//!   second HelmRelease depending on the first, every fourth a Kustomization and a
+//!   HelmRelease (its chart from an OCIRepository through `chartRef`) with
 //!   `kubeConfig.secretRef`.
 //!
 //! Parts are added while the budget holds a whole one; what is left at the end is
@@ -853,6 +854,33 @@ fn flux(sink: &mut Sink<'_>, rng: &mut Rng, ns: &mut Namespace, index: usize) {
                 "status": {"observedGeneration": 1, "lastAppliedRevision": revision, "lastAttemptedRevision": revision, "conditions": applied(&revision), "inventory": {"entries": []}},
             }),
         );
+        // A release into the edge cluster, its chart from an OCI repository
+        // (`chartRef`); not installed yet, so no history and no storage Secret.
+        sink.put(
+            "ocirepositories.source.toolkit.fluxcd.io",
+            &namespace,
+            json!({
+                "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "OCIRepository",
+                "metadata": {"name": "edge-agent"},
+                "spec": {"interval": "10m0s", "url": "oci://registry.gitlab.example.com/charts/edge-agent", "ref": {"semver": "1.x"}, "layerSelector": {"mediaType": "application/vnd.cncf.helm.chart.content.v1.tar+gzip", "operation": "copy"}},
+                "status": {"observedGeneration": 1, "conditions": ready("Succeeded", "stored artifact for digest '1.4.0@sha256:7c1e'")},
+            }),
+        );
+        sink.put(
+            "helmreleases.helm.toolkit.fluxcd.io",
+            &namespace,
+            json!({
+                "apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
+                "metadata": {"name": "edge-agent"},
+                "spec": {
+                    "interval": "30m0s",
+                    "chartRef": {"kind": "OCIRepository", "name": "edge-agent"},
+                    "kubeConfig": {"secretRef": {"name": "edge-kubeconfig", "key": "value"}},
+                    "targetNamespace": "edge-system",
+                },
+                "status": {"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "Unknown", "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z", "reason": "Progressing", "message": "Fresh install in progress"}]},
+            }),
+        );
     }
 }
 
@@ -1208,6 +1236,7 @@ mod tests {
             "helmreleases",
             "gitrepositories",
             "helmrepositories",
+            "ocirepositories",
             "customresourcedefinitions",
         ] {
             assert!(per.get(r).copied().unwrap_or(0) > 0, "no {r}: {per:?}");
@@ -1365,6 +1394,14 @@ mod tests {
                     }
                 }
                 "helmreleases" => {
+                    if let Some(r) = spec["chartRef"].as_object() {
+                        assert_eq!(r["kind"], "OCIRepository");
+                        exists("ocirepositories", ns, s(&r["name"]));
+                        exists("secrets", ns, s(&spec["kubeConfig"]["secretRef"]["name"]));
+                        uses.insert("hr-chartref");
+                        assert!(v["status"]["history"].is_null(), "not installed yet");
+                        continue;
+                    }
                     let source = &spec["chart"]["spec"]["sourceRef"];
                     assert_eq!(source["kind"], "HelmRepository");
                     exists("helmrepositories", ns, s(&source["name"]));
@@ -1438,6 +1475,7 @@ mod tests {
             uses.into_iter().collect::<Vec<_>>(),
             [
                 "ephemeral",
+                "hr-chartref",
                 "hr-depends",
                 "init",
                 "inventory",
@@ -1504,8 +1542,8 @@ mod tests {
             let before = sink.created;
             flux(&mut sink, &mut rng, &mut ns, seed as usize);
             assert!(sink.created - before <= FLUX_MAX);
-            if seed % 2 == 1 {
-                assert_eq!(sink.created - before, FLUX_MAX, "the largest Flux part");
+            if seed % 2 == 1 || seed % 4 == 0 {
+                assert_eq!(sink.created - before, FLUX_MAX, "the largest Flux parts");
             }
         }
     }

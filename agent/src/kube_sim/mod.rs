@@ -14,8 +14,9 @@
 //!   apiextensions.k8s.io customresourcedefinitions; the custom kinds `widgets`
 //!   (`example.podgate.dev`, in `v1` and `v1beta1`, so version selection matters),
 //!   Flux's `kustomizations` (`kustomize.toolkit.fluxcd.io/v1`), `helmreleases`
-//!   (`helm.toolkit.fluxcd.io/v2`), `gitrepositories` and `helmrepositories`
-//!   (`source.toolkit.fluxcd.io/v1`), each with its CustomResourceDefinition
+//!   (`helm.toolkit.fluxcd.io/v2`), `gitrepositories`, `helmrepositories` and
+//!   `ocirepositories` (`source.toolkit.fluxcd.io/v1`), each with its
+//!   CustomResourceDefinition
 //!   stored from the start; events in core and `events.k8s.io`; subresources such
 //!   as `pods/status` listed, not served;
 //! - list with `resourceVersion`, `labelSelector` (`=`, `==`, `!=`, `in`, `notin`,
@@ -669,6 +670,7 @@ mod tests {
                 "helmreleases.helm.toolkit.fluxcd.io",
                 "helmrepositories.source.toolkit.fluxcd.io",
                 "kustomizations.kustomize.toolkit.fluxcd.io",
+                "ocirepositories.source.toolkit.fluxcd.io",
                 "widgets.example.podgate.dev",
             ]
         );
@@ -676,6 +678,6 @@ mod tests {
         assert_eq!(crd["spec"]["versions"][1]["name"], "v1beta1");
         assert_eq!(crd["spec"]["versions"][1]["storage"], false);
         assert_eq!(crd["spec"]["scope"], "Namespaced");
-        assert_eq!(objects.len(), 2 + 5 + 2);
+        assert_eq!(objects.len(), 2 + 6 + 2);
     }
 }

@@ -321,6 +321,16 @@ pub(super) const KINDS: &[Kind] = &[
         false,
     )
     .crd(),
+    grouped(
+        SOURCE_GROUP,
+        &["v1"],
+        "ocirepositories",
+        "ocirepository",
+        "OCIRepository",
+        &["ocirepo"],
+        false,
+    )
+    .crd(),
     // Events, in two groups as in a real cluster (clients that build graphs skip them).
     core("events", "event", "Event", &["ev"], true, false),
     grouped(
@@ -389,6 +399,12 @@ const SUBRESOURCES: &[(&str, &str, &str, &[&str])] = &[
     (
         SOURCE_GROUP,
         "helmrepositories",
+        "status",
+        &["get", "patch", "update"],
+    ),
+    (
+        SOURCE_GROUP,
+        "ocirepositories",
         "status",
         &["get", "patch", "update"],
     ),
