@@ -252,6 +252,9 @@ impl AgentRouter {
         let deadline = Instant::now() + self.max_wait;
         // Subscribed before the first look, so a connect in between is not missed.
         let mut events = self.registry.subscribe();
+        // A closed event channel (the registry is gone) would wake the wait at once,
+        // forever: then only a tunnel here or the deadline ends it.
+        let mut events_open = true;
         let mut waited = false;
         let timeout = |metrics: &KasMetrics| {
             metrics.routing_timeouts.inc();
@@ -321,7 +324,9 @@ impl AgentRouter {
             let _waiting = Waiting::new(&self.metrics, &mut waited);
             tokio::select! {
                 _ = self.tunnels.wait_idle(agent_id, connection_id, 1), if held_here => {}
-                _ = events.recv() => {}
+                r = events.recv(), if events_open => {
+                    events_open = !matches!(r, Err(tokio::sync::broadcast::error::RecvError::Closed));
+                }
                 _ = tokio::time::sleep_until(deadline) => return timeout(&self.metrics),
             }
         }
