@@ -169,7 +169,11 @@ impl Churner {
         );
         Churner {
             deployment_refs: refs(&shared, deployments),
-            configmap_refs: refs(&shared, configmaps),
+            // Not the CA bundle kube-controller-manager publishes (and would put back).
+            configmap_refs: refs(&shared, configmaps)
+                .into_iter()
+                .filter(|(_, name)| name != "kube-root-ca.crt")
+                .collect(),
             pod_refs: refs(&shared, pods),
             nodes: refs(&shared, served("nodes"))
                 .into_iter()
@@ -243,8 +247,14 @@ impl Churner {
         (self.rng.next() % len as u64) as usize
     }
 
-    fn pick(&mut self, of: &[Ref]) -> Option<Ref> {
-        (!of.is_empty()).then(|| of[(self.rng.next() % of.len() as u64) as usize].clone())
+    /// One of the references `which` selects, at random.
+    fn pick(&mut self, which: fn(&Self) -> &Vec<Ref>) -> Option<Ref> {
+        let len = which(self).len();
+        if len == 0 {
+            return None;
+        }
+        let i = (self.rng.next() % len as u64) as usize;
+        Some(which(self)[i].clone())
     }
 
     /// A Pod of `rs` (its template, a new name, a node), as the ReplicaSet
@@ -292,7 +302,7 @@ impl Churner {
 
     /// Scale a Deployment: it, its ReplicaSet, and Pods to match.
     fn scale(&mut self) {
-        let Some((ns, name)) = self.pick(&self.deployment_refs.clone()) else {
+        let Some((ns, name)) = self.pick(|c| &c.deployment_refs) else {
             return self.create_configmap();
         };
         let Some(deployment) = self.get(self.deployments, &ns, &name) else {
@@ -360,7 +370,7 @@ impl Churner {
             let i = self.index(self.pending.len());
             self.pending.swap_remove(i)
         } else {
-            let ns = match self.pick(&self.configmap_refs.clone()) {
+            let ns = match self.pick(|c| &c.configmap_refs) {
                 Some((ns, _)) => ns,
                 None => "default".to_owned(),
             };
@@ -387,7 +397,7 @@ impl Churner {
         {
             self.delete_known_pod(&ns, &name);
         }
-        let (ns, config) = match self.pick(&self.configmap_refs.clone()) {
+        let (ns, config) = match self.pick(|c| &c.configmap_refs) {
             Some((ns, cm)) if self.rng.range(0, 3) > 0 => (ns, cm),
             other => {
                 let ns = other.map_or_else(|| "default".to_owned(), |(ns, _)| ns);
@@ -430,25 +440,25 @@ impl Churner {
         let n = self.rng.range(1, 99);
         match self.rng.range(0, 3) {
             0 => {
-                if let Some((ns, name)) = self.pick(&self.pod_refs.clone()) {
+                if let Some((ns, name)) = self.pick(|c| &c.pod_refs) {
                     let body = json!({"metadata": {"labels": {"version": format!("v{n}")}}});
                     self.write(Method::PATCH, self.pods, &ns, &name, body);
                 }
             }
             1 => {
-                if let Some((ns, name)) = self.pick(&self.deployment_refs.clone()) {
+                if let Some((ns, name)) = self.pick(|c| &c.deployment_refs) {
                     let body = json!({"metadata": {"annotations": {"deployment.kubernetes.io/revision": n.to_string()}}});
                     self.write(Method::PATCH, self.deployments, &ns, &name, body);
                 }
             }
             2 => {
-                if let Some((ns, name)) = self.pick(&self.deployment_refs.clone()) {
+                if let Some((ns, name)) = self.pick(|c| &c.deployment_refs) {
                     let body = json!({"spec": {"minReadySeconds": n % 30}});
                     self.write(Method::PATCH, self.deployments, &ns, &name, body);
                 }
             }
             _ => {
-                if let Some((ns, name)) = self.pick(&self.configmap_refs.clone()) {
+                if let Some((ns, name)) = self.pick(|c| &c.configmap_refs) {
                     let level = self.rng.pick(&["info", "debug", "warn", "error"]);
                     let body = json!({"data": {"LOG_LEVEL": level}});
                     self.write(Method::PATCH, self.configmaps, &ns, &name, body);
@@ -457,21 +467,29 @@ impl Churner {
         }
     }
 
-    /// A Pod's status: its phase and a container's restart count.
+    /// A Pod's status: its phase and its first container's restart count.
     fn pod_status(&mut self) {
-        if let Some((ns, name)) = self.pick(&self.pod_refs.clone()) {
+        if let Some((ns, name)) = self.pick(|c| &c.pod_refs) {
             let phase = self
                 .rng
                 .pick(&["Running", "Running", "Running", "Pending", "Failed"]);
             let restarts = self.rng.range(0, 5);
-            let body = json!({"status": {"phase": phase, "containerStatuses": [{"name": "main", "ready": phase == "Running", "restartCount": restarts}]}});
+            let container = self
+                .get(self.pods, &ns, &name)
+                .and_then(|p| {
+                    p["spec"]["containers"][0]["name"]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+                .unwrap_or_else(|| "main".to_owned());
+            let body = json!({"status": {"phase": phase, "containerStatuses": [{"name": container, "ready": phase == "Running", "restartCount": restarts}]}});
             self.write(Method::PATCH, self.pods, &ns, &name, body);
         }
     }
 
     /// A Pod deleted; a ReplicaSet's is replaced.
     fn delete_pod(&mut self) {
-        let Some((ns, name)) = self.pick(&self.pod_refs.clone()) else {
+        let Some((ns, name)) = self.pick(|c| &c.pod_refs) else {
             return;
         };
         self.task_pods.retain(|r| *r != (ns.clone(), name.clone()));
