@@ -1025,11 +1025,11 @@ async fn the_graph_equals_the_model_at_5000_objects_and_after_churn() {
     );
 
     // kube-sim's churn (scaling, new Pods mounting missing ConfigMaps, updates,
-    // deletes) until the client has seen 500 actions from it; then stopped.
+    // deletes) until the client has seen 2,000 actions from it; then stopped.
     let before = c.with(|s| s.actions);
     let churn_handle = stack.kube.sim().start_churn(200.0, 99);
     c.wait_until("actions from kube-sim's churn", WAIT, |s| {
-        (s.actions > before + 500).then_some(())
+        (s.actions > before + 2_000).then_some(())
     })
     .await;
     let stats = churn_handle.stats();
