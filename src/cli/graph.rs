@@ -142,10 +142,15 @@ pub(crate) struct GraphArgs {
           default_value_t = false, default_missing_value = "true")]
     crd: bool,
 
-    /// Keep printing actions until interrupted (default: exit once the first
-    /// message, the initial graph, has arrived).
+    /// Keep printing actions until interrupted (default: exit once the initial
+    /// graph has arrived).
     #[arg(long)]
     watch: bool,
+    /// Without `--watch`: the initial graph may span several messages (each under
+    /// 1 MiB), sent back to back; it is taken as complete once no message has come
+    /// for this many milliseconds after the first.
+    #[arg(long, default_value_t = 500)]
+    settle_ms: u64,
     /// What stdout shows.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     output: Output,
@@ -216,6 +221,7 @@ pub(crate) fn run(args: GraphArgs) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     let opts = SessionOptions {
         watch: args.watch,
+        settle: std::time::Duration::from_millis(args.settle_ms),
         output: args.output,
         summary_only: args.summary_only,
     };

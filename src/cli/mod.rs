@@ -10,6 +10,7 @@ pub(crate) mod pod_sim;
 pub(crate) mod registry;
 pub(crate) mod token;
 pub(crate) mod up;
+pub(crate) mod up_graph;
 
 /// Exit code for usage and configuration errors (clap uses the same).
 pub(crate) const EXIT_USAGE: u8 = 2;

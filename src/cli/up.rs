@@ -6,6 +6,11 @@
 //! At start it prints one `pod id=… address=… registration_token=… control_api=…` line
 //! per Pod and then `podgate up: ready`, so a script (or a test) can register its own
 //! runner (`--no-fleet`) and queue jobs through each Pod's control API.
+//!
+//! Unless `--no-kube`, Pod 1 also has a kas (with its Kubernetes API proxy) and an
+//! agentk watching a kube-sim cluster ([`super::up_graph`]); `podgate up` prints a
+//! `graph url=… bearer=…` line for the Graph API and a `kubeconfig path=…` line with
+//! which `kubectl` reaches that cluster through the proxy and kas.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -28,6 +33,10 @@ pub(crate) struct UpArgs {
     /// Where the proxy listens.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
+    /// The proxy's TLS listener (a self-signed certificate): `kubectl` sends its
+    /// bearer token only over TLS.
+    #[arg(long, default_value = "127.0.0.1:8443")]
+    tls_listen: SocketAddr,
     /// The proxy's admin listener (/metrics, /healthz).
     #[arg(long, default_value = "127.0.0.1:9191")]
     admin: SocketAddr,
@@ -50,6 +59,15 @@ pub(crate) struct UpArgs {
     /// Write the fleet's report as JSON to this file at the end.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// No kas, agentk and kube-sim.
+    #[arg(long)]
+    no_kube: bool,
+    /// Objects in the simulated cluster.
+    #[arg(long, default_value_t = 3000)]
+    kube_objects: usize,
+    /// Changes per second in the simulated cluster (0: none).
+    #[arg(long, default_value_t = 2.0)]
+    kube_churn: f64,
 }
 
 /// The proxy child; stopped (SIGTERM, then killed) on drop.
@@ -149,6 +167,12 @@ pub(crate) fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let kas_secret: Vec<u8> = {
+        use rand::RngCore as _;
+        let mut s = vec![0u8; 32];
+        rand::thread_rng().fill_bytes(&mut s);
+        s
+    };
     let mut sims = Vec::new();
     for id in 1..=3u64 {
         let mut c = PodSimConfig::new(PodId::new(id).expect("non-zero"), "127.0.0.1:0".parse()?);
@@ -159,16 +183,39 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         // Job payloads (`repo_url`, `CI_SERVER_URL`) name the proxy, so runners clone
         // through it like every other request.
         c.external_url = Some(format!("http://{}", args.listen));
+        if id == 1 && !args.no_kube {
+            c.kas_secret = Some(kas_secret.clone());
+            c.agents = vec![podgate_loadtest::pod_sim::AgentSpec::with_user_access(
+                super::up_graph::AGENT_ID,
+                c.pod_id,
+            )];
+        }
         sims.push(PodSim::start(c).await?);
     }
+    let mut kube = if args.no_kube {
+        None
+    } else {
+        Some(
+            super::up_graph::start(args.kube_objects, args.kube_churn, &sims[0], kas_secret)
+                .await?,
+        )
+    };
     let pods: Vec<Pod> = sims
         .iter()
         .map(|s| Pod {
             id: s.state().pod(),
             name: format!("pod-{}", s.state().pod()),
             web: vec![s.addr().to_string()],
-            kas: vec![],
-            kas_k8s_proxy: vec![],
+            kas: kube
+                .as_ref()
+                .filter(|_| s.state().pod().get() == 1)
+                .map(|k| vec![k.kas_agent.to_string()])
+                .unwrap_or_default(),
+            kas_k8s_proxy: kube
+                .as_ref()
+                .filter(|_| s.state().pod().get() == 1)
+                .map(|k| vec![k.kas_k8s_proxy.to_string()])
+                .unwrap_or_default(),
             state: PodState::Active,
             labels: BTreeMap::new(),
             session_prefix: None,
@@ -182,6 +229,21 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         args.admin,
         dir.path().join("upgrade.sock").display()
     );
+    let mut ca = None;
+    if let Some(k) = &kube {
+        // Agent tokens are JWTs: the proxy verifies them to route agentk to Pod 1.
+        let pem = dir.path().join("agents.pem");
+        std::fs::write(&pem, &k.agent_key_pem)?;
+        config.push_str(&format!("keys = [\"{}\"]\n", pem.display()));
+        let (cert, key) = super::up_graph::self_signed_cert(dir.path())?;
+        config.push_str(&format!(
+            "[tls]\nlisten = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            args.tls_listen,
+            cert.display(),
+            key.display()
+        ));
+        ca = Some(cert);
+    }
     match &args.redis {
         Some(url) => {
             let registry = Registry::connect(RegistryConfig {
@@ -202,8 +264,8 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             config.push_str("[topology]\ndefault_pod = 1\n");
             for p in &pods {
                 config.push_str(&format!(
-                    "[[topology.pods]]\nid = {}\nname = \"{}\"\nweb = [\"{}\"]\n",
-                    p.id, p.name, p.web[0]
+                    "[[topology.pods]]\nid = {}\nname = \"{}\"\nweb = [\"{}\"]\nkas = {:?}\nkas_k8s_proxy = {:?}\n",
+                    p.id, p.name, p.web[0], p.kas, p.kas_k8s_proxy
                 ));
             }
         }
@@ -247,6 +309,48 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         "  register a runner: gitlab-runner register --url http://{} --token <a registration token>",
         args.listen
     );
+    if let Some(k) = kube.as_mut() {
+        k.connect_agent(args.listen, sims[0].state().pod(), dir.path())
+            .await?;
+        let pat = sims[0]
+            .create_personal_access_token("root", &["k8s_proxy", "read_api"])
+            .context("a personal access token for the Graph API")?;
+        let bearer = format!("pat:{}:{pat}", super::up_graph::AGENT_ID);
+        let base = format!(
+            "http://{}{}",
+            args.listen,
+            super::up_graph::K8S_PROXY_PREFIX
+        );
+        let tls_base = format!(
+            "https://{}{}",
+            args.tls_listen,
+            super::up_graph::K8S_PROXY_PREFIX
+        );
+        let ca = ca.as_deref().context("the proxy's certificate")?;
+        let kubeconfig = super::up_graph::user_kubeconfig(dir.path(), &tls_base, ca, &bearer)?;
+        println!(
+            "  kube       kube-sim http://{} ({} objects), kas {} (k8s proxy {}), agentk agent {} connected",
+            k.kube_sim,
+            k.objects,
+            k.kas_agent,
+            k.kas_k8s_proxy,
+            super::up_graph::AGENT_ID
+        );
+        println!(
+            "  graph url=ws://{}{}graph bearer={bearer}",
+            args.listen,
+            super::up_graph::K8S_PROXY_PREFIX
+        );
+        println!("  kubeconfig path={}", kubeconfig.display());
+        let pat_file = dir.path().join("pat");
+        std::fs::write(&pat_file, &pat)?;
+        println!(
+            "  try: kubectl --kubeconfig {} get pods -A; podgate graph --url {base} -a {} --token-file {}",
+            kubeconfig.display(),
+            super::up_graph::AGENT_ID,
+            pat_file.display()
+        );
+    }
 
     let duration = Duration::from_secs(args.duration.unwrap_or(365 * 24 * 3600));
     let stop = async {

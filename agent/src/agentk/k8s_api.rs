@@ -115,8 +115,11 @@ fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), Status> 
     ))
 }
 
-/// kas's impersonation as request headers.
-fn impersonate(headers: &mut HeaderMap, imp: &ImpersonationConfig) -> Result<(), Status> {
+/// kas's impersonation as request headers (also the Graph API's watches).
+pub(crate) fn impersonate(
+    headers: &mut HeaderMap,
+    imp: &ImpersonationConfig,
+) -> Result<(), Status> {
     let mut add = |name: &str, value: &str| -> Result<(), Status> {
         let (n, v) = header(name, value)?;
         headers.append(n, v);

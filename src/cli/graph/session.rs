@@ -1,5 +1,6 @@
 //! One Graph API session: dial, send the request, read and print messages until
-//! the first one (or, with `--watch`, until interrupted or closed), close, print the
+//! the initial graph has come (the first message and any that follow it within the
+//! settle time), or, with `--watch`, until interrupted or closed; close, print the
 //! summary, and turn how it ended into an exit code and a last line. Reading follows
 //! glab's `server.go` `readActions`: text messages only ("unexpected message type"
 //! otherwise), each one JSON; an `error` message is terminal, and its full reason is
@@ -28,8 +29,11 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// What the session prints and when it stops.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SessionOptions {
-    /// Keep reading after the first message.
+    /// Keep reading after the initial graph.
     pub(super) watch: bool,
+    /// Without `watch`: the initial graph is complete when no message has come for
+    /// this long.
+    pub(super) settle: Duration,
     /// What stdout shows.
     pub(super) output: Output,
     /// Print no stream, only the summary and errors.
@@ -39,7 +43,7 @@ pub(super) struct SessionOptions {
 /// How reading the stream ended.
 #[derive(Debug)]
 enum End {
-    /// The first message arrived (without `--watch`).
+    /// The initial graph arrived (without `--watch`).
     Done,
     /// SIGINT or SIGTERM.
     Interrupted,
@@ -127,6 +131,7 @@ async fn read_stream(
     let interrupt = crate::cli::shutdown_signal();
     tokio::pin!(interrupt);
     let mut error_deadline: Option<tokio::time::Instant> = None;
+    let mut settled: Option<tokio::time::Instant> = None;
     loop {
         let error_wait = async {
             match error_deadline {
@@ -134,9 +139,16 @@ async fn read_stream(
                 None => std::future::pending().await,
             }
         };
+        let settle_wait = async {
+            match settled {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
         let next = tokio::select! {
             _ = &mut interrupt => return End::Interrupted,
             _ = error_wait => return End::ErrorWithoutClose,
+            _ = settle_wait, if error_deadline.is_none() => return End::Done,
             next = ws.next() => next,
         };
         let text = match next {
@@ -177,7 +189,7 @@ async fn read_stream(
             continue;
         }
         if !opts.watch && error.is_none() {
-            return End::Done;
+            settled = Some(tokio::time::Instant::now() + opts.settle);
         }
     }
 }

@@ -107,38 +107,16 @@ pub fn watch_graph(client: kube::Client, payload: Vec<u8>, settings: Settings) -
     Box::pin(GraphStream { rx, task })
 }
 
-/// A kube client whose every request carries the impersonation headers.
+/// A kube client whose every request carries the impersonation headers, built as
+/// `MakeRequest` builds them ([`super::k8s_api::impersonate`]).
 fn impersonating(client: kube::Client, imp: &ImpersonationConfig) -> Result<kube::Client, Status> {
-    if imp.username.is_empty() {
+    let mut map = http::HeaderMap::new();
+    super::k8s_api::impersonate(&mut map, imp)?;
+    if map.is_empty() {
         return Ok(client);
     }
-    let mut headers: Vec<(http::HeaderName, http::HeaderValue)> = Vec::new();
-    let bad = |_| Status::invalid_argument("impersonation value is not a header value");
-    headers.push((
-        http::HeaderName::from_static("impersonate-user"),
-        http::HeaderValue::from_str(&imp.username).map_err(bad)?,
-    ));
-    for g in &imp.groups {
-        headers.push((
-            http::HeaderName::from_static("impersonate-group"),
-            http::HeaderValue::from_str(g).map_err(bad)?,
-        ));
-    }
-    if !imp.uid.is_empty() {
-        headers.push((
-            http::HeaderName::from_static("impersonate-uid"),
-            http::HeaderValue::from_str(&imp.uid).map_err(bad)?,
-        ));
-    }
-    for e in &imp.extra {
-        let name =
-            http::HeaderName::try_from(format!("impersonate-extra-{}", e.key)).map_err(|_| {
-                Status::invalid_argument("impersonation extra key is not a header name")
-            })?;
-        for v in &e.values {
-            headers.push((name.clone(), http::HeaderValue::from_str(v).map_err(bad)?));
-        }
-    }
+    let headers: Vec<(http::HeaderName, http::HeaderValue)> =
+        map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let default_ns = client.default_namespace().to_owned();
     Ok(kube::Client::new(
         Impersonate {
