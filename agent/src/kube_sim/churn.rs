@@ -1,8 +1,9 @@
 //! Churn: a cluster that keeps changing at a steady rate, as controllers and
 //! people change a real one. Each step is one of
 //!
-//! - a Deployment scaled: its `spec.replicas` and status, its ReplicaSet's, and
-//!   Pods created (with controller owner references) or deleted to match;
+//! - a Deployment scaled one replica up or down: its `spec.replicas` and status,
+//!   its ReplicaSet's, and a Pod created (with a controller owner reference) or
+//!   deleted to match;
 //! - a ConfigMap created: one a Pod already mounts but that did not exist yet, or a
 //!   new one;
 //! - a Pod created mounting (volume and `envFrom`) a ConfigMap of its namespace,
@@ -10,9 +11,11 @@
 //!   such Pod is removed once there are many, as a finished Job's Pods are;
 //! - an update: a label, an annotation, a spec field (ConfigMap data, a
 //!   Deployment's `minReadySeconds`) or a Pod's status;
-//! - a Pod deleted (a ReplicaSet's Pod is replaced under a new name, as its
-//!   controller does) or a ConfigMap deleted, leaving the references to it dangling
-//!   (it may come back later).
+//! - a Pod deleted (replaced as its controller would: a ReplicaSet's or
+//!   DaemonSet's under a new name, a StatefulSet's under the same one) or a
+//!   ConfigMap deleted, leaving the references to it dangling (it may come back).
+//!
+//! Creations and deletions balance, so the object count stays about where it was.
 //!
 //! Steps are deterministic from the seed and the cluster at start: the same cluster
 //! and seed give the same writes. Objects are picked from what churn knows (what
@@ -29,9 +32,6 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::generate::{Rng, controller_ref};
 use super::resources::{Kind, kind};
 use super::store::Shared;
-
-/// How many churn-created Pods live at once before the oldest is removed.
-const MAX_TASK_PODS: usize = 100;
 
 /// What a churn has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -141,6 +141,9 @@ pub(super) struct Churner {
     pod_refs: Vec<Ref>,
     /// Pods churn created itself, oldest first.
     task_pods: std::collections::VecDeque<Ref>,
+    /// How many of those live at once before the oldest is removed: a twentieth
+    /// of the Pods at start, so the cluster keeps its size.
+    max_task_pods: usize,
     /// ConfigMaps some Pod refers to that do not exist (yet).
     pending: Vec<Ref>,
     nodes: Vec<String>,
@@ -162,6 +165,12 @@ fn refs(shared: &Shared, k: Kind) -> Vec<Ref> {
 impl Churner {
     /// A churner of the cluster as it is now.
     fn new(shared: Arc<Shared>, seed: u64, counters: Arc<Counters>) -> Self {
+        let mut c = Self::with_lists(shared, seed, counters);
+        c.max_task_pods = c.pod_refs.len() / 20 + 5;
+        c
+    }
+
+    fn with_lists(shared: Arc<Shared>, seed: u64, counters: Arc<Counters>) -> Self {
         let (pods, configmaps, deployments) = (
             served("pods"),
             served("configmaps"),
@@ -175,6 +184,7 @@ impl Churner {
                 .filter(|(_, name)| name != "kube-root-ca.crt")
                 .collect(),
             pod_refs: refs(&shared, pods),
+            max_task_pods: 0,
             nodes: refs(&shared, served("nodes"))
                 .into_iter()
                 .map(|(_, n)| n)
@@ -334,10 +344,14 @@ impl Churner {
         let rs_name = rs["metadata"]["name"].as_str().unwrap_or("").to_owned();
         let pods = self.owned_by(self.pods, &ns, &rs["metadata"]["uid"]);
         let current = pods.len() as u64;
-        let mut want = self.rng.range(0, 4);
-        if want == current {
-            want = (want + 1) % 5;
-        }
+        // One replica up or down, as an autoscaler steps, within 0..=5: the
+        // replica counts wander without drifting.
+        let want = match current {
+            0 => 1,
+            5.. => 4,
+            n if self.rng.range(0, 1) == 0 => n - 1,
+            n => n + 1,
+        };
         self.write(
             Method::PATCH,
             self.deployments,
@@ -392,7 +406,7 @@ impl Churner {
     /// A Pod mounting a ConfigMap of its namespace, existing or (one time in four)
     /// not yet.
     fn create_pod(&mut self) {
-        if self.task_pods.len() >= MAX_TASK_PODS
+        if self.task_pods.len() >= self.max_task_pods
             && let Some((ns, name)) = self.task_pods.pop_front()
         {
             self.delete_known_pod(&ns, &name);
@@ -487,7 +501,9 @@ impl Churner {
         }
     }
 
-    /// A Pod deleted; a ReplicaSet's is replaced.
+    /// A Pod deleted, and replaced as its controller replaces it: a ReplicaSet's
+    /// or a DaemonSet's under a new name, a StatefulSet's under the same name (a
+    /// Job's, finished, and a bare Pod are not).
     fn delete_pod(&mut self) {
         let Some((ns, name)) = self.pick(|c| &c.pod_refs) else {
             return;
@@ -497,11 +513,48 @@ impl Churner {
             return;
         };
         let owner = &pod["metadata"]["ownerReferences"][0];
-        if owner["kind"] == "ReplicaSet"
-            && let Some(rs) = self.get(self.replicasets, &ns, owner["name"].as_str().unwrap_or(""))
-            && rs["metadata"]["uid"] == owner["uid"]
-        {
-            self.create_pod_of(&rs, &ns);
+        let owner_name = owner["name"].as_str().unwrap_or("");
+        let alive = |k: Kind, me: &Self| {
+            me.get(k, &ns, owner_name)
+                .filter(|o| o["metadata"]["uid"] == owner["uid"])
+        };
+        match owner["kind"].as_str() {
+            Some("ReplicaSet") => {
+                if let Some(rs) = alive(self.replicasets, self) {
+                    self.create_pod_of(&rs, &ns);
+                }
+            }
+            Some(kind_name @ ("StatefulSet" | "DaemonSet")) => {
+                let k = if kind_name == "StatefulSet" {
+                    served("statefulsets.apps")
+                } else {
+                    served("daemonsets.apps")
+                };
+                if alive(k, self).is_none() {
+                    return;
+                }
+                let new_name = if kind_name == "StatefulSet" {
+                    name.clone()
+                } else {
+                    format!("{owner_name}-{}", self.rng.suffix(5))
+                };
+                let mut again = pod.clone();
+                let meta = &mut again["metadata"];
+                for field in ["uid", "resourceVersion", "creationTimestamp"] {
+                    if let Some(m) = meta.as_object_mut() {
+                        m.remove(field);
+                    }
+                }
+                meta["name"] = json!(new_name);
+                again["status"] = json!({"phase": "Running"});
+                if self
+                    .write(Method::POST, self.pods, &ns, &new_name, again)
+                    .is_some()
+                {
+                    self.pod_refs.push((ns, new_name));
+                }
+            }
+            _ => {}
         }
     }
 
@@ -718,6 +771,26 @@ mod tests {
         assert!(!waited_for.is_empty());
         assert!(dangling > 0, "a ConfigMap still mounted was deleted");
         assert!(owned_pods > 50, "{owned_pods}");
+        // The cluster neither grows nor shrinks much.
+        let pods = |objects: &[(String, String, String)]| {
+            objects.iter().filter(|(r, _, _)| r == "pods").count() as f64
+        };
+        let before: Vec<_> = fresh
+            .objects()
+            .iter()
+            .map(|o| (o.resource.to_owned(), o.namespace.clone(), o.name.clone()))
+            .collect();
+        let after: Vec<_> = now.iter().cloned().collect();
+        let (b, a) = (pods(&before), pods(&after));
+        assert!(
+            (a - b).abs() / b < 0.2,
+            "pods: {b} before, {a} after 3000 steps"
+        );
+        let (b, a) = (before.len() as f64, after.len() as f64);
+        assert!(
+            (a - b).abs() / b < 0.1,
+            "objects: {b} before, {a} after 3000 steps"
+        );
         assert!(replicasets_scaled > 50, "{replicasets_scaled}");
     }
 }
