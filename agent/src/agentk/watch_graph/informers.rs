@@ -56,8 +56,12 @@ fn api_resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiReso
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
-/// Watch resource `gvr_index` (in `namespace`, or everywhere when `None`).
+/// Watch resource `gvr_index` (in `namespace`, or everywhere when `None`). The
+/// initial list waits for a permit of `lists`, held until it completes or fails, so
+/// that a request over many resources does not hold all their first pages at once.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start(
+    lists: Arc<tokio::sync::Semaphore>,
     client: kube::Client,
     request: Arc<Compiled>,
     resolver: Arc<Resolver>,
@@ -90,7 +94,11 @@ pub(crate) fn start(
         let mut stream = watcher::watcher(api, config).default_backoff().boxed();
         let mut generation = 0u32;
         let mut failing = false;
+        let mut permit = lists.acquire_owned().await.ok();
         while let Some(item) = stream.next().await {
+            if matches!(item, Ok(Event::InitDone) | Err(_)) {
+                permit.take();
+            }
             let event = match item {
                 Ok(Event::Init) => {
                     generation = generation.wrapping_add(1);

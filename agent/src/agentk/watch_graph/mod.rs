@@ -54,6 +54,11 @@ use crate::proto::kubernetes_api::{ImpersonationConfig, Warning, WatchGraphReque
 
 pub use self::batch::encode_batches;
 
+/// Initial lists one request runs at once: enough to keep two cores busy while
+/// pages are decoded, few enough that a request over dozens of resources does not
+/// hold all their first pages in memory together.
+const LISTS_AT_ONCE: usize = 4;
+
 /// How a `WatchGraph` behaves.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -181,6 +186,8 @@ struct Engine {
     resolver: Arc<Resolver>,
     settings: Settings,
     graph: Graph,
+    /// Initial lists in flight at once.
+    lists: Arc<tokio::sync::Semaphore>,
     events_tx: mpsc::Sender<WatchEvent>,
     watches: HashMap<u32, WatchInfo>,
     next_watch: u32,
@@ -231,6 +238,7 @@ async fn run(
     let mut engine = Engine {
         graph: Graph::new(gvrs.clone(), roots.as_deref()),
         resolver: Arc::new(Resolver::new(gvrs)),
+        lists: Arc::new(tokio::sync::Semaphore::new(LISTS_AT_ONCE)),
         request: Arc::new(request),
         client,
         settings,
@@ -255,6 +263,7 @@ impl Engine {
         let id = self.next_watch;
         self.next_watch += 1;
         let watch = informers::start(
+            self.lists.clone(),
             self.client.clone(),
             self.request.clone(),
             self.resolver.clone(),

@@ -70,6 +70,26 @@ pub(crate) enum Payload {
     Object(Box<[u8]>),
     /// `j`: the JSONPath results, a JSON array.
     JsonPath(Box<[u8]>),
+    /// Sent, and no longer needed: only a digest of it is kept, to tell whether a
+    /// later version differs (without roots a sent vertex is never sent again
+    /// unless it changes; with roots payloads are kept, as a vertex may leave the
+    /// visible set and come back).
+    Sent(u64),
+}
+
+impl Payload {
+    /// A digest of the content (the same for equal contents).
+    fn digest(&self) -> u64 {
+        use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+        let mut h = DefaultHasher::new();
+        match self {
+            Payload::Sent(d) => return *d,
+            Payload::None => 0u8.hash(&mut h),
+            Payload::Object(b) => (1u8, b).hash(&mut h),
+            Payload::JsonPath(b) => (2u8, b).hash(&mut h),
+        }
+        h.finish()
+    }
 }
 
 /// An arc's attributes besides `e`.
@@ -185,7 +205,7 @@ impl Graph {
         let mut moved = self.roots.is_some();
         match self.nodes.get(&key) {
             Some(old) => {
-                if old.payload != node.payload {
+                if old.payload.digest() != node.payload.digest() {
                     self.changed_payloads.insert(key.clone());
                 }
                 if old.out == node.out {
@@ -316,6 +336,11 @@ impl Graph {
             if want && (!had || changed) {
                 let payload = &self.nodes[&key].payload;
                 set_vx.push(self.set_vertex(&key, payload));
+                if self.roots.is_none()
+                    && let Some(n) = self.nodes.get_mut(&key)
+                {
+                    n.payload = Payload::Sent(n.payload.digest());
+                }
                 self.sent_vertices.insert(key);
             } else if !want && had {
                 self.sent_vertices.remove(&key);
@@ -379,6 +404,12 @@ impl Graph {
     fn set_vertex(&self, key: &VertexKey, payload: &Payload) -> Action {
         let (object_json, json_path_json) = match payload {
             Payload::None => (Vec::new(), Vec::new()),
+            Payload::Sent(_) => {
+                // Not reached: a sent payload is only dropped where it is never
+                // needed again (see `Payload::Sent`).
+                tracing::warn!(vertex = key.name(), "graph: a dropped payload was needed");
+                (Vec::new(), Vec::new())
+            }
             Payload::Object(b) => (b.to_vec(), Vec::new()),
             Payload::JsonPath(b) => (Vec::new(), b.to_vec()),
         };
@@ -551,6 +582,10 @@ mod tests {
         let mut g = Graph::new(gvrs(), None);
         g.upsert(key(3, "cm"), node(false, vec![]));
         g.flush();
+        assert!(
+            matches!(g.nodes[&key(3, "cm")].payload, Payload::Sent(_)),
+            "without roots only a digest of a sent payload is kept"
+        );
         g.upsert(key(3, "cm"), node(false, vec![]));
         assert!(g.flush().is_empty());
         let mut n = node(false, vec![]);
