@@ -9,10 +9,13 @@
 //!   listeners, each with its own secret.
 //! - [`kas`]: the agent, external, internal and observability listeners; agent
 //!   authentication (local JWTs, GitLab's `agent_info` for opaque tokens); presence;
-//!   connected agents from the registry; `GetPods` through a local reverse tunnel, or
-//!   kas → kas, or after waiting for the agent to connect; metrics.
+//!   connected agents from the registry; calls to agents ([`kas::routing`]) through a
+//!   local reverse tunnel, or kas → kas, or after waiting for the agent to connect;
+//!   the Kubernetes API proxy ([`kas::k8s_proxy`]: `kubectl` through GitLab, and the
+//!   Graph API's `/graph` WebSocket); metrics.
 //! - [`agentk`]: the agent: configuration stream, a pool of reverse tunnels that grows
-//!   under load, `GetPods` with kube-rs, metrics and health endpoints.
+//!   under load, `GetPods` with kube-rs, `MakeRequest` (the proxy's HTTP requests),
+//!   `WatchGraph` (the Graph API's watches), metrics and health endpoints.
 //! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port.
 //! - [`obs`]: the `/metrics`, `/healthz`, `/readyz` listener of kas and agentk.
 //! - [`kube_sim`]: a simulated Kubernetes API server that `kubectl` and kube-rs

@@ -1,19 +1,19 @@
 //! `WatchGraph`: the Graph API's watch, evaluated in agentk (seed 003,
 //! `shared/reference/graph-api.md`). kas sends the client's request JSON (which it
 //! has validated) and the user to impersonate through a reverse tunnel; this answers
-//! with a stream of [`WatchGraphResponse`] batches for as long as kas keeps the
+//! with a stream of [`WatchGraphResponse`](crate::proto::kubernetes_api::WatchGraphResponse) batches for as long as kas keeps the
 //! tunnel open.
 //!
 //! 1. The request is compiled again ([`crate::graph::request::compile`]): CEL once
 //!    per request.
-//! 2. Discovery ([`discovery`]) picks the resources to watch.
-//! 3. Watches ([`informers`], kube-runtime's watcher) run per resource cluster-wide
+//! 2. Discovery (`discovery`) picks the resources to watch.
+//! 3. Watches (`informers`, kube-runtime's watcher) run per resource cluster-wide
 //!    when no namespace filter is set, else per (namespace, resource), with the
 //!    query's label and field selectors sent to the API server; namespaces come from
 //!    `namespaces.names` or from a watch on namespaces filtered by its selectors and
 //!    CEL expression, re-evaluated as namespaces change.
-//! 4. Each object is ingested where it arrives ([`ingest`]): trimmed, filtered by its
-//!    object expression, payload and references computed; the graph ([`state`])
+//! 4. Each object is ingested where it arrives (`ingest`): trimmed, filtered by its
+//!    object expression, payload and references computed; the graph (`state`)
 //!    keeps only those results.
 //! 5. Batches: one after every watch has synced (or timed out: an
 //!    `INFORMER_SYNC_FAILED` warning, the rest goes on), then one per

@@ -10,17 +10,17 @@
 //!    the requested headers, `Access-Control-Max-Age: 86400`.
 //! 2. The path must start with `url_prefix`, else 400 "Bad request: URL does not
 //!    start with expected prefix".
-//! 3. Credentials ([`creds`]) and GitLab's verdict on them ([`auth`], cached): an
+//! 3. Credentials (`creds`) and GitLab's verdict on them (`auth`, cached): an
 //!    agent id and, when GitLab says access is as a user (or the CI job's
 //!    `ci_access` says so), an impersonation.
 //! 4. The path after the prefix (the prefix's last `/` kept) is `/graph`: the Graph
-//!    API ([`graph_ws`]). Anything else is a `MakeRequest` to the agent through
-//!    [`AgentRouter`] ([`forward`]): credentials stripped (`Authorization`,
+//!    API (`graph_ws`). Anything else is a `MakeRequest` to the agent through
+//!    [`AgentRouter`] (`forward`): credentials stripped (`Authorization`,
 //!    `Cookie`, `Gitlab-Agent-Id`, `X-Csrf-Token`, and the `gitlab-agent-id`,
 //!    `gitlab-csrf-token` query parameters), `Via` added, the response streamed back
 //!    as agentk sends it.
 //!
-//! Every error kas answers itself is a Kubernetes `Status` ([`status`]); a 401 also
+//! Every error kas answers itself is a Kubernetes `Status` (`status`); a 401 also
 //! carries `Gitlab-Unauthorized: true`. Tokens are never logged, only their
 //! fingerprints. Header names used here are those of `internal/tool/httpz/tools.go`;
 //! the agent id travels to the routing layer as the call's agent id (GitLab's kas puts
