@@ -753,3 +753,58 @@ async fn kubectl_gets_flux_kinds_and_crds_and_applies_a_kustomization() {
     assert!(ok, "{err}");
     assert_eq!(out, "./kustomize");
 }
+
+/// `kubectl get --chunk-size` pages through lists with `limit` and `continue`: the
+/// same objects as in one response, fetched in several list requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_gets_lists_in_chunks() {
+    let server = KubeTestServer::start(1000).await.unwrap();
+    server.sim().generate(600, 3);
+    let kubectl = Kubectl::new(&server);
+    let columns = "custom-columns=NS:.metadata.namespace,NAME:.metadata.name";
+    let get = |args: &[&str]| {
+        let mut all = vec!["get", "--no-headers", "-o", columns];
+        all.extend_from_slice(args);
+        let (ok, out, err) = kubectl.run(&all, None);
+        assert!(ok, "kubectl {args:?}: {err}");
+        out
+    };
+    let lists_with_continue = |path: &str| {
+        server
+            .sim()
+            .audit()
+            .iter()
+            .filter(|e| e.verb == "list" && e.path == path && e.query.contains("continue="))
+            .count()
+    };
+
+    let whole = get(&["pods", "-A", "--chunk-size=0"]);
+    let pods = whole.lines().count();
+    assert!(pods > 50, "{pods} Pods generated");
+    assert_eq!(lists_with_continue("/api/v1/pods"), 0);
+    let chunked = get(&["pods", "-A", "--chunk-size=7"]);
+    assert_eq!(chunked, whole);
+    // The first page, then one request per further page of 7.
+    assert_eq!(lists_with_continue("/api/v1/pods"), pods.div_ceil(7) - 1);
+    let first = server
+        .sim()
+        .audit()
+        .into_iter()
+        .rfind(|e| e.verb == "list" && e.path == "/api/v1/pods" && e.query.contains("limit=7"))
+        .expect("chunked list requests");
+    assert!(first.query.contains("continue="), "{}", first.query);
+
+    // Selectors apply before the limit: the same matching objects, in pages.
+    let web = get(&["pods", "-A", "-l", "!app", "--chunk-size=0"]);
+    assert!((1..pods).contains(&web.lines().count()), "{web}");
+    assert_eq!(get(&["pods", "-A", "-l", "!app", "--chunk-size=3"]), web);
+    // In one namespace, and for cluster-scoped kinds.
+    let ns = whole.split_whitespace().next().unwrap().to_owned();
+    let in_ns = get(&["pods", "-n", &ns, "--chunk-size=0"]);
+    assert_eq!(get(&["pods", "-n", &ns, "--chunk-size=2"]), in_ns);
+    assert_eq!(
+        get(&["namespaces", "--chunk-size=2"]),
+        get(&["namespaces", "--chunk-size=0"])
+    );
+    assert!(lists_with_continue("/api/v1/namespaces") > 0);
+}

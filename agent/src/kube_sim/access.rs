@@ -32,6 +32,9 @@ pub struct AuditEntry {
     pub verb: String,
     /// The request path, without the query.
     pub path: String,
+    /// The query as sent (still percent-encoded), `""` when none: `limit=500`,
+    /// `limit=500&continue=…`.
+    pub query: String,
     /// `Impersonate-User`, when the request carried it.
     pub user: Option<String>,
     /// Every `Impersonate-Group`, in order.
@@ -146,7 +149,7 @@ impl Access {
     }
 
     /// Remember one request, forgetting the oldest past [`AUDIT_LIMIT`].
-    pub(super) fn record(&self, verb: &str, path: &str, id: &Identity) {
+    pub(super) fn record(&self, verb: &str, path: &str, query: &str, id: &Identity) {
         let mut audit = lock(&self.audit);
         if audit.len() == AUDIT_LIMIT {
             audit.pop_front();
@@ -154,6 +157,7 @@ impl Access {
         audit.push_back(AuditEntry {
             verb: verb.to_owned(),
             path: path.to_owned(),
+            query: query.to_owned(),
             user: id.user.clone(),
             groups: id.groups.clone(),
             uid: id.uid.clone(),

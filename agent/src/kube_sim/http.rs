@@ -107,12 +107,14 @@ impl Shared {
     /// remember it in the audit log.
     pub(super) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         let path = req.uri().path().to_owned();
+        let query = req.uri().query().unwrap_or("").to_owned();
         let id = match Identity::from_headers(req.headers()) {
             Ok(id) => id,
             Err(e) => {
                 self.access.record(
                     &req.method().as_str().to_lowercase(),
                     &path,
+                    &query,
                     &Identity::default(),
                 );
                 return error(
@@ -123,7 +125,7 @@ impl Shared {
             }
         };
         let (verb, response) = self.clone().dispatch(req, &id).await;
-        self.access.record(&verb, &path, &id);
+        self.access.record(&verb, &path, &query, &id);
         response
     }
 
@@ -193,7 +195,7 @@ impl Shared {
             (&Method::GET, None) if watch => self.watch(k, version, namespace, &q),
             (&Method::GET, None) => match self.list(k, version, namespace, &q) {
                 Ok(list) => text_response(StatusCode::OK, list),
-                Err(e) => error(StatusCode::BAD_REQUEST, "BadRequest", &e),
+                Err((code, status)) => json_response(code, &status),
             },
             (&Method::GET, Some(name)) => match self.lock().objects.get(&key(k, ns, name)) {
                 Some(o) => text_response(StatusCode::OK, o.text_in(k, version).into_owned()),

@@ -21,7 +21,15 @@
 //!   as `pods/status` listed, not served;
 //! - list with `resourceVersion`, `labelSelector` (`=`, `==`, `!=`, `in`, `notin`,
 //!   `key`, `!key`) and `fieldSelector` (`metadata.name`, `metadata.namespace`,
-//!   `status.phase`): what `kubectl get -l … --field-selector …` sends;
+//!   `status.phase`): what `kubectl get -l … --field-selector …` sends; in pages
+//!   with `limit` and `continue` (kubectl's `--chunk-size`, 500 by default, and
+//!   kube-runtime's watcher, 500 a page), as kube-apiserver pages them: selectors
+//!   applied before the limit, `metadata.continue` and (without selectors)
+//!   `remainingItemCount` while more remain, every page as of the first page's
+//!   `resourceVersion` (a snapshot sharing the stored objects, kept 5 minutes, at
+//!   most 64), `410 Gone` (`Expired`, with the apiserver's message and an
+//!   inconsistent-continuation token) once the snapshot is gone, `400` for a token
+//!   that does not decode (see `paging`);
 //! - watch streams (`ADDED`/`MODIFIED`/`DELETED`, `BOOKMARK` when asked), resumed
 //!   from a `resourceVersion`; one older than the retained history gets the real
 //!   server's `410 Gone` (an `ERROR` event with an `Expired` status): what
@@ -32,7 +40,8 @@
 //!   `Error from server (NotFound): …`;
 //! - users: a request is served as the user its `Impersonate-User` (with
 //!   `Impersonate-Group`, `-Uid`, `-Extra-*`) names, else as `system:anonymous`;
-//!   [`KubeSim::audit`] keeps the last 1,000 requests (verb, path, user, groups);
+//!   [`KubeSim::audit`] keeps the last 1,000 requests (verb, path, query, user,
+//!   groups);
 //! - denials ([`KubeSim::deny`], `--deny apps/deployments`): get, list and watch of
 //!   a resource answer `403 Forbidden` with the message kube-apiserver's RBAC
 //!   denial carries (`deployments.apps is forbidden: User "…" cannot list resource
@@ -59,7 +68,8 @@
 //! denials, audit, churn, [`KubeSim::serve`]); `resources` holds the served kinds,
 //! discovery documents and CustomResourceDefinitions; `selector` label and field
 //! selectors; `patch` body decoding and merge patches; `store` the objects,
-//! resource versions and change history; `watch` the watch streams; `http` the
+//! resource versions and change history; `paging` lists, whole or in pages, and
+//! their snapshots; `watch` the watch streams; `http` the
 //! request dispatch; `access` impersonation, denials and the audit log; `generate`
 //! generated clusters; `churn` the steady changes.
 
@@ -67,6 +77,7 @@ mod access;
 mod churn;
 mod generate;
 mod http;
+mod paging;
 mod patch;
 mod resources;
 mod selector;

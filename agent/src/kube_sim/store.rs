@@ -17,6 +17,7 @@ use tokio::sync::broadcast;
 
 use super::access::Access;
 use super::http::status;
+use super::paging::Snapshots;
 use super::patch::merge;
 use super::resources::{Key, Kind, key};
 use super::selector::{fields_match, labels_match, parse_selector};
@@ -92,13 +93,11 @@ impl Stored {
     }
 
     /// `metadata.namespace`.
-    #[cfg(test)]
     pub(super) fn index_namespace(&self) -> &str {
         &self.index.namespace
     }
 
     /// `metadata.name`.
-    #[cfg(test)]
     pub(super) fn index_name(&self) -> &str {
         &self.index.name
     }
@@ -165,6 +164,8 @@ pub(super) struct Shared {
     /// Denied resources and the audit log.
     pub(super) access: Access,
     pub(super) events: broadcast::Sender<Event>,
+    /// The snapshots paged lists are served from.
+    pub(super) pages: Snapshots,
     history_limit: usize,
     pub(super) bookmark_every: Duration,
 }
@@ -179,6 +180,7 @@ impl Shared {
             }),
             access: Access::default(),
             events: broadcast::channel(4096).0,
+            pages: Snapshots::default(),
             history_limit: history_limit.max(1),
             bookmark_every: Duration::from_millis(500),
         }
@@ -351,39 +353,5 @@ impl Shared {
             Some(sel) => fields_match(sel, |f| o.field(f)),
             None => Ok(true),
         }
-    }
-
-    /// A `<Kind>List` of the matching objects at the current resource version, as
-    /// served in `version`: JSON text, assembled from the stored texts.
-    pub(super) fn list(
-        &self,
-        k: Kind,
-        version: &str,
-        namespace: Option<&str>,
-        q: &BTreeMap<String, String>,
-    ) -> Result<String, String> {
-        let store = self.lock();
-        let head = json!({
-            "kind": format!("{}List", k.kind),
-            "apiVersion": k.api_version(version),
-            "metadata": {"resourceVersion": store.rv.to_string()},
-        })
-        .to_string();
-        // `{…}` → `{…,"items":[…]}`
-        let mut out = String::with_capacity(4096);
-        out.push_str(&head[..head.len() - 1]);
-        out.push_str(",\"items\":[");
-        let mut first = true;
-        for (_, o) in store.of(k) {
-            if self.matching(k, namespace, q, &o.index)? {
-                if !first {
-                    out.push(',');
-                }
-                first = false;
-                out.push_str(&o.text_in(k, version));
-            }
-        }
-        out.push_str("]}");
-        Ok(out)
     }
 }
