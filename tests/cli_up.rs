@@ -128,7 +128,10 @@ fn podgate_up_serves_kubectl_and_the_graph_api_through_the_proxy() {
     struct Kill(std::process::Child);
     impl Drop for Kill {
         fn drop(&mut self) {
-            let _ = self.0.kill();
+            // SIGTERM, so `podgate up` stops its proxy child too.
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
             let _ = self.0.wait();
         }
     }
