@@ -37,7 +37,9 @@
 //! - get, create (409 on a duplicate), replace (409 on a stale `resourceVersion`),
 //!   merge / strategic-merge / server-side apply patches (`kubectl apply`,
 //!   `kubectl label`), delete; errors as `Status` objects, which kubectl prints as
-//!   `Error from server (NotFound): …`;
+//!   `Error from server (NotFound): …`. Bodies are JSON or YAML: protobuf (which
+//!   kubectl's `create <generator>` commands send for built-in kinds) is answered
+//!   with 415, as kube-apiserver answers a media type it does not accept;
 //! - users: a request is served as the user its `Impersonate-User` (with
 //!   `Impersonate-Group`, `-Uid`, `-Extra-*`) names, else as `system:anonymous`;
 //!   [`KubeSim::audit`] keeps the last 1,000 requests (verb, path, query, user,

@@ -19,6 +19,20 @@ pub(super) fn decode_body(
     content_type: &str,
     bytes: &[u8],
 ) -> Result<(PatchKind, Value), (StatusCode, &'static str, String)> {
+    // Protobuf and CBOR are not spoken here: 415, as kube-apiserver answers a media
+    // type it does not accept (client-go then sends JSON instead).
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if !media.is_empty() && !media.contains("json") && !media.contains("yaml") {
+        return Err((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: \
+                 application/json, application/yaml, application/apply-patch+yaml, \
+                 application/merge-patch+json, application/strategic-merge-patch+json (got {media})"
+            ),
+        ));
+    }
     let body: Value = if content_type.contains("yaml") {
         serde_yaml::from_slice(bytes)
             .map_err(|e| (StatusCode::BAD_REQUEST, "BadRequest", e.to_string()))?
@@ -84,5 +98,22 @@ mod tests {
             decode_body("application/json", b"{").unwrap_err().0,
             StatusCode::BAD_REQUEST
         );
+    }
+}
+
+#[cfg(test)]
+mod media_type_tests {
+    use super::*;
+
+    #[test]
+    fn protobuf_and_cbor_bodies_are_415_json_and_yaml_decode() {
+        for ct in ["application/vnd.kubernetes.protobuf", "application/cbor"] {
+            let e = decode_body(ct, b"\x6b\x38\x73\x00").unwrap_err();
+            assert_eq!(e.0, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct}");
+        }
+        let (kind, v) = decode_body("application/json; charset=utf-8", br#"{"a":1}"#).unwrap();
+        assert_eq!((kind, v["a"].as_i64()), (PatchKind::Merge, Some(1)));
+        let (kind, _) = decode_body("application/apply-patch+yaml", b"a: 1").unwrap();
+        assert_eq!(kind, PatchKind::Apply);
     }
 }
