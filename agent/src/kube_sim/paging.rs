@@ -27,6 +27,13 @@
 //!   themselves. A token that does not decode is `400 Bad Request` (`invalid
 //!   continue token: continue key is not valid…`), as is `continue` with a
 //!   `resourceVersion` other than `""` or `"0"`.
+//!
+//! Measured at 50,000 generated objects (`cargo bench -p podgate-agent --bench
+//! kube_sim`): a kube-runtime watch start over the 10,670 Pods takes 163 ms in 22
+//! pages instead of 263 ms in one response, and the bench process (server and
+//! client) holds 150 MiB after serving instead of 415 MiB. agentk's peak RSS over a
+//! whole-cluster Graph API watch stays about 530 MB: it keeps every object, so its
+//! peak is its own state, not one list's body.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -810,6 +817,60 @@ mod tests {
         // The token of a namespaced list, at the cluster scope: no such snapshot.
         let (code, status) = get(format!("/api/v1/pods?limit=2&continue={token}")).await;
         assert_eq!((code, &status["reason"]), (410, &json!("Expired")));
+        server.abort();
+    }
+
+    /// kube-runtime's watcher (pages of 500) over a generated cluster: every Pod
+    /// arrives, over several list requests.
+    #[tokio::test]
+    async fn kube_runtime_watcher_pages_through_a_generated_cluster() {
+        use futures_util::StreamExt as _;
+        use kube::runtime::watcher;
+        let sim = KubeSim::new(1000);
+        sim.generate(5000, 2);
+        let want: std::collections::BTreeSet<(String, String)> = sim
+            .objects()
+            .into_iter()
+            .filter(|o| o.resource == "pods")
+            .map(|o| (o.namespace, o.name))
+            .collect();
+        assert!(want.len() > 1000, "{} Pods", want.len());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn({
+            let sim = sim.clone();
+            async move { sim.serve(listener, std::future::pending()).await }
+        });
+        let kc = kube::config::Kubeconfig::from_yaml(&crate::kube_sim::kubeconfig(&url)).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let api = kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client);
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        let mut got = std::collections::BTreeSet::new();
+        while let Some(e) = stream.next().await {
+            match e.expect("the watch") {
+                watcher::Event::InitApply(p) => {
+                    got.insert((
+                        p.metadata.namespace.unwrap_or_default(),
+                        p.metadata.name.unwrap_or_default(),
+                    ));
+                }
+                watcher::Event::InitDone => break,
+                _ => {}
+            }
+        }
+        assert_eq!(got, want);
+        let lists: Vec<String> = sim
+            .audit()
+            .into_iter()
+            .filter(|e| e.verb == "list" && e.path == "/api/v1/pods")
+            .map(|e| e.query)
+            .collect();
+        assert_eq!(lists.len(), want.len().div_ceil(500), "{lists:?}");
+        assert!(lists[0].contains("limit=500") && !lists[0].contains("continue="));
+        assert!(lists[1..].iter().all(|q| q.contains("continue=")));
         server.abort();
     }
 }
