@@ -337,7 +337,7 @@ mod kas {
     /// Every metric kas (`agent/src/kas/metrics.rs`, `agent_auth.rs`), the presence
     /// registry it serves beside them (`pod-registry/src/metrics.rs`) and agentk
     /// (`agent/src/agentk/metrics.rs`) define.
-    const EXPECTED: [&str; 23] = [
+    const EXPECTED: [&str; 28] = [
         "podgate_kas_connected_agents",
         "podgate_kas_tunnels",
         "podgate_kas_routing_duration_seconds",
@@ -358,6 +358,11 @@ mod kas {
         "podgate_registry_events_total",
         "podgate_agentk_connected",
         "podgate_agentk_tunnels",
+        "podgate_agentk_graph_requests",
+        "podgate_agentk_graph_informers",
+        "podgate_agentk_graph_objects",
+        "podgate_agentk_graph_actions_total",
+        "podgate_agentk_graph_warnings_total",
         "podgate_agentk_connects_total",
         "podgate_agentk_requests_total",
         "podgate_agentk_request_duration_seconds",

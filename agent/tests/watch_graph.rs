@@ -325,3 +325,35 @@ async fn a_denied_resource_is_warned_about_and_the_rest_streams() {
         Some((true, true, true))
     );
 }
+
+#[tokio::test]
+async fn metrics_count_requests_informers_objects_and_return_to_zero_when_dropped() {
+    let server = KubeTestServer::start(1000).await.expect("kube-sim");
+    fixture(&server);
+    let metrics = podgate_agent::agentk::AgentkMetrics::new();
+    let settings = Settings {
+        metrics: Some(metrics.graph.clone()),
+        ..Settings::default()
+    };
+    let w = Watch::start(&server, core_apps(), settings).await;
+    let g = &metrics.graph;
+    assert_eq!(g.requests.get(), 1);
+    assert_eq!(
+        g.informers.get(),
+        5,
+        "pods, configmaps, secrets, deployments, replicasets"
+    );
+    assert_eq!(g.objects.get(), 4);
+    assert!(g.actions.get() >= 4 + 5, "{} actions", g.actions.get());
+    let text = metrics.render();
+    assert!(text.contains("podgate_agentk_graph_objects 4"), "{text}");
+    drop(w);
+    // The watch's task is aborted with the stream; its gauges go back.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while g.requests.get() != 0 || g.informers.get() != 0 || g.objects.get() != 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("gauges back to 0 once the stream is dropped");
+}

@@ -20,6 +20,29 @@ pub struct AgentkMetrics {
     connects: IntCounterVec,
     requests: IntCounterVec,
     durations: HistogramVec,
+    /// The Graph API's watches.
+    pub graph: GraphMetrics,
+}
+
+/// The Graph API's watches in agentk (shared by every `WatchGraph` of a replica).
+#[derive(Clone, Debug)]
+pub struct GraphMetrics {
+    /// `WatchGraph` requests being answered.
+    pub requests: IntGauge,
+    /// Kubernetes watches they run.
+    pub informers: IntGauge,
+    /// Objects their graphs hold.
+    pub objects: IntGauge,
+    /// Actions sent (`svx`, `dvx`, `sarc`, `darc`).
+    pub actions: prometheus::IntCounter,
+    warnings: IntCounterVec,
+}
+
+impl GraphMetrics {
+    /// Count a warning sent, by its type (`INFORMER_SYNC_FAILED`, ...).
+    pub fn warning(&self, t: &str) {
+        self.warnings.with_label_values(&[t]).inc();
+    }
 }
 
 impl Default for AgentkMetrics {
@@ -69,8 +92,51 @@ impl AgentkMetrics {
             &["method"],
         )
         .expect("valid metric");
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+        let graph = GraphMetrics {
+            requests: gauge(
+                "podgate_agentk_graph_requests",
+                "Graph API watches (WatchGraph) being answered",
+            ),
+            informers: gauge(
+                "podgate_agentk_graph_informers",
+                "Kubernetes watches the Graph API watches run",
+            ),
+            objects: gauge(
+                "podgate_agentk_graph_objects",
+                "Objects the Graph API watches hold (evaluated results, not whole objects)",
+            ),
+            actions: prometheus::IntCounter::new(
+                "podgate_agentk_graph_actions_total",
+                "Graph actions sent to kas (svx, dvx, sarc, darc)",
+            )
+            .expect("valid metric"),
+            warnings: IntCounterVec::new(
+                Opts::new(
+                    "podgate_agentk_graph_warnings_total",
+                    "Graph API warnings sent, by type",
+                ),
+                &["type"],
+            )
+            .expect("valid metric"),
+        };
+        // Every warning type of the seed, at zero until sent.
+        for t in [
+            "INFORMER_SYNC_FAILED",
+            "DISCOVERY_FAILED",
+            "NAMESPACE_LIST_FAILED",
+            "OBJECT_PROCESSING_FAILED",
+            "INTERNAL_ERROR",
+        ] {
+            graph.warnings.with_label_values(&[t]);
+        }
         for m in [
-            Box::new(connected.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(graph.requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(graph.informers.clone()),
+            Box::new(graph.objects.clone()),
+            Box::new(graph.actions.clone()),
+            Box::new(graph.warnings.clone()),
+            Box::new(connected.clone()),
             Box::new(tunnels.clone()),
             Box::new(connects.clone()),
             Box::new(requests.clone()),
@@ -85,6 +151,7 @@ impl AgentkMetrics {
             connects,
             requests,
             durations,
+            graph,
             registry,
         }
     }

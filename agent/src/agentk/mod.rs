@@ -159,13 +159,15 @@ impl Agentk {
         };
         let client =
             ::kube::Client::try_from(kube_config).map_err(|e| Error::Kube(e.to_string()))?;
+        let metrics = Arc::new(AgentkMetrics::new());
         let handler = Arc::new(KubeHandler::new(client).with_graph_settings(
             watch_graph::Settings {
                 sync_timeout: config.graph_sync_timeout,
+                metrics: Some(metrics.graph.clone()),
                 ..Default::default()
             },
         ));
-        Agentk::start_with(config, handler).await
+        Agentk::start_with_metrics(config, handler, metrics).await
     }
 
     /// [`Agentk::start`] with another request handler (tests, benchmarks).
@@ -173,13 +175,20 @@ impl Agentk {
         config: AgentkConfig,
         handler: Arc<H>,
     ) -> Result<Agentk, Error> {
+        Agentk::start_with_metrics(config, handler, Arc::new(AgentkMetrics::new())).await
+    }
+
+    async fn start_with_metrics<H: Handler>(
+        config: AgentkConfig,
+        handler: Arc<H>,
+        metrics: Arc<AgentkMetrics>,
+    ) -> Result<Agentk, Error> {
         config.validate()?;
         let token = config.token.trim().to_owned();
         let dial = crate::transport::Dial {
             ca_file: config.ca_file.clone(),
         };
         let channel = crate::transport::kas_channel(&config.kas_url, &token, &dial)?;
-        let metrics = Arc::new(AgentkMetrics::new());
         let (status_tx, status) = watch::channel(Status::default());
         let mut tasks = Vec::new();
         let mut observability = None;

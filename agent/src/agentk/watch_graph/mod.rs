@@ -69,6 +69,8 @@ pub struct Settings {
     pub batch_interval: Duration,
     /// No message is larger (GitLab's client refuses over 4 MiB).
     pub max_message_bytes: usize,
+    /// Where requests, informers, objects, actions and warnings are counted.
+    pub metrics: Option<super::metrics::GraphMetrics>,
 }
 
 impl Default for Settings {
@@ -77,6 +79,7 @@ impl Default for Settings {
             sync_timeout: Duration::from_secs(30),
             batch_interval: Duration::from_millis(100),
             max_message_bytes: 1024 * 1024,
+            metrics: None,
         }
     }
 }
@@ -169,11 +172,40 @@ fn warning(t: &str, m: String, attrs: &[(&str, &str)]) -> Warning {
     }
 }
 
+/// Adds `n` to a gauge while alive.
+struct GaugeGuard(Option<prometheus::IntGauge>, i64);
+
+impl GaugeGuard {
+    fn new(g: Option<&prometheus::IntGauge>, n: i64) -> GaugeGuard {
+        if let Some(g) = g {
+            g.add(n);
+        }
+        GaugeGuard(g.cloned(), n)
+    }
+
+    /// Now `n` instead.
+    fn set(&mut self, n: i64) {
+        if let Some(g) = &self.0 {
+            g.add(n - self.1);
+        }
+        self.1 = n;
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        if let Some(g) = &self.0 {
+            g.sub(self.1);
+        }
+    }
+}
+
 /// One watch's bookkeeping.
 struct WatchInfo {
     gvr: u16,
     namespace: Option<String>,
     _watch: Watch,
+    _counted: GaugeGuard,
     started: Instant,
     synced: bool,
     warned: bool,
@@ -199,6 +231,8 @@ struct Engine {
     object_warned: HashSet<VertexKey>,
     initial_sent: bool,
     out: mpsc::Sender<Result<Vec<u8>, Status>>,
+    _request: GaugeGuard,
+    objects: GaugeGuard,
 }
 
 async fn run(
@@ -235,6 +269,7 @@ async fn run(
         .as_ref()
         .map(|r| r.ignore_arc_direction.clone());
     let (events_tx, events) = mpsc::channel(1024);
+    let settings_metrics = settings.metrics.clone();
     let mut engine = Engine {
         graph: Graph::new(gvrs.clone(), roots.as_deref()),
         resolver: Arc::new(Resolver::new(gvrs)),
@@ -252,6 +287,8 @@ async fn run(
         object_warned: HashSet::new(),
         initial_sent: false,
         out,
+        _request: GaugeGuard::new(settings_metrics.as_ref().map(|m| &m.requests), 1),
+        objects: GaugeGuard::new(settings_metrics.as_ref().map(|m| &m.objects), 0),
     };
     engine.start().await;
     engine.run(events).await;
@@ -272,12 +309,14 @@ impl Engine {
             id,
             self.events_tx.clone(),
         );
+        let counted = GaugeGuard::new(self.settings.metrics.as_ref().map(|m| &m.informers), 1);
         self.watches.insert(
             id,
             WatchInfo {
                 gvr,
                 namespace,
                 _watch: watch,
+                _counted: counted,
                 started: Instant::now(),
                 synced: false,
                 warned: false,
@@ -310,12 +349,14 @@ impl Engine {
                 self.events_tx.clone(),
             );
             // Namespace watch: kept alive under an id no object watch uses.
+            let counted = GaugeGuard::new(self.settings.metrics.as_ref().map(|m| &m.informers), 1);
             self.watches.insert(
                 u32::MAX,
                 WatchInfo {
                     gvr: u16::MAX,
                     namespace: None,
                     _watch: w,
+                    _counted: counted,
                     started: Instant::now(),
                     synced: false,
                     warned: false,
@@ -514,8 +555,16 @@ impl Engine {
     async fn send(&mut self) -> bool {
         let actions = self.graph.flush();
         let warnings = std::mem::take(&mut self.warnings);
+        self.objects
+            .set(i64::try_from(self.graph.len()).unwrap_or(i64::MAX));
         if actions.is_empty() && warnings.is_empty() && self.initial_sent {
             return true;
+        }
+        if let Some(m) = &self.settings.metrics {
+            m.actions.inc_by(actions.len() as u64);
+            for w in &warnings {
+                m.warning(&w.r#type);
+            }
         }
         self.initial_sent = true;
         for msg in encode_batches(actions, warnings, self.settings.max_message_bytes) {

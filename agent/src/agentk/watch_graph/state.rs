@@ -172,6 +172,11 @@ impl Graph {
         }
     }
 
+    /// Objects held.
+    pub(crate) fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// Whether anything waits to be flushed.
     pub(crate) fn is_dirty(&self) -> bool {
         !self.dirty_vertices.is_empty() || !self.dirty_sources.is_empty() || self.visibility_stale
