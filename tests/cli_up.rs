@@ -139,10 +139,10 @@ fn podgate_up_serves_kubectl_and_the_graph_api_through_the_proxy() {
     let _up = Kill(up);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        // Read to the end (the test may have stopped listening): `podgate up` keeps
+        // a stdout it can write to.
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     let (mut kubeconfig, mut graph) = (None, None);

@@ -287,28 +287,28 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     .await
     .with_context(|| format!("starting the proxy on {}", args.listen))?;
 
-    println!("podgate up");
-    println!(
+    say("podgate up");
+    say(&format!(
         "  proxy      http://{}   (admin http://{}/metrics)",
         args.listen, args.admin
-    );
-    println!(
+    ));
+    say(&format!(
         "  topology   {}",
         args.redis.as_deref().unwrap_or("in memory")
-    );
+    ));
     for s in &sims {
-        println!(
+        say(&format!(
             "  pod id={} address=http://{} registration_token={} control_api=http://{}/-/podsim/jobs",
             s.state().pod(),
             s.addr(),
             s.state().registration_token(),
             s.addr()
-        );
+        ));
     }
-    println!(
+    say(&format!(
         "  register a runner: gitlab-runner register --url http://{} --token <a registration token>",
         args.listen
-    );
+    ));
     if let Some(k) = kube.as_mut() {
         k.connect_agent(args.listen, sims[0].state().pod(), dir.path())
             .await?;
@@ -328,28 +328,28 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         );
         let ca = ca.as_deref().context("the proxy's certificate")?;
         let kubeconfig = super::up_graph::user_kubeconfig(dir.path(), &tls_base, ca, &bearer)?;
-        println!(
+        say(&format!(
             "  kube       kube-sim http://{} ({} objects), kas {} (k8s proxy {}), agentk agent {} connected",
             k.kube_sim,
             k.objects,
             k.kas_agent,
             k.kas_k8s_proxy,
             super::up_graph::AGENT_ID
-        );
-        println!(
+        ));
+        say(&format!(
             "  graph url=ws://{}{}graph bearer={bearer}",
             args.listen,
             super::up_graph::K8S_PROXY_PREFIX
-        );
-        println!("  kubeconfig path={}", kubeconfig.display());
+        ));
+        say(&format!("  kubeconfig path={}", kubeconfig.display()));
         let pat_file = dir.path().join("pat");
         std::fs::write(&pat_file, &pat)?;
-        println!(
+        say(&format!(
             "  try: kubectl --kubeconfig {} get pods -A; podgate graph --url {base} -a {} --token-file {}",
             kubeconfig.display(),
             super::up_graph::AGENT_ID,
             pat_file.display()
-        );
+        ));
     }
 
     let duration = Duration::from_secs(args.duration.unwrap_or(365 * 24 * 3600));
@@ -380,12 +380,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         (tx, handle)
     });
     if fleet.is_some() {
-        println!(
+        say(&format!(
             "  fleet      {} runners (half old: token in the body only)",
             args.runners
-        );
+        ));
     }
-    println!("podgate up: ready");
+    say("podgate up: ready");
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     tokio::pin!(stop);
     loop {
@@ -393,7 +393,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             _ = &mut stop => break,
             _ = tick.tick() => {
                 let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
-                println!("\n{}", table(&sims, &metrics));
+                say(&format!("\n{}", table(&sims, &metrics)));
             }
         }
     }
@@ -401,7 +401,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     if let Some((tx, handle)) = fleet {
         let _ = tx.send(());
         let report = handle.await.context("the fleet task")??;
-        println!("\nrunner fleet report\n{}", report.table());
+        say(&format!("\nrunner fleet report\n{}", report.table()));
         if let Some(path) = &args.json {
             std::fs::write(path, serde_json::to_string_pretty(&report.to_json())?)
                 .with_context(|| format!("writing {}", path.display()))?;
@@ -411,12 +411,19 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
-    println!("\nfinal\n{}", table(&sims, &metrics));
+    say(&format!("\nfinal\n{}", table(&sims, &metrics)));
     let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();
     if misroutes > 0 {
         code = ExitCode::from(1);
     }
     Ok(code)
+}
+
+/// Print a line; a closed stdout (`podgate up | head`) does not stop `podgate up`.
+fn say(text: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }
 
 /// Waits until the proxy's `/readyz` on `admin` answers 200 (a 503 means it serves but
