@@ -167,12 +167,7 @@ pub(crate) fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
-    let kas_secret: Vec<u8> = {
-        use rand::RngCore as _;
-        let mut s = vec![0u8; 32];
-        rand::thread_rng().fill_bytes(&mut s);
-        s
-    };
+    let kas_secret = super::up_graph::secret();
     let mut sims = Vec::new();
     for id in 1..=3u64 {
         let mut c = PodSimConfig::new(PodId::new(id).expect("non-zero"), "127.0.0.1:0".parse()?);

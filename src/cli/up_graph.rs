@@ -51,7 +51,8 @@ impl Drop for KubeSide {
     }
 }
 
-fn secret() -> Vec<u8> {
+/// 32 random bytes: a kas secret.
+pub(crate) fn secret() -> Vec<u8> {
     use rand::RngCore as _;
     let mut s = vec![0u8; 32];
     rand::thread_rng().fill_bytes(&mut s);

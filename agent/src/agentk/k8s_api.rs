@@ -92,8 +92,9 @@ fn is_impersonation(name: &str) -> bool {
     ) || n.starts_with("impersonate-extra-")
 }
 
-/// Drop hop-by-hop headers, and the headers `Connection` names.
-fn drop_hop_by_hop(headers: &mut HeaderMap) {
+/// Drop hop-by-hop headers, and the headers `Connection` names (kas's
+/// `grpctool.cleanHeader`; kas's proxy strips them the same way).
+pub(crate) fn drop_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<String> = headers
         .get_all(http::header::CONNECTION)
         .iter()

@@ -38,19 +38,6 @@ use crate::proto::kubernetes_api::{
     Header, HttpRequest, HttpResponseHeader, HttpResponsePart, http_response_part,
 };
 
-/// Hop-by-hop headers (`grpctool.hopHeaders`).
-const HOP_HEADERS: [&str; 9] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
 /// CORS headers an upstream answer may not set (kas sets its own).
 const CORS_HEADERS: [HeaderName; 5] = [
     header::ACCESS_CONTROL_ALLOW_ORIGIN,
@@ -143,22 +130,6 @@ fn forwarded_path(uri: &http::Uri, prefix: &str) -> String {
     }
 }
 
-/// Remove the headers listed in `Connection` and the hop-by-hop ones
-/// (`grpctool.cleanHeader`).
-fn clean_hop_headers(headers: &mut HeaderMap) {
-    let listed: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect();
-    for name in listed.iter().map(String::as_str).chain(HOP_HEADERS) {
-        headers.remove(name);
-    }
-}
-
 /// The request headers agentk sends on: credentials, `Host` and hop-by-hop headers
 /// removed, kas's `Via` appended.
 fn forwarded_headers(headers: &HeaderMap, via: &HeaderValue) -> Vec<Header> {
@@ -172,7 +143,7 @@ fn forwarded_headers(headers: &HeaderMap, via: &HeaderValue) -> Vec<Header> {
     ] {
         h.remove(name);
     }
-    clean_hop_headers(&mut h);
+    crate::agentk::k8s_api::drop_hop_by_hop(&mut h);
     h.append(header::VIA, via.clone());
     to_proto(&h)
 }
@@ -213,7 +184,7 @@ fn response(
             }
         }
     }
-    clean_hop_headers(&mut upstream);
+    crate::agentk::k8s_api::drop_hop_by_hop(&mut upstream);
     for name in CORS_HEADERS {
         upstream.remove(name);
     }

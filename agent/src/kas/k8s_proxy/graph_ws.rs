@@ -35,16 +35,12 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 
 use super::BoxBody;
-use crate::graph::wire::{ErrorInfo, close_code_name};
+use crate::graph::wire::{ErrorInfo, MAX_CLOSE_REASON, truncate_close_reason};
 use crate::kas::routing::AgentRouter;
 use crate::proto::kubernetes_api::{ImpersonationConfig, WatchGraphRequest, WatchGraphResponse};
 
 /// The subprotocol of the Graph API.
 pub(crate) const SUBPROTOCOL: &str = "gitlab-agent-graph-api";
-
-/// The most a close frame's reason holds (RFC 6455: 125 bytes of payload, 2 of them
-/// the code).
-const MAX_CLOSE_REASON: usize = 123;
 
 /// How long the client may take to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -145,34 +141,16 @@ pub(crate) fn handle(req: http::Request<Incoming>, ctx: GraphContext) -> http::R
 
 type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
-/// Cut `s` to at most `max` bytes on a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
 /// Close with `code` and `reason`: a reason too long for the close frame is sent
 /// whole as an `error` message first. Then wait (briefly) for the client's close.
 async fn close(mut ws: Ws, code: u16, reason: &str) {
     if reason.len() > MAX_CLOSE_REASON {
-        let msg = serde_json::json!({
-            "error": ErrorInfo {
-                code,
-                code_string: close_code_name(code).to_owned(),
-                reason: reason.to_owned(),
-            }
-        });
+        let msg = serde_json::json!({ "error": ErrorInfo::new(code, reason) });
         let _ = ws.send(Message::text(msg.to_string())).await;
     }
     let frame = CloseFrame {
         code: CloseCode::from(code),
-        reason: truncate(reason, MAX_CLOSE_REASON).to_owned().into(),
+        reason: truncate_close_reason(reason).to_owned().into(),
     };
     if ws.close(Some(frame)).await.is_err() {
         return;
