@@ -158,7 +158,7 @@ async fn agentk_lists_pods_with_kube_rs_over_h2c_and_over_a_websocket() {
     );
 
     // The Kubernetes API gone: GitLab gets Unavailable, not a hang or an empty list.
-    drop(kube);
+    kube.stop().await;
     let e = api.get_pods(get_pods(3, "")).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
 }

@@ -57,6 +57,14 @@ impl KubeTestServer {
         self.sim.get(plural, namespace, name)
     }
 
+    /// Stop serving and wait until it has stopped: every connection (kept-alive
+    /// ones and watches included) is closed when this returns. Dropping the server
+    /// only asks for that.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+
     /// The current resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.sim.resource_version()
