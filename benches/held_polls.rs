@@ -1,23 +1,93 @@
 //! Memory of held long polls: the proxy's RSS with N concurrent `jobs/request` long
-//! polls held by the Pod, per connection, over its RSS when idle.
+//! polls, per poll, over its RSS when idle. Two kinds:
+//!
+//! - **forwarded** (default): the Pod holds every poll, so the proxy keeps the client
+//!   connection and an upstream connection for each;
+//! - **edge** (`--edge`): the Pod opts in to edge long polls (`runner_queue_redis`, a
+//!   real `redis-server` holding every runner's queue key) and the proxy holds the
+//!   polls itself, with no upstream connection: one client socket and a waiter each.
+//!   The Pod must see none of them while they are held.
+//!
+//! Every poll carries its own runner token (a fleet's runners each have one), so the
+//! classifier's cache grows with them as it would in production.
 //!
 //! ```text
-//! ./scripts/measure-held-polls.sh             # 10,000 polls (raises the fd limit)
-//! cargo bench --bench held_polls -- --polls 2000
+//! ./scripts/measure-held-polls.sh             # 10,000 forwarded polls (raises the fd limit)
+//! EDGE=1 ./scripts/measure-held-polls.sh      # as many edge-held polls as the fd limit allows
+//! cargo bench --bench held_polls -- --polls 2000 [--edge]
+//! # where the heap goes (glibc's malloc, so heaptrack sees it):
+//! PODGATE_BENCH_PROXY_WRAPPER="heaptrack -o /tmp/held" \
+//!   cargo bench --features system-alloc --bench held_polls -- --polls 2000 --edge
 //! ```
 //!
-//! Under `cargo test --benches` it runs 200 polls as a smoke test. Every held poll is
-//! answered 204 at the end and must reach its client: memory is measured on a run
-//! that loses nothing.
+//! Under `cargo test --benches` it runs 200 polls of each kind as a smoke test. Every
+//! held poll is answered 204 at the end and must reach its client (edge-held ones after
+//! their queue key changes: forwarded to the Pod, which answers): memory is measured on
+//! a run that loses nothing.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use podgate_registry::testing::RedisServer;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
+
+/// Send `commands` to Redis pipelined and read one reply line each (they are all
+/// simple replies: `+OK` or `:<receivers>`).
+async fn redis_pipeline(port: u16, commands: &[Vec<&str>]) {
+    let mut s = BufReader::new(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    for batch in commands.chunks(1000) {
+        let mut out = Vec::new();
+        for c in batch {
+            out.extend_from_slice(format!("*{}\r\n", c.len()).as_bytes());
+            for a in c {
+                out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+            }
+        }
+        s.get_mut().write_all(&out).await.unwrap();
+        let mut line = String::new();
+        for _ in batch {
+            line.clear();
+            s.read_line(&mut line).await.unwrap();
+            assert!(
+                line.starts_with('+') || line.starts_with(':'),
+                "redis answered {line:?}"
+            );
+        }
+    }
+}
+
+/// A sample (`name{labels} `) from the proxy's `/metrics`, 0 when absent.
+async fn metric(admin: u16, sample: &str) -> usize {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", admin)).await else {
+        return 0;
+    };
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Until `done()` holds, checking every 10 ms (the proxy is another process: there
+/// is no event to await), or panic with `what` after `within`.
+async fn wait_until<F: std::future::Future<Output = bool>>(
+    within: Duration,
+    what: &str,
+    mut done: impl FnMut() -> F,
+) {
+    let deadline = Instant::now() + within;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -61,21 +131,17 @@ async fn read_request(s: &mut TcpStream) -> std::io::Result<()> {
 /// A Pod that holds every request until `release`, then answers 204 like Workhorse
 /// when no job arrived.
 async fn holding_pod(
-    held: Arc<AtomicUsize>,
-    all_held: Arc<Notify>,
-    want: usize,
+    held: Arc<watch::Sender<usize>>,
     release: watch::Receiver<bool>,
 ) -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let (held, all_held, mut release) = (held.clone(), all_held.clone(), release.clone());
+            let (held, mut release) = (held.clone(), release.clone());
             tokio::spawn(async move {
                 while read_request(&mut s).await.is_ok() {
-                    if held.fetch_add(1, Ordering::SeqCst) + 1 == want {
-                        all_held.notify_one();
-                    }
+                    held.send_modify(|n| *n += 1);
                     let _ = release.wait_for(|r| *r).await;
                     let resp = b"HTTP/1.1 204 No Content\r\nx-gitlab-last-update: t1\r\n\r\n";
                     if s.write_all(resp).await.is_err() {
@@ -88,14 +154,40 @@ async fn holding_pod(
     addr
 }
 
-/// The proxy process, killed however the bench ends.
-struct KillOnDrop(std::process::Child);
+/// The proxy process, killed however the bench ends. Under a wrapper the proxy
+/// itself (`podgate`, the wrapper's child) is asked to stop with SIGTERM, so the
+/// wrapper can write its output, and the wrapper is waited for.
+struct KillOnDrop {
+    child: std::process::Child,
+    wrapped: bool,
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let id = self.child.id();
+        let podgate = podgate_pid(id);
+        if self.wrapped && podgate != id {
+            let _ = Command::new("kill")
+                .args(["-TERM", &podgate.to_string()])
+                .status();
+        } else {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
     }
+}
+
+/// The `podgate` process under `pid`: `pid` itself, or a wrapper's child of that name.
+fn podgate_pid(pid: u32) -> u32 {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .find(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == "podgate")
+        })
+        .unwrap_or(pid)
 }
 
 fn free_port() -> u16 {
@@ -124,65 +216,117 @@ async fn main() {
         .map(|v| format!("read_buffer_bytes = {v}\n"))
         .unwrap_or_default();
 
-    let held = Arc::new(AtomicUsize::new(0));
-    let all_held = Arc::new(Notify::new());
+    if bench {
+        run(polls, args.iter().any(|a| a == "--edge"), &read_buffer).await;
+    } else {
+        run(polls, false, &read_buffer).await;
+        run(polls, true, &read_buffer).await;
+    }
+}
+
+/// Hold `polls` long polls (forwarded to the Pod, or at the `edge`) and print the
+/// proxy's memory per poll.
+async fn run(polls: usize, edge: bool, read_buffer: &str) {
+    // Requests the Pod has received, and polls answered 204 at the client.
+    let held = Arc::new(watch::Sender::new(0usize));
+    let answered = Arc::new(watch::Sender::new(0usize));
     let (release_tx, release_rx) = watch::channel(false);
     // Warm-up requests are held too: count them in.
     const WARMUP: usize = 50;
-    let pod = holding_pod(held.clone(), all_held.clone(), WARMUP + polls, release_rx).await;
+    let total = WARMUP + polls;
+    let pod = holding_pod(held.clone(), release_rx).await;
+
+    // One runner token per poll, routed to Pod 1.
+    let tokens: Vec<String> = (0..total)
+        .map(|_| {
+            let keys = podgate_tokens::gitlab::RoutingKeys {
+                cell: Some(1),
+                organization: Some(1),
+                ..Default::default()
+            };
+            podgate_tokens::gitlab::encode("glrt-", &keys, &podgate_tokens::gitlab::random_bytes())
+                .unwrap()
+        })
+        .collect();
+    let key = |t: &str| format!("runner:build_queue:{t}");
+    // Edge holds: every runner's queue key holds the ticket its poll sends.
+    let redis = edge.then(RedisServer::start);
+    if let Some(redis) = &redis {
+        let keys: Vec<String> = tokens.iter().map(|t| key(t)).collect();
+        let sets: Vec<Vec<&str>> = keys.iter().map(|k| vec!["SET", k, "t0"]).collect();
+        redis_pipeline(redis.port(), &sets).await;
+    }
 
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let (port, admin) = (free_port(), free_port());
+    let (admin_listen, edge_config, pod_redis) = match &redis {
+        Some(r) => (
+            format!("127.0.0.1:{admin}"),
+            "edge_poll_hold_secs = 300\n".to_owned(),
+            format!("runner_queue_redis = \"{}\"\n", r.url()),
+        ),
+        None => ("off".to_owned(), String::new(), String::new()),
+    };
     let config = dir.path().join("proxy.toml");
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"off\"\n{read_buffer}threads = 1\ngrace_period_secs = 0\n\
+            "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"{admin_listen}\"\n{read_buffer}{edge_config}threads = 1\ngrace_period_secs = 0\n\
              [health]\nenabled = false\n\
-             [topology]\ndefault_pod = 1\n[[topology.pods]]\nid = 1\nname = \"pod-1\"\nweb = [\"{pod}\"]\n"
+             [topology]\ndefault_pod = 1\n[[topology.pods]]\nid = 1\nname = \"pod-1\"\nweb = [\"{pod}\"]\n{pod_redis}"
         ),
     )
     .unwrap();
-    let proxy = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_podgate"))
+    // `PODGATE_BENCH_PROXY_WRAPPER="heaptrack -o /tmp/held"`: the proxy runs under
+    // that command (with `--features system-alloc`, so heaptrack sees its allocations).
+    let wrapper: Vec<String> = std::env::var("PODGATE_BENCH_PROXY_WRAPPER")
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(env!("CARGO_BIN_EXE_podgate"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_podgate")),
+    };
+    let proxy = KillOnDrop {
+        child: cmd
             .args(["proxy", "--config", config.to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap(),
-    );
-    let pid = proxy.0.id();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        assert!(Instant::now() < deadline, "the proxy did not start");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        wrapped: !wrapper.is_empty(),
+    };
+    wait_until(Duration::from_secs(30), "the proxy starts", || async {
+        TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+    })
+    .await;
+    let pid = podgate_pid(proxy.child.id());
+    if edge {
+        // Until its watch on the Pod's Redis is up, polls would be forwarded.
+        wait_until(Duration::from_secs(30), "the edge watch is up", || async {
+            metric(admin, r#"podgate_proxy_edge_poll_redis_up{pod="1"}"#).await == 1
+        })
+        .await;
     }
 
-    let token = {
-        let keys = podgate_tokens::gitlab::RoutingKeys {
-            cell: Some(1),
-            organization: Some(1),
-            ..Default::default()
-        };
-        podgate_tokens::gitlab::encode("glrt-", &keys, &podgate_tokens::gitlab::random_bytes())
-            .unwrap()
-    };
-    let body = format!(
-        r#"{{"token":"{token}","system_id":"s_0123456789ab","last_update":"t0","info":{{"name":"gitlab-runner","version":"17.6.0","executor":"docker","features":{{"variables":true,"artifacts":true,"cache":true}}}}}}"#
-    );
-    let request = Arc::new(format!(
-        "POST /api/v4/jobs/request HTTP/1.1\r\nhost: gitlab.example.com\r\nuser-agent: gitlab-runner 17.6.0\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    ));
-
-    let answered = Arc::new(AtomicUsize::new(0));
-    let start_poll = |n: usize| {
-        let (request, answered) = (request.clone(), answered.clone());
+    let start_poll = |range: std::ops::Range<usize>| {
+        let answered = answered.clone();
         // Connect in bounded waves so the listen backlog never overflows.
         let gate = Arc::new(Semaphore::new(256));
-        (0..n)
-            .map(|_| {
-                let (request, answered, gate) = (request.clone(), answered.clone(), gate.clone());
+        range
+            .map(|i| {
+                let body = format!(
+                    r#"{{"token":"{}","system_id":"s_0123456789ab","last_update":"t0","info":{{"name":"gitlab-runner","version":"17.6.0","executor":"docker","features":{{"variables":true,"artifacts":true,"cache":true}}}}}}"#,
+                    tokens[i]
+                );
+                let request = format!(
+                    "POST /api/v4/jobs/request HTTP/1.1\r\nhost: gitlab.example.com\r\nuser-agent: gitlab-runner 17.6.0\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let (answered, gate) = (answered.clone(), gate.clone());
                 tokio::spawn(async move {
                     let permit = gate.acquire_owned().await.unwrap();
                     let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -191,53 +335,102 @@ async fn main() {
                     let mut buf = [0u8; 256];
                     let n = s.read(&mut buf).await.unwrap();
                     if buf[..n].starts_with(b"HTTP/1.1 204") {
-                        answered.fetch_add(1, Ordering::SeqCst);
+                        answered.send_modify(|n| *n += 1);
                     }
                 })
             })
             .collect::<Vec<_>>()
     };
+    // Until `want` polls are held: the Pod's count of requests (an event here), or
+    // the proxy's gauge (another process: all there is to read).
+    let all_held = |want: usize, within: Duration| {
+        let mut pod = held.subscribe();
+        async move {
+            if edge {
+                wait_until(within, "the polls are held at the edge", || async {
+                    metric(admin, r#"podgate_proxy_edge_polls_held{pod="1"}"#).await >= want
+                })
+                .await;
+            } else {
+                tokio::time::timeout(within, pod.wait_for(|n| *n >= want))
+                    .await
+                    .expect("the polls reach the Pod")
+                    .unwrap();
+            }
+        }
+    };
 
     // Warm up (runtime, allocator arenas, classifier cache), then the idle baseline.
-    let warm = start_poll(WARMUP);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while held.load(Ordering::SeqCst) < WARMUP {
-        assert!(
-            Instant::now() < deadline,
-            "warm-up polls did not reach the Pod"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let warm = start_poll(0..WARMUP);
+    all_held(WARMUP, Duration::from_secs(30)).await;
     let idle = rss_kib(pid);
 
     let started = Instant::now();
-    let tasks = start_poll(polls);
-    tokio::time::timeout(Duration::from_secs(120), all_held.notified())
-        .await
-        .expect("every poll reaches the Pod within 120 s");
+    let tasks = start_poll(WARMUP..total);
+    all_held(total, Duration::from_secs(120)).await;
     let reached = started.elapsed();
     let loaded = rss_kib(pid);
+    if edge {
+        assert_eq!(*held.borrow(), 0, "the Pod sees no poll held at the edge");
+    }
+
+    // Release: the Pod answers at once; edge-held polls are woken by a new value on
+    // their queue key (forwarded to the Pod), in waves the fd limit allows.
     release_tx.send(true).unwrap();
+    if let Some(redis) = &redis {
+        let channels: Vec<String> = tokens
+            .iter()
+            .map(|t| format!("workhorse:notifications:{}", key(t)))
+            .collect();
+        for wave in channels.chunks(500) {
+            let before = *answered.borrow();
+            let publishes: Vec<Vec<&str>> = wave.iter().map(|c| vec!["PUBLISH", c, "t1"]).collect();
+            redis_pipeline(redis.port(), &publishes).await;
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                answered.subscribe().wait_for(|n| *n >= before + wave.len()),
+            )
+            .await
+            .expect("a woken wave is answered")
+            .unwrap();
+        }
+    }
     for t in warm.into_iter().chain(tasks) {
         t.await.unwrap();
     }
     drop(proxy);
 
     assert_eq!(
-        answered.load(Ordering::SeqCst),
-        WARMUP + polls,
+        *answered.borrow(),
+        total,
         "every held poll was answered 204 through the proxy"
     );
+    if edge {
+        assert_eq!(
+            *held.borrow(),
+            total,
+            "every woken poll was forwarded to the Pod"
+        );
+    }
     let per = (loaded.saturating_sub(idle)) as f64 * 1024.0 / polls as f64;
-    println!("held long polls through podgate (1 worker thread)");
+    let (kind, goal) = if edge {
+        ("held at the edge (no upstream connection)", 8)
+    } else {
+        ("forwarded (held by the Pod)", 20)
+    };
+    println!("long polls {kind}, through podgate (1 worker thread)");
     println!("  polls held           {polls}");
     println!("  all held after       {:.2} s", reached.as_secs_f64());
     println!("  proxy RSS idle       {idle} KiB");
     println!("  proxy RSS held       {loaded} KiB");
     println!(
-        "  per held connection  {:.0} bytes ({:.1} KiB; goal <= 10 KiB)",
+        "  per held poll        {:.0} bytes ({:.1} KiB; goal <= {goal} KiB)",
         per,
         per / 1024.0
     );
-    println!("  answered 204         {}", answered.load(Ordering::SeqCst));
+    println!(
+        "  100,000 polls        {:.0} MiB over idle (extrapolated linearly)",
+        per * 100_000.0 / (1024.0 * 1024.0)
+    );
+    println!("  answered 204         {}", *answered.borrow());
 }

@@ -1,36 +1,55 @@
 #!/usr/bin/env bash
 # Side-by-side benchmark on loopback: the same runner-like `POST /api/v4/jobs/request`
-# (token in the JSON body, as old runners send it) against the upstream directly,
-# podgate, and HAProxy and nginx as plain passthrough proxies. Prints req/s, p50, p99
-# and the ratios. Every proxy gets one worker thread; wrk one thread.
+# against the upstream directly, podgate, and HAProxy and nginx as plain passthrough
+# proxies (and an older podgate build when PODGATE_BASELINE is given), all from one run.
+# Every proxy gets one worker thread; wrk one thread.
 #
-# Two passes per target:
-# - saturation: CONNS connections as fast as they go (req/s; latency there is mostly
-#   queueing behind a busy CPU, as 3 processes share 2 cores);
-# - one connection, one request at a time (the latency a proxy hop adds when nothing
-#   queues): "added p50" compares this pass with the direct one.
+# Per repeat (REPEATS, default 3; the target order rotates between repeats so slow
+# drift on a shared machine does not always hit the same target), per request shape,
+# per target:
+# - saturation: CONNS connections as fast as they go for DURATION s: req/s, and the
+#   proxy process's CPU per request (utime/stime from /proc/<pid>/stat over the pass
+#   divided by the requests served; user and system apart);
+# - one connection, one request at a time for LAT_DURATION s: the latency a hop adds
+#   when nothing queues ("added p50" compares this pass with the direct one of the
+#   same repeat). wrk, the proxy and the upstream all run on one CPU (LAT_CPU, default
+#   the last; LAT_CPU= to leave them free) for this pass: the chain is serial at one
+#   connection, and spread over CPUs the figure jumps between two modes (~40 and
+#   ~95 µs here) with which vCPU has to be woken;
+# - a shorter pass (STRACE_DURATION s) under `strace -c -f -p <pid>`: syscalls per
+#   request, by name (strace slows the process; only the counts are used).
+# scripts/lib/bench_report.py then takes the median over the repeats of every figure,
+# prints them with the ratios against HAProxy as the headline, and writes all of it,
+# every sample included, to JSON (default target/bench-proxy.json).
 #
-# Three request shapes: the token in the JSON body as a JWT (`jwt`) and as a GitLab v1
-# token (`v1`), as old runners send it, and a new runner's `RUNNER-TOKEN` header with
-# the same token in the body (`hdr`: the proxy reads the body too, to check that the
-# two agree).
+# Three request shapes (TOKENS): the token in the JSON body as a JWT (`jwt`) and as a
+# GitLab v1 token (`v1`), as old runners send it, and a new runner's `RUNNER-TOKEN`
+# header with the same token in the body (`hdr`: the proxy reads the body too, to check
+# that the two agree).
 #
-#   ./scripts/bench-proxy.sh                 # 10 s per run, 32 connections
-#   DURATION=30 CONNS=64 ./scripts/bench-proxy.sh
+#   ./scripts/bench-proxy.sh                       # 3 repeats, 5 s passes, 32 connections
+#   REPEATS=5 DURATION=10 CONNS=64 TOKENS=jwt ./scripts/bench-proxy.sh
 #   PODGATE=path/to/podgate ./scripts/bench-proxy.sh          # a binary already built
 #   PODGATE_BASELINE=path/to/old/podgate ./scripts/bench-proxy.sh
-#                                            # an older build side by side ("before")
+#                                                  # an older build side by side ("before")
+#   JSON=/tmp/bench.json ./scripts/bench-proxy.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
 
 podgate_ensure_rust
 podgate_ensure_system_packages
-PODGATE_APT_PACKAGES=(wrk haproxy nginx)
+PODGATE_APT_PACKAGES=(wrk haproxy nginx strace)
 podgate_ensure_system_packages
 
-DURATION=${DURATION:-10}
+REPEATS=${REPEATS:-3}
+DURATION=${DURATION:-5}
+LAT_DURATION=${LAT_DURATION:-$DURATION}
+STRACE_DURATION=${STRACE_DURATION:-2}
 CONNS=${CONNS:-32}
+LAT_CPU=${LAT_CPU-$(($(nproc) - 1))}
+TOKENS=${TOKENS:-jwt v1 hdr}
+JSON=${JSON:-target/bench-proxy.json}
 
 if [ -z "${PODGATE:-}" ]; then
   cargo build --release --locked --bin podgate >&2
@@ -39,6 +58,8 @@ fi
 BASELINE=${PODGATE_BASELINE:-}
 
 W=$(mktemp -d)
+RAW=$W/raw
+mkdir -p "$RAW"
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -71,7 +92,7 @@ http {
   server { listen 127.0.0.1:$UP; location / { return 200 '{"ok":true}'; } }
 }
 EOF
-nginx -c "$W/upstream.conf" -p "$W" & PIDS+=($!)
+nginx -c "$W/upstream.conf" -p "$W" & PIDS+=($!); PID_direct=$!
 
 cat > "$W/haproxy.cfg" <<EOF
 global
@@ -89,7 +110,7 @@ frontend fe
 backend be
   server pod1 127.0.0.1:$UP
 EOF
-haproxy -f "$W/haproxy.cfg" -db >/dev/null 2>&1 & PIDS+=($!)
+haproxy -f "$W/haproxy.cfg" -db >/dev/null 2>&1 & PIDS+=($!); PID_haproxy=$!
 
 cat > "$W/nginx-proxy.conf" <<EOF
 worker_processes 1;
@@ -107,7 +128,7 @@ http {
   }
 }
 EOF
-nginx -c "$W/nginx-proxy.conf" -p "$W" & PIDS+=($!)
+nginx -c "$W/nginx-proxy.conf" -p "$W" & PIDS+=($!); PID_nginx=$!
 
 # podgate: an Ed25519 key, a JWT and a GitLab v1 token for Pod 1.
 $PODGATE token keygen --alg ed25519 --kid bench --out "$W/keys" >/dev/null
@@ -127,12 +148,12 @@ id = 1
 name = "pod-1"
 web = ["127.0.0.1:$UP"]
 EOF
-$PODGATE proxy --config "$W/proxy.toml" & PIDS+=($!)
+$PODGATE proxy --config "$W/proxy.toml" & PIDS+=($!); PID_podgate=$!
 TARGETS="direct:$UP podgate:$PG haproxy:$HA nginx:$NX"
 if [ -n "$BASELINE" ]; then
   sed -e "s/127.0.0.1:$PG/127.0.0.1:$PB/" -e "s/127.0.0.1:$ADMIN/127.0.0.1:$ADMIN_B/" \
     "$W/proxy.toml" > "$W/baseline.toml"
-  "$BASELINE" proxy --config "$W/baseline.toml" & PIDS+=($!)
+  "$BASELINE" proxy --config "$W/baseline.toml" & PIDS+=($!); PID_before=$!
   TARGETS="direct:$UP before:$PB podgate:$PG haproxy:$HA nginx:$NX"
 fi
 
@@ -151,52 +172,67 @@ EOF
 lua jwt "$JWT"
 lua v1 "$V1"
 lua hdr "$V1" header
-TOKENS="jwt v1 hdr"
 
-# Latency "312.00us" / "1.20ms" / "2.00s" → microseconds.
-to_us() { awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else if (v ~ /s$/) print n * 1000000; else print n }'; }
-
-run() { # target port token [conns] → "rps p50 p99"
-  local out
-  out=$(wrk -t1 -c"${4:-$CONNS}" -d"${DURATION}s" --latency -s "$W/$3.lua" "http://127.0.0.1:$2/api/v4/jobs/request")
-  local rps p50 p99 non2xx
-  rps=$(awk '/^Requests\/sec/ { print $2 }' <<<"$out")
-  p50=$(to_us "$(awk '$1 == "50%" { print $2 }' <<<"$out")")
-  p99=$(to_us "$(awk '$1 == "99%" { print $2 }' <<<"$out")")
-  non2xx=$(awk '/Non-2xx/ { print $5 }' <<<"$out")
-  if [ -n "$non2xx" ]; then echo "warning: $1 answered $non2xx non-2xx responses" >&2; fi
-  echo "$rps $p50 $p99"
+# The processes doing a target's work: the one started and its children (nginx's
+# worker under its master).
+procs() { local p=$1; echo "$p" $(pgrep -P "$p" || true); }
+# utime and stime (clock ticks) summed over processes, from /proc/<pid>/stat (fields 14
+# and 15, counted after the parenthesised command name).
+ticks() {
+  local u=0 s=0 p f
+  for p in "$@"; do
+    read -r -a f <<<"$(sed 's/.*) //' "/proc/$p/stat")"
+    u=$((u + f[11])); s=$((s + f[12]))
+  done
+  echo "$u $s"
 }
 
-printf '%-6s %-9s %10s %8s %8s   %9s %8s %8s\n' token target "req/s" p50_us p99_us "1conn_r/s" p50_us p99_us
-declare -A R L
-for tok in $TOKENS; do
-  for t in $TARGETS; do
-    name=${t%%:*}; p=${t##*:}
-    read -r rps p50 p99 < <(run "$name" "$p" "$tok")
-    read -r lrps lp50 lp99 < <(run "$name" "$p" "$tok" 1)
-    R[$tok.$name]="$rps $p50 $p99"
-    L[$tok.$name]="$lrps $lp50 $lp99"
-    printf '%-6s %-9s %10.0f %8.0f %8.0f   %9.0f %8.0f %8.0f\n' "$tok" "$name" "$rps" "$p50" "$p99" "$lrps" "$lp50" "$lp99"
+# Move every thread of the given processes to the CPUs in $1 (no-op when $1 is empty).
+pin() {
+  local cpus=$1 p; shift
+  [ -n "$cpus" ] || return 0
+  for p in "$@"; do taskset -a -p -c "$cpus" "$p" > /dev/null; done
+}
+
+wrk_run() { # port token conns seconds; on the CPUs in $WRK_CPU if set
+  ${WRK_CPU:+taskset -c "$WRK_CPU"} wrk -t1 -c"$3" -d"$4s" --latency -s "$W/$2.lua" "http://127.0.0.1:$1/api/v4/jobs/request"
+}
+
+measure() { # repeat token name port
+  local f="$RAW/$1.$2.$3" pid="PID_$3" pids before after sp
+  pids=$(procs "${!pid}")
+  before=$(ticks $pids)
+  wrk_run "$4" "$2" "$CONNS" "$DURATION" > "$f.sat.wrk"
+  after=$(ticks $pids)
+  echo "$before $after $(getconf CLK_TCK)" > "$f.sat.cpu"
+  pin "$LAT_CPU" $pids $(procs "$PID_direct")
+  WRK_CPU=$LAT_CPU wrk_run "$4" "$2" 1 "$LAT_DURATION" > "$f.lat.wrk"
+  pin "0-$(($(nproc) - 1))" $pids $(procs "$PID_direct")
+  : > "$f.strace.err"
+  strace -c -f $(printf -- '-p %s ' $pids) -o "$f.strace.txt" 2> "$f.strace.err" & sp=$!
+  for _ in $(seq 1 100); do grep -q attached "$f.strace.err" && break; sleep 0.02; done
+  sleep 0.2
+  wrk_run "$4" "$2" "$CONNS" "$STRACE_DURATION" > "$f.strace.wrk"
+  kill -INT "$sp"; wait "$sp" || true
+  rm -f "$f.strace.err"
+  echo "  $1 $2 $3: $(awk '/^Requests\/sec/ { printf "%.0f req/s", $2 }' "$f.sat.wrk")" >&2
+}
+
+read -r -a T <<<"$TARGETS"
+for t in "${T[@]}"; do wrk_run "${t##*:}" jwt 4 1 > /dev/null; done # warm up
+for rep in $(seq 1 "$REPEATS"); do
+  echo "repeat $rep/$REPEATS" >&2
+  # rotate the target order by one per repeat
+  shift_by=$(( (rep - 1) % ${#T[@]} ))
+  order=("${T[@]:$shift_by}" "${T[@]:0:$shift_by}")
+  for tok in $TOKENS; do
+    for t in "${order[@]}"; do measure "$rep" "$tok" "${t%%:*}" "${t##*:}"; done
   done
 done
+
 echo
-for tok in $TOKENS; do
-  if [ -n "$BASELINE" ]; then
-    read -r g_rps _ _ <<<"${R[$tok.podgate]}"
-    read -r b_rps _ _ <<<"${R[$tok.before]}"
-    read -r _ d_p50 _ <<<"${L[$tok.direct]}"
-    read -r _ g_p50 _ <<<"${L[$tok.podgate]}"
-    read -r _ b_p50 _ <<<"${L[$tok.before]}"
-    awk -v t="$tok" -v g="$g_rps" -v b="$b_rps" -v gp="$g_p50" -v bp="$b_p50" -v dp="$d_p50" 'BEGIN {
-      printf "%-4s podgate/before req/s %.2fx; added p50 at one connection: podgate %.0f us, before %.0f us\n", t, g / b, gp - dp, bp - dp }'
-  fi
-  read -r g_rps _ _ <<<"${R[$tok.podgate]}"
-  read -r h_rps _ _ <<<"${R[$tok.haproxy]}"
-  read -r n_rps _ _ <<<"${R[$tok.nginx]}"
-  read -r _ d_p50 _ <<<"${L[$tok.direct]}"
-  read -r _ g_p50 _ <<<"${L[$tok.podgate]}"
-  read -r _ h_p50 _ <<<"${L[$tok.haproxy]}"
-  awk -v t="$tok" -v g="$g_rps" -v h="$h_rps" -v n="$n_rps" -v gp="$g_p50" -v dp="$d_p50" -v hp="$h_p50" 'BEGIN {
-    printf "%-4s podgate/haproxy req/s %.2fx (goal >= 1.2x), podgate/nginx %.2fx; added p50 at one connection: podgate %.0f us (goal <= 100 us), haproxy %.0f us\n", t, g / h, g / n, gp - dp, hp - dp }'
-done
+python3 scripts/lib/bench_report.py --dir "$RAW" --json "$JSON" \
+  --config "repeats=$REPEATS" --config "duration_s=$DURATION" \
+  --config "lat_duration_s=$LAT_DURATION" --config "strace_duration_s=$STRACE_DURATION" \
+  --config "conns=$CONNS" --config "lat_cpu=$LAT_CPU" --config "podgate=$PODGATE" --config "baseline=$BASELINE" \
+  --config "cpus=$(nproc)" --config "loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"

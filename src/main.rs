@@ -8,7 +8,9 @@ use clap::{Parser, Subcommand};
 mod cli;
 
 /// mimalloc: pingora allocates per request (headers, buffers); glibc's malloc was
-/// 12% of the proxy's CPU under load.
+/// 12% of the proxy's CPU under load. The `system-alloc` feature leaves glibc's, so
+/// heap profilers that interpose `malloc` (heaptrack, valgrind) see every allocation.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -60,6 +62,8 @@ enum Command {
     /// Watch the Kubernetes object graph through the Graph API (as `glab cluster
     /// graph` does) and print it.
     Graph(cli::graph::GraphArgs),
+    /// Create, stop, restart, terminate and list workspaces in a simulated GitLab.
+    Workspaces(cli::workspaces::WorkspacesArgs),
     /// Run the edge router.
     Proxy {
         /// The proxy configuration (TOML).
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
         Command::PodSim(args) => cli::pod_sim::run(args),
         Command::KubeSim(args) => cli::kube_sim::run(args),
         Command::Graph(args) => cli::graph::run(args),
+        Command::Workspaces(args) => cli::workspaces::run(args),
         Command::Kas(args) => cli::kas::run(args),
         Command::Agentk(args) => cli::agentk::run(args),
         Command::Loadtest(cmd) => cli::loadtest::run(cmd),

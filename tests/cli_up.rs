@@ -9,8 +9,22 @@ use podgate_registry::testing::free_port;
 #[test]
 fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
     let (listen, admin) = (free_port(), free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
     let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["up", "--duration", "8s", "--runners", "12"])
+        // Few enough jobs that runners idle and their polls are held (a busy
+        // machine's backlog would otherwise give every poll a job).
+        .args([
+            "up",
+            "--duration",
+            "8s",
+            "--runners",
+            "36",
+            "--job-rate",
+            "0.5",
+        ])
+        .arg("--json")
+        .arg(&json)
         .args(["--listen", &format!("127.0.0.1:{listen}")])
         .args(["--admin", &format!("127.0.0.1:{admin}")])
         .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
@@ -25,7 +39,8 @@ fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
     // Printed only once the proxy's /readyz answered 200.
     assert!(stdout.contains("podgate up: ready"), "{stdout}");
     let last = stdout.rsplit("final").next().unwrap();
-    // Each Pod's row: "  <id>  <addr>  <requests>  <jobs/request>  <misroutes>".
+    // Each Pod's row: "  <id>  <addr>  <requests>  <jobs/request>  <held in Pod>
+    // <held at edge>  <misroutes>".
     for pod in ["1", "2", "3"] {
         let row = last
             .lines()
@@ -39,9 +54,33 @@ fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
             requests > polls,
             "Pod {pod}: registrations and job updates are runner traffic too: {row}"
         );
-        assert_eq!(cols[4], "0", "Pod {pod} saw misroutes: {row}");
+        assert_eq!(cols[6], "0", "Pod {pod} saw misroutes: {row}");
     }
     assert!(last.contains("misroutes: 0"), "{last}");
+    // The proxy held polls at the edge (the Pods' queue keys in a private
+    // redis-server): polls ended there by a queue change or by the fleet stopping,
+    // beside the stale ones it forwarded.
+    assert!(
+        stdout.contains("jobs/request long polls held at the proxy"),
+        "{stdout}"
+    );
+    let edge = last
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("edge long polls:"))
+        .unwrap_or_else(|| panic!("no edge long polls line: {last}"));
+    let outcome = |k: &str| -> u64 {
+        let words: Vec<&str> = edge.split_whitespace().collect();
+        let at = words
+            .iter()
+            .position(|w| *w == k)
+            .unwrap_or_else(|| panic!("no {k}: {edge}"));
+        words[at + 1].parse().unwrap()
+    };
+    assert!(outcome("stale") > 0, "{edge}");
+    assert!(
+        outcome("changed") + outcome("client_gone") + outcome("timeout") > 0,
+        "no poll was held at the edge: {edge}"
+    );
     assert!(
         stdout.contains("jobs done:") && stdout.contains("unexpected statuses: 0"),
         "{stdout}"
@@ -51,6 +90,33 @@ fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
     for source in ["json:token", "header:job-token"] {
         assert!(last.contains(source), "no {source} traffic: {last}");
     }
+    // The report predicts jobs/request from the configuration (36 runners every 3 s
+    // plus 0.5 jobs/s on each of 3 Pods) and measures it.
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let expected = &report["expected"];
+    assert_eq!(expected["job_rate_source"], "configured", "{expected}");
+    assert_eq!(expected["job_rate"], 1.5, "{expected}");
+    assert_eq!(expected["runners"], 36, "{expected}");
+    assert!(expected["ratio"].as_f64().unwrap() > 0.0, "{expected}");
+    // Paced like gitlab-runner, no storm: each runner asks at most once per feed
+    // (one per check interval, the first at its start) plus once after each job it
+    // got (a short run drains the jobs queued while runners registered, so the jobs
+    // it ran, not the configured rate, bound that part).
+    let answers = &report["jobs_request"];
+    let count = |k: &str| answers[k].as_u64().unwrap();
+    let created = count("created");
+    assert!(created > 0, "{answers}");
+    let requests = created
+        + count("no_content_held")
+        + count("no_content_immediate")
+        + count("conflict")
+        + count("other");
+    let elapsed = report["elapsed_secs"].as_f64().unwrap();
+    let feeds = 36.0 * (elapsed / 3.0 + 1.0);
+    assert!(
+        requests as f64 <= feeds + created as f64,
+        "{requests} jobs/request in {elapsed:.1} s: more than 36 runners' feeds ({feeds:.0}) plus one per job ({created}): {answers}"
+    );
 }
 
 /// `--no-fleet` queues no jobs of its own, and prints each Pod on one line a script can
@@ -234,5 +300,211 @@ fn podgate_up_serves_kubectl_and_the_graph_api_through_the_proxy() {
     assert!(
         graph_pods.abs_diff(kubectl_pods) <= 10,
         "the graph has {graph_pods} pods, kubectl listed {kubectl_pods}"
+    );
+}
+
+/// Workspaces: `podgate up` creates a workspace for Pod 1's agent and lists it in
+/// its periodic table; agentk's reconciliation (through the proxy and kas, against
+/// kube-sim's controllers) brings it to `Running`, and a stop through the printed
+/// `podgate workspaces --gitlab …` command is followed to `Stopped` — which only
+/// happens while reconcile traffic flows both ways (the Deployment scaled to 0 by
+/// agentk's apply, then its status reported back to GitLab). The printed `open:`
+/// line (the workspace's host on the proxy) reaches the running workspace's
+/// Service through kas and agentk, and is answered 503 once it is stopped.
+#[test]
+fn podgate_up_runs_a_workspace_and_follows_a_stop() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let (listen, admin, tls) = (free_port(), free_port(), free_port());
+    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["up", "--no-fleet", "--duration", "180s"])
+        .args([
+            "--kube-objects",
+            "300",
+            "--workspaces-partial-interval",
+            "1",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{listen}")])
+        .args(["--admin", &format!("127.0.0.1:{admin}")])
+        .args(["--tls-listen", &format!("127.0.0.1:{tls}")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+    let stdout = up.stdout.take().unwrap();
+    let _up = Kill(up);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next = |what: &str, deadline: Instant| -> String {
+        let left = deadline.saturating_duration_since(Instant::now());
+        rx.recv_timeout(left)
+            .unwrap_or_else(|_| panic!("podgate up: no {what} in time"))
+    };
+    let field = |line: &str, k: &str| -> String {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {k} in {line}"))
+            .to_owned()
+    };
+    let (mut workspace, mut gitlab, mut kubeconfig) = (None, None, None);
+    let (mut open, mut pat) = (None, None);
+    let start = Instant::now() + Duration::from_secs(120);
+    loop {
+        let line = next("ready", start);
+        let t = line.trim();
+        if t.starts_with("workspace id=") {
+            workspace = Some((
+                field(t, "id"),
+                field(t, "name"),
+                field(t, "namespace"),
+                field(t, "url"),
+            ));
+        }
+        if let Some(rest) = t.strip_prefix("try: podgate workspaces --gitlab ") {
+            gitlab = rest.split_whitespace().next().map(str::to_owned);
+        }
+        if let Some(p) = t.strip_prefix("kubeconfig path=") {
+            kubeconfig = Some(p.to_owned());
+        }
+        if t.starts_with("open: curl ") {
+            // `… http://<workspace host>:<proxy port>/`
+            open = t.rsplit(' ').next().map(|u| {
+                u.trim_start_matches("http://")
+                    .trim_end_matches('/')
+                    .to_owned()
+            });
+        }
+        if t.starts_with("graph url=") {
+            pat = Some(field(t, "bearer").splitn(3, ':').nth(2).unwrap().to_owned());
+        }
+        if line == "podgate up: ready" {
+            break;
+        }
+    }
+    let (id, name, namespace, url) = workspace.expect("a `workspace id=…` line");
+    let open = open.expect("an `open: curl …` line");
+    let pat = pat.expect("the graph line's bearer");
+    let gitlab = gitlab.expect("a `try: podgate workspaces --gitlab …` line");
+    let kubeconfig = kubeconfig.expect("a kubeconfig line");
+    assert!(name.starts_with("workspace-1-1-"), "{name}");
+    assert!(
+        url.starts_with(&format!("https://60001-{name}.workspaces.localhost/")),
+        "{url}"
+    );
+
+    // The table's row for the workspace: (desired, actual), once it shows `want`.
+    let wait_row = |want: (&str, &str), deadline: Instant| {
+        let mut last = None;
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("no table row {want:?} in time; last {last:?}"));
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() >= 5 && cols[0] == id && cols[1] == name {
+                assert_eq!(cols[4], url, "{line}");
+                if (cols[2], cols[3]) == want {
+                    return;
+                }
+                last = Some(line.clone());
+            }
+        }
+    };
+    wait_row(
+        ("Running", "Running"),
+        Instant::now() + Duration::from_secs(90),
+    );
+    let kubectl = |args: &[&str]| {
+        let out = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .output()
+            .expect("running kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let replicas = |kubectl: &dyn Fn(&[&str]) -> String| {
+        kubectl(&[
+            "get",
+            "deployment",
+            &name,
+            "-n",
+            &namespace,
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])
+    };
+    // agentk applied GitLab's Deployment to the cluster (seen through the proxy and kas).
+    assert_eq!(replicas(&kubectl), "1");
+    // The printed way in: the workspace's host on the proxy, as the workspace's
+    // owner, reaches the workspace's Service through kas and agentk (kube-sim's
+    // backend names the Deployment).
+    let host = url
+        .trim_start_matches("https://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(open, format!("{host}:{listen}"));
+    let host = open.clone();
+    let visit = || {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", listen)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(
+            s,
+            "GET /hello HTTP/1.0\r\nHost: {host}\r\nAuthorization: Bearer {pat}\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let status: u16 = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (status, out)
+    };
+    let (status, answer) = visit();
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer.contains(&format!("deployment {namespace}/{name}")),
+        "{answer}"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["workspaces", "--gitlab", &gitlab, "stop", &id])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "podgate workspaces stop: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("Stopped"), "{text}");
+    wait_row(
+        ("Stopped", "Stopped"),
+        Instant::now() + Duration::from_secs(60),
+    );
+    assert_eq!(replicas(&kubectl), "0");
+    let (status, answer) = visit();
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        answer.contains(&format!("workspace {name} is not running")),
+        "{answer}"
     );
 }

@@ -337,7 +337,7 @@ mod kas {
     /// Every metric kas (`agent/src/kas/metrics.rs`, `agent_auth.rs`), the presence
     /// registry it serves beside them (`pod-registry/src/metrics.rs`) and agentk
     /// (`agent/src/agentk/metrics.rs`) define.
-    const EXPECTED: [&str; 28] = [
+    const EXPECTED: [&str; 32] = [
         "podgate_kas_connected_agents",
         "podgate_kas_tunnels",
         "podgate_kas_routing_duration_seconds",
@@ -366,6 +366,10 @@ mod kas {
         "podgate_agentk_connects_total",
         "podgate_agentk_requests_total",
         "podgate_agentk_request_duration_seconds",
+        "podgate_agentk_workspaces_cycles_total",
+        "podgate_agentk_workspaces_apply_errors_total",
+        "podgate_agentk_workspaces_sent_total",
+        "podgate_agentk_workspaces_leader",
     ];
 
     /// kas's exposition is its own registry plus the process-wide one, which in this

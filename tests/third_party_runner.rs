@@ -374,21 +374,32 @@ fn sample(metrics: &str, name: &str) -> f64 {
 /// Endpoints that are not runner traffic (`podgate up` leaves them out too).
 const NOT_RUNNER_TRAFFIC: [&str; 3] = ["health", "metrics", "control"];
 
+/// What Pod 1's kas asks its GitLab directly, not through the proxy: the Kubernetes
+/// API proxy's, Workspaces' and agentw's internal API (`podgate up` runs them).
+fn from_kas(endpoint: &str) -> bool {
+    ["k8s_", "ws_", "agentw_"]
+        .iter()
+        .any(|p| endpoint.starts_with(p))
+        || endpoint == "user"
+}
+
 fn runner_traffic(requests: &BTreeMap<(String, u16), u64>) -> u64 {
     requests
         .iter()
-        .filter(|((e, _), _)| !NOT_RUNNER_TRAFFIC.contains(&e.as_str()))
+        .filter(|((e, _), _)| !NOT_RUNNER_TRAFFIC.contains(&e.as_str()) && !from_kas(e))
         .map(|(_, n)| n)
         .sum()
 }
 
-/// Requests the proxy forwarded to each Pod, by its `podgate_proxy_requests_total`.
+/// Requests the proxy forwarded to each Pod's GitLab, by its
+/// `podgate_proxy_requests_total` (the `kas-*` rules' requests went to the Pod's kas:
+/// agentk's module calls, which kas passes on to GitLab directly).
 fn proxy_requests_by_pod(metrics: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for l in metrics
-        .lines()
-        .filter(|l| l.starts_with("podgate_proxy_requests_total{"))
-    {
+    for l in metrics.lines().filter(|l| {
+        l.starts_with("podgate_proxy_requests_total{")
+            && !label(l, "rule").is_some_and(|r| r.starts_with("kas"))
+    }) {
         if let (Some(pod), Some(n)) = (
             label(l, "pod"),
             l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
@@ -409,7 +420,9 @@ fn run_on_pod(up: &Up, venv: &Path, pod: &PodInfo) {
     let content = random_hex(2048);
     let content_sha = sha256_hex(content.as_bytes());
 
-    // Queued before the runner starts: it sleeps 40 s after an empty poll.
+    // Queued before the runner starts: it sleeps 40 s after an empty poll. Tagged
+    // `x`: the runner registers with `--tag x` and `run_untagged: false`, so GitLab
+    // (and the Pod) give it only jobs with that tag.
     let produce = queue_job(
         pod,
         json!({
@@ -424,6 +437,7 @@ fn run_on_pod(up: &Up, venv: &Path, pod: &PodInfo) {
             ],
             "artifacts": ["out/"],
             "dependencies": [],
+            "tags": ["x"],
         }),
     );
     let consume = queue_job(
@@ -438,6 +452,7 @@ fn run_on_pod(up: &Up, venv: &Path, pod: &PodInfo) {
             ],
             "artifacts": [],
             "dependencies": [produce],
+            "tags": ["x"],
         }),
     );
 

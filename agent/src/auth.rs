@@ -54,6 +54,9 @@ struct Claims {
     aud: String,
     iat: u64,
     exp: u64,
+    /// Not before (`Gitlab-Kas-Api-Request` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nbf: Option<u64>,
 }
 
 fn now() -> u64 {
@@ -156,18 +159,31 @@ pub fn mint_external(secret: &[u8], issuer: &str, ttl_secs: u64) -> Result<Strin
 }
 
 /// The `Gitlab-Kas-Api-Request` JWT kas sends with its calls to GitLab's internal
-/// API (issuer `gitlab-kas`, audience `gitlab`, signed with the shared secret).
+/// API (issuer `gitlab-kas`, audience `gitlab`, signed with the shared secret),
+/// valid for 30 s and from 5 s ago, as GitLab's kas mints it
+/// (`internal/gitlab/client.go`: `jwtValidFor`, `jwtNotBefore`).
 pub fn mint_kas_api_request(secret: &[u8]) -> Result<String, Error> {
-    mint(secret, "gitlab-kas", "gitlab", 60)
+    mint_claims(secret, "gitlab-kas", "gitlab", 30, Some(5))
 }
 
 fn mint(secret: &[u8], iss: &str, aud: &str, ttl_secs: u64) -> Result<String, Error> {
+    mint_claims(secret, iss, aud, ttl_secs, None)
+}
+
+fn mint_claims(
+    secret: &[u8],
+    iss: &str,
+    aud: &str,
+    ttl_secs: u64,
+    not_before_secs: Option<u64>,
+) -> Result<String, Error> {
     let now = now();
     let claims = Claims {
         iss: iss.to_owned(),
         aud: aud.to_owned(),
         iat: now,
         exp: now + ttl_secs,
+        nbf: not_before_secs.map(|b| now.saturating_sub(b)),
     };
     jsonwebtoken::encode(
         &Header::new(Algorithm::HS256),
@@ -194,6 +210,7 @@ mod tests {
             aud: aud.into(),
             iat: now() - 150,
             exp: now() - 120,
+            nbf: None,
         };
         jsonwebtoken::encode(
             &Header::new(Algorithm::HS256),
@@ -201,6 +218,23 @@ mod tests {
             &EncodingKey::from_secret(secret),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn kas_api_request_tokens_live_30_s_from_5_s_ago_as_gitlab_kas_mints_them() {
+        let token = mint_kas_api_request(&[3u8; 32]).unwrap();
+        let mut v = jsonwebtoken::Validation::new(Algorithm::HS256);
+        v.set_audience(&["gitlab"]);
+        v.set_issuer(&["gitlab-kas"]);
+        let c = jsonwebtoken::decode::<Claims>(
+            &token,
+            &jsonwebtoken::DecodingKey::from_secret(&[3u8; 32]),
+            &v,
+        )
+        .unwrap()
+        .claims;
+        assert_eq!(c.exp - c.iat, 30);
+        assert_eq!(c.nbf, Some(c.iat - 5));
     }
 
     #[test]

@@ -12,20 +12,27 @@
 //!   connected agents from the registry; calls to agents ([`kas::routing`]) through a
 //!   local reverse tunnel, or kas → kas, or after waiting for the agent to connect;
 //!   the Kubernetes API proxy ([`kas::k8s_proxy`]: `kubectl` through GitLab, and the
-//!   Graph API's `/graph` WebSocket); metrics.
+//!   Graph API's `/graph` WebSocket); agentk modules' requests to GitLab
+//!   ([`kas::gitlab_access`]: `GitlabAccess.MakeRequest`); agent configurations from
+//!   a directory, sent to agentk and posted to GitLab ([`kas::agent_config`]); the
+//!   Workspaces HTTP server ([`kas::workspaces`]: a workspace's URL, authorised by
+//!   GitLab, through the agent's tunnel); metrics.
 //! - [`agentk`]: the agent: configuration stream, a pool of reverse tunnels that grows
 //!   under load, `GetPods` with kube-rs, `MakeRequest` (the proxy's HTTP requests),
-//!   `WatchGraph` (the Graph API's watches), metrics and health endpoints.
+//!   `WatchGraph` (the Graph API's watches), the Workspaces module
+//!   ([`agentk::remote_development`]: leader election with a Lease
+//!   ([`agentk::leader`]), the reconcile loop with GitLab through kas, server-side
+//!   apply of GitLab's objects by inventory) and workspace traffic to workspace
+//!   Services, metrics and health endpoints.
 //! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port.
 //! - [`obs`]: the `/metrics`, `/healthz`, `/readyz` listener of kas and agentk.
 //! - [`kube_sim`]: a simulated Kubernetes API server that `kubectl` and kube-rs
 //!   accept (`podgate kube-sim`); `testing::kube` (feature `test-util`) runs it on a
-//!   free port for tests.
+//!   free port for tests, and `testing::workspaces` the Workspaces stack around it
+//!   (kube-sim, the Pod simulator as GitLab, kas and agentk).
 //! - [`graph`]: the Graph API's request model and validation, CEL, kubectl JSONPath
 //!   and the WebSocket messages (pure; used by kas, agentk and the client).
 //! - [`selector`]: Kubernetes label and field selectors (parse, match).
-//!
-//! The Workspaces reconciliation loop is a later issue.
 
 pub mod agentk;
 pub mod auth;

@@ -16,6 +16,7 @@ use podgate_agent::testing::fixtures::{
     EXTERNAL_SECRET, agent_tokens, kas_config, memory_registry,
 };
 use podgate_agent::testing::kube::KubeTestServer;
+use podgate_agent::testing::workspaces::agentk_config;
 use podgate_loadtest::pod_sim::{AgentSpec, PodSim, PodSimConfig};
 use podgate_tokens::PodId;
 use tokio::sync::Notify;
@@ -116,13 +117,7 @@ async fn stack(old: bool) -> Stack {
         serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "c1", "namespace": "default"}}),
     );
-    let kc = kube::config::Kubeconfig::from_yaml(&kube.kubeconfig()).unwrap();
-    let client = kube::Client::try_from(
-        kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let client = kube.client().await;
     let (alive, ended) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
     let agent = Arc::new(Agent {
         kube: KubeHandler::new(client),
@@ -132,16 +127,8 @@ async fn stack(old: bool) -> Stack {
     });
     let agentk = Agentk::start_with(
         AgentkConfig {
-            kas_url: format!("grpc://{}", kas.agent_addr()),
-            token: mint(Some(1)),
             pod_namespace: "gitlab-agent".into(),
-            pod_name: "agentk-0".into(),
-            idle_tunnels: 2,
-            max_busy_tunnels: 10,
-            observability_listen: None,
-            kubeconfig: None,
-            ca_file: None,
-            graph_sync_timeout: Duration::from_secs(30),
+            ..agentk_config(&kas, mint(Some(1)), None)
         },
         agent,
     )

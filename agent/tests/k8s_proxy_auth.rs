@@ -22,6 +22,7 @@ use podgate_agent::kas::k8s_proxy::K8sProxyConfig;
 use podgate_agent::testing::fixtures::{
     EXTERNAL_SECRET, agent_tokens, kas_config, memory_registry,
 };
+use podgate_agent::testing::workspaces::agentk_config;
 use podgate_loadtest::pod_sim::kubernetes::{PathRef, UserAccessConfig};
 use podgate_loadtest::pod_sim::{AgentSpec, PodSim, PodSimConfig, sum_samples};
 use podgate_tokens::PodId;
@@ -139,16 +140,8 @@ async fn stack_with(cluster_url: Option<String>) -> Stack {
     )
     .unwrap();
     let agentk = Agentk::start(AgentkConfig {
-        kas_url: format!("grpc://{}", kas.agent_addr()),
-        token: mint(Some(1)),
         pod_namespace: "gitlab-agent".into(),
-        pod_name: "agentk-0".into(),
-        idle_tunnels: 2,
-        max_busy_tunnels: 10,
-        observability_listen: None,
-        kubeconfig: Some(kubeconfig),
-        ca_file: None,
-        graph_sync_timeout: Duration::from_secs(30),
+        ..agentk_config(&kas, mint(Some(1)), Some(kubeconfig))
     })
     .await
     .unwrap();

@@ -2,54 +2,11 @@
 //! applies, gets (with label and field selectors) and watches through it.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use podgate_agent::testing::kube::KubeTestServer;
+use podgate_agent::testing::kube::{KubeTestServer, Kubectl};
 use serde_json::{Value, json};
-
-struct Kubectl {
-    config: tempfile::NamedTempFile,
-}
-
-impl Kubectl {
-    fn new(server: &KubeTestServer) -> Self {
-        let config = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(config.path(), server.kubeconfig()).unwrap();
-        Kubectl { config }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("kubectl");
-        c.arg("--kubeconfig").arg(self.config.path()).args(args);
-        c.env("HOME", std::env::temp_dir()); // no discovery cache from elsewhere
-        c
-    }
-
-    /// Run to completion; (success, stdout, stderr).
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-        let mut c = self.command(args);
-        c.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().expect("kubectl is installed");
-        if let Some(input) = stdin {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(input.as_bytes())
-                .unwrap();
-        }
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
 
 const POD: &str = r#"
 apiVersion: v1

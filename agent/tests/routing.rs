@@ -280,11 +280,7 @@ async fn make_request_reaches_kube_sim_through_two_kas() {
         "default",
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "first", "namespace": "default"}}),
     );
-    let kc = kube::config::Kubeconfig::from_yaml(&kube.kubeconfig()).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
+    let client = kube.client().await;
     let (kas1, kas2, _keys, mint) = two_kas(Duration::from_secs(5)).await;
     let (_conn, _presence, tunnels) =
         replica(&kas2, mint(Some(3)), 3, Arc::new(KubeHandler::new(client))).await;

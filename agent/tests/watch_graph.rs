@@ -93,11 +93,7 @@ struct Watch {
 
 impl Watch {
     async fn start(server: &KubeTestServer, request: Value, settings: Settings) -> Watch {
-        let kc = kube::config::Kubeconfig::from_yaml(&server.kubeconfig()).expect("kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .expect("config");
-        let client = kube::Client::try_from(config).expect("client");
+        let client = server.client().await;
         let payload = WatchGraphRequest {
             request_json: request.to_string(),
             impersonation: None,

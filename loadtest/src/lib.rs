@@ -5,8 +5,9 @@
 //!
 //! - [`pod_sim`]: `podgate pod-sim`, the runner API of one Pod, with misroute
 //!   detection (`misrouted_requests_total`).
-//! - [`fleet`]: `podgate loadtest runners`, simulated runners (old and new) with a
-//!   per-endpoint HDR report.
+//! - [`fleet`]: `podgate loadtest runners`, simulated runners (old and new) that
+//!   schedule their requests as gitlab-runner does (`check_interval`, `concurrent`,
+//!   `request_concurrency`, retries, health), with a per-endpoint HDR report.
 //! - [`open_loop`]: `podgate loadtest http`, constant-rate requests with latencies
 //!   corrected for coordinated omission.
 //!

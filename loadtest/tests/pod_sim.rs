@@ -1,7 +1,8 @@
 //! The Pod simulator driven directly through every endpoint of `runner-protocol.md`,
 //! checking statuses and headers against GitLab's: registration and its friends
-//! (authenticated by the `token` parameter only), long polls (204 with a ticket, 201
-//! with a job, 409 races), job updates, trace patches (202 + Range, 416 on a gap, 400
+//! (authenticated by the `token` parameter only), long polls (Rails' 204 with the
+//! runner's queue value, Workhorse's held 204 without one, 201 with a job, 409
+//! races), job updates, trace patches (202 + Range, 416 on a gap, 400
 //! without Content-Range), artifacts up and down (the file part, byte-equal), and
 //! 403 + `misrouted_requests_total` for a foreign token.
 
@@ -13,8 +14,13 @@ use common::{call, json as post_json, sim_with};
 use podgate_loadtest::pod_sim::PodSim;
 use serde_json::json;
 
+/// Generated jobs untagged, so the runner below (tags `a,b`) takes them all.
 async fn sim(pod: u64) -> PodSim {
-    sim_with(pod, |c| c.conflict_every = 3).await
+    sim_with(pod, |c| {
+        c.conflict_every = 3;
+        c.job_tag_sets = vec![vec![]];
+    })
+    .await
 }
 
 fn misroutes(sim: &PodSim) -> u64 {
@@ -94,8 +100,25 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
     .await;
     assert_eq!(r.status, 403);
 
-    // jobs/request: nothing queued and a current ticket → held, then 204 + ticket.
-    let ticket = pod.state().ticket().to_string();
+    // jobs/request without last_update: Workhorse passes it to Rails, which answers
+    // 204 with the runner's queue value.
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/jobs/request",
+        &[],
+        json!({"token": runner, "info": {}}),
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    assert_eq!(r.header("gitlab-ci-builds-polling"), Some("yes"));
+    let ticket = r.header("x-gitlab-last-update").unwrap().to_owned();
+    assert_eq!(
+        pod.state().queues().get(&runner).as_deref(),
+        Some(ticket.as_str())
+    );
+    // Nothing queued and a current ticket → held by Workhorse for the long poll,
+    // then 204 without X-GitLab-Last-Update (the runner keeps its ticket).
     let started = Instant::now();
     let r = post_json(
         a,
@@ -110,8 +133,9 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
         started.elapsed() >= Duration::from_secs(2),
         "held for the long poll"
     );
-    assert_eq!(r.header("x-gitlab-last-update"), Some(ticket.as_str()));
-    // A stale ticket is answered at once.
+    assert_eq!(r.header("x-gitlab-last-update"), None);
+    assert_eq!(r.header("gitlab-ci-builds-polling"), Some("yes"));
+    // A stale ticket is answered at once by Rails, with the current one.
     let started = Instant::now();
     let r = post_json(
         a,
@@ -123,7 +147,11 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
     .await;
     assert_eq!(r.status, 204);
     assert!(started.elapsed() < Duration::from_secs(2));
-    // A held poll is woken by a queued job: 201 with a job shaped like GitLab's.
+    assert_eq!(r.header("x-gitlab-last-update"), Some(ticket.as_str()));
+    // A held poll is woken by a queued job the runner can take: Workhorse's 204
+    // without a ticket; the runner's next request, with its old ticket, gets the job
+    // from Rails: 201 with a job shaped like GitLab's.
+    let mut held = pod.state().queues().held_polls();
     let poll = tokio::spawn({
         let (runner, ticket) = (runner.clone(), ticket.clone());
         async move {
@@ -137,10 +165,21 @@ async fn every_runner_endpoint_answers_as_gitlab_does() {
             .await
         }
     });
-    tokio::task::yield_now().await;
+    held.wait_for(|n| *n == 1).await.unwrap();
+    assert_eq!(pod.metrics().held_polls(), 1);
     let first = pod.enqueue().unwrap();
     let r = poll.await.unwrap();
+    assert_eq!((r.status, r.header("x-gitlab-last-update")), (204, None));
+    let r = post_json(
+        a,
+        "POST",
+        "/api/v4/jobs/request",
+        &[],
+        json!({"token": runner, "last_update": ticket}),
+    )
+    .await;
     assert_eq!(r.status, 201, "{:?}", r.json());
+    assert_eq!(r.header("gitlab-ci-builds-polling"), Some("yes"));
     let job = r.json();
     assert_eq!(job["id"].as_u64(), Some(first));
     for field in [

@@ -82,6 +82,10 @@ pub struct Pod {
     /// HTTP/1.1, so a pool of its own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kas_k8s_proxy: Vec<String>,
+    /// kas's Workspaces HTTP server listener, `host:port` (user traffic for
+    /// `https://<port>-<workspace>.<zone>/`): HTTP/1.1, a pool of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kas_workspaces: Vec<String>,
     /// Whether it takes traffic.
     #[serde(default)]
     pub state: PodState,
@@ -92,6 +96,13 @@ pub struct Pod {
     /// `cell-<id>`.
     #[serde(default)]
     pub session_prefix: Option<String>,
+    /// The Redis the Pod's GitLab keeps its runners' queue keys in
+    /// (`runner:build_queue:<token>`, announced on `workhorse:notifications:…`; the
+    /// Redis its Workhorse watches), as a `redis://`, `rediss://` or `redis+unix://`
+    /// URL. Set: the proxy holds this Pod's `jobs/request` long polls at the edge
+    /// (`podgate_proxy::edge_poll`); `None`: they are forwarded as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_queue_redis: Option<String>,
 }
 
 /// A [`Pod`] as stored: the same fields, plus the retired `weight`, accepted and
@@ -108,6 +119,8 @@ struct PodWire {
     #[serde(default)]
     kas_k8s_proxy: Vec<String>,
     #[serde(default)]
+    kas_workspaces: Vec<String>,
+    #[serde(default)]
     state: PodState,
     #[serde(default, rename = "weight")]
     _retired_weight: Option<u32>,
@@ -115,6 +128,8 @@ struct PodWire {
     labels: BTreeMap<String, String>,
     #[serde(default)]
     session_prefix: Option<String>,
+    #[serde(default)]
+    runner_queue_redis: Option<String>,
 }
 
 impl From<PodWire> for Pod {
@@ -125,9 +140,11 @@ impl From<PodWire> for Pod {
             web: w.web,
             kas: w.kas,
             kas_k8s_proxy: w.kas_k8s_proxy,
+            kas_workspaces: w.kas_workspaces,
             state: w.state,
             labels: w.labels,
             session_prefix: w.session_prefix,
+            runner_queue_redis: w.runner_queue_redis,
         }
     }
 }
@@ -141,9 +158,11 @@ impl Pod {
             web: vec![web.into()],
             kas: Vec::new(),
             kas_k8s_proxy: Vec::new(),
+            kas_workspaces: Vec::new(),
             state: PodState::Active,
             labels: BTreeMap::new(),
             session_prefix: None,
+            runner_queue_redis: None,
         }
     }
 
@@ -164,6 +183,7 @@ impl Pod {
             ("web", &self.web),
             ("kas", &self.kas),
             ("kas_k8s_proxy", &self.kas_k8s_proxy),
+            ("kas_workspaces", &self.kas_workspaces),
         ] {
             for (i, a) in addrs.iter().enumerate() {
                 if !is_host_port(a) {
@@ -171,7 +191,11 @@ impl Pod {
                 }
             }
         }
-        if self.web.is_empty() && self.kas.is_empty() && self.kas_k8s_proxy.is_empty() {
+        if self.web.is_empty()
+            && self.kas.is_empty()
+            && self.kas_k8s_proxy.is_empty()
+            && self.kas_workspaces.is_empty()
+        {
             bad.push(format!("{at}: needs at least one web or kas upstream"));
         }
         if let Some(p) = &self.session_prefix
@@ -181,8 +205,51 @@ impl Pod {
                 "{at}.session_prefix = {p:?}: letters, digits and '-' only"
             ));
         }
+        if let Some(url) = &self.runner_queue_redis
+            && !is_redis_url(url)
+        {
+            bad.push(format!(
+                "{at}.runner_queue_redis = {url:?}: expected a redis://host[:port][/db], rediss://… or redis+unix:///path URL"
+            ));
+        }
         bad
     }
+}
+
+/// A `redis://` or `rediss://` URL naming a host (user info, port and database
+/// optional), or a `redis+unix://` URL naming a socket path.
+fn is_redis_url(url: &str) -> bool {
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return false;
+    }
+    if let Some(path) = url.strip_prefix("redis+unix://") {
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        return path.starts_with('/') && path.len() > 1;
+    }
+    let Some(rest) = url
+        .strip_prefix("redis://")
+        .or_else(|| url.strip_prefix("rediss://"))
+    else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match host_port.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, p)) => (h, p.strip_prefix(':')),
+            None => return false,
+        },
+        None => match host_port.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        },
+    };
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0));
+    let db_ok = rest[authority.len()..]
+        .strip_prefix('/')
+        .map(|d| d.split(['?', '#']).next().unwrap_or(""))
+        .is_none_or(|d| d.is_empty() || d.parse::<u32>().is_ok());
+    !host.is_empty() && port_ok && db_ok
 }
 
 /// `host:port` with a non-empty host and a port in 1..=65535 (IPv6 in brackets).
@@ -279,6 +346,8 @@ impl Topology {
 /// web = ["10.0.0.1:8080", "10.0.0.2:8080"]
 /// kas = ["10.0.0.1:8150"]
 /// kas_k8s_proxy = ["10.0.0.1:8154"]   # kas's Kubernetes API proxy listener
+/// kas_workspaces = ["10.0.0.1:8160"]  # kas's Workspaces HTTP server listener
+/// runner_queue_redis = "redis://10.0.0.1:6379"  # optional: long polls held at the edge
 ///
 /// [[pods]]
 /// id = 2
@@ -372,6 +441,7 @@ mod tests {
             web = ["10.0.0.1:8080", "10.0.0.2:8080"]
             kas = ["10.0.0.1:8150"]
             kas_k8s_proxy = ["10.0.0.1:8154"]
+            kas_workspaces = ["10.0.0.1:8160"]
             [[pods]]
             id = 2
             name = "pod-2"
@@ -383,6 +453,7 @@ mod tests {
         let t = f.to_topology(1);
         assert_eq!(t.legacy_pod().unwrap().name, "legacy");
         assert_eq!(t.legacy_pod().unwrap().kas_k8s_proxy, ["10.0.0.1:8154"]);
+        assert_eq!(t.legacy_pod().unwrap().kas_workspaces, ["10.0.0.1:8160"]);
         assert_eq!(t.pod(pod(2)).unwrap().state, PodState::Draining);
         // A Pod without the pool is stored as before (older readers refuse unknown
         // fields).
@@ -422,6 +493,7 @@ mod tests {
             name = "dup"
             web = ["a:1"]
             kas_k8s_proxy = ["k8s"]
+            kas_workspaces = ["ws"]
             session_prefix = "bad prefix"
         "#;
         let err = TopologyFile::parse(text, "topo.toml")
@@ -434,6 +506,7 @@ mod tests {
             "web[0] = \"no-port\"",
             "web[1] = \"host:0\"",
             "kas_k8s_proxy[0] = \"k8s\"",
+            "kas_workspaces[0] = \"ws\"",
             "name",
         ] {
             assert!(err.contains(needle), "{needle:?} missing from: {err}");
@@ -446,5 +519,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("nmae"), "{err}");
+    }
+
+    #[test]
+    fn runner_queue_redis_is_optional_validated_and_stored_only_when_set() {
+        let base = "[[pods]]\nid = 1\nname = 'x'\nweb = ['a:1']\n";
+        for ok in [
+            "redis://10.0.0.1:6379",
+            "redis://redis.pod-1.internal",
+            "redis://:secret@127.0.0.1:6380/2",
+            "rediss://user:pw@[::1]:6379/0",
+            "redis+unix:///var/run/redis.sock",
+            "redis+unix:///var/run/redis.sock?db=1",
+        ] {
+            let f = TopologyFile::parse(&format!("{base}runner_queue_redis = {ok:?}\n"), "t")
+                .unwrap_or_else(|e| panic!("{ok}: {e}"));
+            let pod = &f.pods[0];
+            assert_eq!(pod.runner_queue_redis.as_deref(), Some(ok));
+            // The Redis-stored form (JSON) carries it both ways.
+            let json = serde_json::to_string(pod).unwrap();
+            assert_eq!(&serde_json::from_str::<Pod>(&json).unwrap(), pod);
+        }
+        for bad in [
+            "",
+            "127.0.0.1:6379",
+            "http://127.0.0.1:6379",
+            "redis://",
+            "redis://:6379",
+            "redis://host:0",
+            "redis://host:port",
+            "redis://host/db",
+            "redis://ho st",
+            "redis+unix://relative.sock",
+            "redis://[::1",
+        ] {
+            let err = TopologyFile::parse(&format!("{base}runner_queue_redis = {bad:?}\n"), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("pods[0].runner_queue_redis"), "{bad:?}: {err}");
+        }
+        // Not set: not written, so readers that predate the field keep parsing.
+        let f = TopologyFile::parse(base, "t").unwrap();
+        assert_eq!(f.pods[0].runner_queue_redis, None);
+        let json = serde_json::to_string(&f.pods[0]).unwrap();
+        assert!(!json.contains("runner_queue_redis"), "{json}");
     }
 }

@@ -7,6 +7,8 @@
 //! threads = 2
 //! grace_period_secs = 5           # in-flight requests' time after SIGTERM
 //! admin_listen = "127.0.0.1:9191" # /metrics, /healthz, /readyz
+//! edge_poll_hold_secs = 50         # jobs/request held at the edge (Pods with
+//!                                  # runner_queue_redis); 0: never
 //!
 //! [health]                         # active checks (defaults shown)
 //! path = "/-/readiness"
@@ -23,6 +25,10 @@
 //! listen = "0.0.0.0:8443"
 //! cert = "/etc/podgate/tls.crt"
 //! key = "/etc/podgate/tls.key"
+//!
+//! [workspaces]                     # optional: workspace hosts to kas
+//! host_suffix = ".workspaces.example.com" # `<port>-<workspace>` + this → the
+//!                                  # Pod's `kas_workspaces` (rule `kas-workspaces`)
 //!
 //! [topology]                       # inline topology (or [registry] with Redis)
 //! default_pod = 1
@@ -99,6 +105,12 @@ fn default_read_buffer() -> usize {
 fn default_true() -> bool {
     true
 }
+fn default_edge_poll_hold() -> u64 {
+    crate::edge_poll::DEFAULT_HOLD_SECS
+}
+/// Longest `edge_poll_hold_secs`: well within the runner's 10-minute response-header
+/// timeout.
+pub const MAX_EDGE_POLL_HOLD_SECS: u64 = 300;
 fn default_upgrade_sock() -> PathBuf {
     "/tmp/podgate-upgrade.sock".into()
 }
@@ -113,6 +125,18 @@ pub struct TlsConfig {
     pub cert: PathBuf,
     /// PEM private key.
     pub key: PathBuf,
+}
+
+/// `[workspaces]`: workspace hosts (`https://<port>-<workspace>.<zone>/`) go to
+/// kas's Workspaces HTTP server ([`crate::rules::workspaces_rule`], placed before
+/// every other rule).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspacesRouting {
+    /// The domain every workspace host ends with, from its leading `.`
+    /// (`.workspaces.example.com`: the agents' `remote_development.dns_zone`, or
+    /// GitLab's `workspaces.host`).
+    pub host_suffix: String,
 }
 
 /// The proxy's configuration.
@@ -140,6 +164,9 @@ pub struct ProxyConfig {
     /// Replaces the built-in rules when set.
     #[serde(default)]
     pub rules: Option<Vec<Rule>>,
+    /// Workspace hosts to kas (a rule before the others), if any.
+    #[serde(default)]
+    pub workspaces: Option<WorkspacesRouting>,
     /// Worker threads.
     #[serde(default = "default_threads")]
     pub threads: usize,
@@ -177,6 +204,13 @@ pub struct ProxyConfig {
     /// Name resolution of the topology's upstreams.
     #[serde(default)]
     pub upstreams: UpstreamsConfig,
+    /// Seconds a `jobs/request` long poll is held at the edge, with no upstream
+    /// connection, for Pods that set `runner_queue_redis` in the topology
+    /// ([`crate::edge_poll`]): Workhorse's long-polling duration (default 50,
+    /// GitLab.com's `apiCiLongPollingDuration`); at the end the proxy answers 204.
+    /// 0: never held at the edge.
+    #[serde(default = "default_edge_poll_hold")]
+    pub edge_poll_hold_secs: u64,
     /// Unix socket through which a new binary (`podgate proxy --upgrade`) takes over
     /// the listening sockets of the running one (sent on SIGQUIT).
     #[serde(default = "default_upgrade_sock")]
@@ -236,6 +270,12 @@ impl ProxyConfig {
         if self.head_timeout_ms == 0 {
             bad.push("head_timeout_ms: must be positive".into());
         }
+        if self.edge_poll_hold_secs > MAX_EDGE_POLL_HOLD_SECS {
+            bad.push(format!(
+                "edge_poll_hold_secs = {}: at most {MAX_EDGE_POLL_HOLD_SECS} (0 disables edge holds)",
+                self.edge_poll_hold_secs
+            ));
+        }
         if self.threads == 0 {
             bad.push("threads: at least 1".into());
         }
@@ -257,6 +297,16 @@ impl ProxyConfig {
             ),
             _ => {}
         }
+        if let Some(w) = &self.workspaces
+            && (!w.host_suffix.starts_with('.')
+                || w.host_suffix.len() < 2
+                || w.host_suffix.contains(['/', ':', ' ']))
+        {
+            bad.push(format!(
+                "workspaces.host_suffix = {:?}: a domain suffix starting with '.', such as \".workspaces.example.com\"",
+                w.host_suffix
+            ));
+        }
         if let Some(rules) = &self.rules {
             for (i, r) in rules.iter().enumerate() {
                 bad.extend(r.problems(&format!("rules[{i}]")));
@@ -276,6 +326,50 @@ impl ProxyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workspaces_host_suffix_must_be_a_domain_suffix() {
+        let base = "[topology]\ndefault_pod = 1\n[[topology.pods]]\nid = 1\nname = \"x\"\nweb = [\"a:1\"]\n";
+        let ok = ProxyConfig::parse(
+            &format!("{base}[workspaces]\nhost_suffix = \".workspaces.example.com\"\n"),
+            "p",
+        )
+        .unwrap();
+        assert_eq!(
+            ok.workspaces.unwrap().host_suffix,
+            ".workspaces.example.com"
+        );
+        let err = ProxyConfig::parse(
+            &format!("{base}[workspaces]\nhost_suffix = \"workspaces.example.com\"\n"),
+            "p",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("workspaces.host_suffix"), "{err}");
+    }
+
+    #[test]
+    fn edge_poll_hold_defaults_to_gitlab_com_and_is_bounded() {
+        let base = "[topology]\ndefault_pod = 1\n[[topology.pods]]\nid = 1\nname = \"x\"\nweb = [\"a:1\"]\n";
+        assert_eq!(
+            ProxyConfig::parse(base, "p").unwrap().edge_poll_hold_secs,
+            50
+        );
+        let off = ProxyConfig::parse(&format!("edge_poll_hold_secs = 0\n{base}"), "p").unwrap();
+        assert_eq!(off.edge_poll_hold_secs, 0);
+        let err = ProxyConfig::parse(&format!("edge_poll_hold_secs = 301\n{base}"), "p")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("edge_poll_hold_secs = 301"), "{err}");
+        // A Pod's runner queue Redis is checked with the topology.
+        let err = ProxyConfig::parse(
+            &format!("{base}runner_queue_redis = \"localhost:6379\"\n"),
+            "p",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("topology.pods[0].runner_queue_redis"), "{err}");
+    }
 
     #[test]
     fn every_bad_field_is_named() {

@@ -143,7 +143,7 @@ impl HealthConfig {
                 hc.validator = Some(Box::new(status_ok));
                 Box::new(hc)
             }
-            Pool::Kas | Pool::KasK8sProxy => {
+            Pool::Kas | Pool::KasK8sProxy | Pool::KasWorkspaces => {
                 let mut hc = TcpHealthCheck::new();
                 hc.consecutive_success = rise;
                 hc.consecutive_failure = fall;
@@ -245,12 +245,13 @@ impl HealthCheck for Observed {
     }
 }
 
-/// `web`, `kas` or `kas_k8s_proxy`: the `pool` metric label.
+/// `web`, `kas`, `kas_k8s_proxy` or `kas_workspaces`: the `pool` metric label.
 pub fn pool_name(pool: Pool) -> &'static str {
     match pool {
         Pool::Web => "web",
         Pool::Kas => "kas",
         Pool::KasK8sProxy => "kas_k8s_proxy",
+        Pool::KasWorkspaces => "kas_workspaces",
     }
 }
 
@@ -289,7 +290,7 @@ mod tests {
             fall: 7,
             ..HealthConfig::default()
         };
-        for pool in [Pool::Web, Pool::Kas, Pool::KasK8sProxy] {
+        for pool in [Pool::Web, Pool::Kas, Pool::KasK8sProxy, Pool::KasWorkspaces] {
             let hc = c.check_for(pool);
             assert_eq!(hc.health_threshold(true), 4);
             assert_eq!(hc.health_threshold(false), 7);

@@ -42,6 +42,14 @@
 //! An HTTP/1 request without `Host` (HTTP/1.0 included) is a 400, and a request
 //! head must arrive within `head_timeout_ms` of its first byte (default 30 s).
 //!
+//! ## Long polls at the edge
+//!
+//! [`edge_poll`]: for Pods that set `runner_queue_redis`, a `jobs/request` poll whose
+//! `last_update` is the runner's current queue value is held in the proxy, with no
+//! upstream connection, as the Pod's Workhorse would hold it: answered 204 with
+//! `X-GitLab-Last-Update` when `edge_poll_hold_secs` end, forwarded at once when the
+//! runner's queue key changes, forwarded (fail open) when that Redis is unreachable.
+//!
 //! ## Operations
 //!
 //! - [`upstreams`]: one pingora load balancer per (Pod, pool), names resolved off
@@ -56,6 +64,7 @@ pub mod admin;
 pub mod body;
 pub mod config;
 pub mod decision;
+pub mod edge_poll;
 pub mod health;
 pub mod metrics;
 pub mod params;

@@ -42,6 +42,19 @@ pub struct Metrics {
     pub cache_hits: IntCounter,
     /// `podgate_classifier_cache_misses_total`, mirrored from the classifier at scrape.
     pub cache_misses: IntCounter,
+    /// `podgate_proxy_edge_polls_held{pod}`: `jobs/request` polls held at the edge
+    /// now, with no upstream connection ([`crate::edge_poll`]).
+    pub edge_polls_held: IntGaugeVec,
+    /// `podgate_proxy_edge_polls_total{pod,result}`: opted-in Pods' polls by how
+    /// they ended (`timeout`, `changed`, `no_change`, `stale`, `fail_open`,
+    /// `ineligible`, `client_gone`).
+    pub edge_polls: IntCounterVec,
+    /// `podgate_proxy_edge_poll_redis_up{pod}`: 1 while the Pod's runner queue
+    /// Redis is watched (polls may be held), 0 while they are forwarded.
+    pub edge_poll_redis_up: IntGaugeVec,
+    /// `podgate_proxy_edge_poll_redis_errors_total{pod}`: failed connections,
+    /// commands and lost subscriptions to a Pod's runner queue Redis.
+    pub edge_poll_redis_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -99,6 +112,34 @@ impl Metrics {
                 "podgate_classifier_cache_misses_total",
                 "Token verdicts computed (signature checked or token decoded).",
             )?,
+            edge_polls_held: IntGaugeVec::new(
+                Opts::new(
+                    "podgate_proxy_edge_polls_held",
+                    "jobs/request polls held at the edge now (no upstream connection).",
+                ),
+                &["pod"],
+            )?,
+            edge_polls: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_edge_polls_total",
+                    "jobs/request polls of Pods that opt in to edge holds, by result.",
+                ),
+                &["pod", "result"],
+            )?,
+            edge_poll_redis_up: IntGaugeVec::new(
+                Opts::new(
+                    "podgate_proxy_edge_poll_redis_up",
+                    "1 while the Pod's runner queue Redis is watched; 0: its polls are forwarded.",
+                ),
+                &["pod"],
+            )?,
+            edge_poll_redis_errors: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_edge_poll_redis_errors_total",
+                    "Failed connections, commands and lost subscriptions to a Pod's runner queue Redis.",
+                ),
+                &["pod"],
+            )?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.duration.clone()))?;
@@ -108,6 +149,10 @@ impl Metrics {
         registry.register(Box::new(m.connect_failures.clone()))?;
         registry.register(Box::new(m.cache_hits.clone()))?;
         registry.register(Box::new(m.cache_misses.clone()))?;
+        registry.register(Box::new(m.edge_polls_held.clone()))?;
+        registry.register(Box::new(m.edge_polls.clone()))?;
+        registry.register(Box::new(m.edge_poll_redis_up.clone()))?;
+        registry.register(Box::new(m.edge_poll_redis_errors.clone()))?;
         Ok(m)
     }
 
@@ -191,6 +236,25 @@ mod tests {
             text.contains("podgate_classifier_cache_hits_total 7"),
             "{text}"
         );
+        METRICS.edge_polls_held.with_label_values(&["9"]).set(2);
+        METRICS
+            .edge_polls
+            .with_label_values(&["9", "timeout"])
+            .inc();
+        METRICS.edge_poll_redis_up.with_label_values(&["9"]).set(1);
+        METRICS
+            .edge_poll_redis_errors
+            .with_label_values(&["9"])
+            .inc();
+        let text = render();
+        for sample in [
+            r#"podgate_proxy_edge_polls_held{pod="9"} 2"#,
+            r#"podgate_proxy_edge_polls_total{pod="9",result="timeout"} 1"#,
+            r#"podgate_proxy_edge_poll_redis_up{pod="9"} 1"#,
+            r#"podgate_proxy_edge_poll_redis_errors_total{pod="9"} 1"#,
+        ] {
+            assert!(text.contains(sample), "{sample}: {text}");
+        }
         assert_eq!(status_class(503), "5xx");
         assert_eq!(status_class(0), "none");
     }

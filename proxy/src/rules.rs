@@ -70,6 +70,10 @@ pub enum Pool {
     /// `kas_k8s_proxy`), a listener of its own in kas.
     #[serde(rename = "kas_k8s_proxy")]
     KasK8sProxy,
+    /// The Pod's kas: its Workspaces HTTP server listener (the topology's
+    /// `kas_workspaces`), user traffic for workspace hosts.
+    #[serde(rename = "kas_workspaces")]
+    KasWorkspaces,
 }
 
 /// What a matching rule does.
@@ -103,6 +107,10 @@ pub struct Rule {
     /// Only when this cookie is present.
     #[serde(default)]
     pub cookie: Option<String>,
+    /// Only when the request's host (`Host`, or HTTP/2's `:authority`), its port
+    /// removed, ends with this, case-insensitively (`.workspaces.example.com`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_suffix: Option<String>,
     /// Only when an `Authorization` header matches this regular expression.
     #[serde(
         default,
@@ -146,13 +154,31 @@ fn default_timeout() -> u64 {
 }
 
 impl Rule {
-    /// Whether this rule applies to the request.
+    /// Whether this rule applies to the request, its host read from `Host`.
     pub fn matches(&self, method: &Method, path: &str, headers: &HeaderMap) -> bool {
-        (self.methods.is_empty()
-            || self
-                .methods
-                .iter()
-                .any(|m| m.eq_ignore_ascii_case(method.as_str())))
+        let host = headers
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok());
+        self.matches_host(method, path, headers, host)
+    }
+
+    /// Whether this rule applies to the request whose host is `host` (`Host`, or
+    /// HTTP/2's `:authority`).
+    pub fn matches_host(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        host: Option<&str>,
+    ) -> bool {
+        self.host_suffix
+            .as_deref()
+            .is_none_or(|suffix| host.is_some_and(|h| host_ends_with(h, suffix)))
+            && (self.methods.is_empty()
+                || self
+                    .methods
+                    .iter()
+                    .any(|m| m.eq_ignore_ascii_case(method.as_str())))
             && self.path.matches(path)
             && self
                 .header
@@ -191,6 +217,13 @@ impl Rule {
             }
             _ => {}
         }
+        if let Some(suffix) = &self.host_suffix
+            && (suffix.is_empty() || suffix.contains(['/', ':', ' ']))
+        {
+            bad.push(format!(
+                "{at}.host_suffix = {suffix:?}: a domain suffix such as \".workspaces.example.com\""
+            ));
+        }
         if self.max_body_bytes == Some(0) {
             bad.push(format!("{at}.max_body_bytes: must be positive"));
         }
@@ -199,6 +232,24 @@ impl Rule {
         }
         bad
     }
+}
+
+/// Whether `host` (a `Host` value, its port ignored) ends with `suffix`, ASCII
+/// case-insensitively.
+pub fn host_ends_with(host: &str, suffix: &str) -> bool {
+    let host = match host.rsplit_once(':') {
+        Some((h, port)) if !h.ends_with(']') || host.starts_with('[') => {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                host
+            }
+        }
+        _ => host,
+    };
+    let host = host.trim_end_matches('.');
+    host.len() > suffix.len()
+        && host.as_bytes()[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
 }
 
 /// The value of cookie `name`.
@@ -264,6 +315,7 @@ fn rule(
         path,
         header: None,
         cookie: None,
+        host_suffix: None,
         authorization: None,
         kas_cookie: false,
         action: ActionKind::RouteByToken,
@@ -336,6 +388,7 @@ const KAS_K8S_PROXY: &[&str] = &["kas-bearer"];
 /// | `kas-k8s-proxy-host`, `kas-k8s-proxy-host-cookie` | `/k8s-proxy/…` (kas's own host) with a `pat:`/`ci:` bearer, or with the `_gitlab_kas` cookie | same | same; `lib/gitlab/path_regex.rb` (`k8s-proxy` is not reserved on GitLab's host) |
 /// | `kas-agent`, `kas-grpc`, `kas-podgate` | agentk's gRPC and WebSocket | `bearer` | kas: `Authorization: Bearer <agent token>` |
 /// | `api-token` | any other `/api/…` | `basic`, `header:deploy-token`, `rails-param:access_token`, `bearer`, `rails-param:bearer_token`, `rails-param:private_token`, `header:private-token`, `rails-param:job_token`, `rails-param:token`, `header:job-token` | `lib/api/api_guard.rb` `find_user_from_sources`, `lib/gitlab/auth/auth_finders.rb`; packages: `lib/api/helpers/authentication.rb` |
+/// | `kas-workspaces` (only with `[workspaces] host_suffix`, before every other rule; [`workspaces_rule`]) | any request whose host ends with the suffix → the Pod's `kas_workspaces` pool | `bearer` (the user's personal access token) | kas's Workspaces HTTP server; `charts/gitlab/charts/kas/templates/ingress-workspaces.yaml` |
 /// | `session` | anything with `_gitlab_session` | the cookie's `cell-<n>-` prefix | the Cells HTTP router |
 /// | `default` | anything else | – | the legacy Pod |
 pub fn builtin() -> Vec<Rule> {
@@ -508,6 +561,7 @@ pub fn builtin() -> Vec<Rule> {
         path: PathMatch::Prefix("/".into()),
         header: None,
         cookie: Some("_gitlab_session".into()),
+        host_suffix: None,
         authorization: None,
         kas_cookie: false,
         action: ActionKind::SessionPrefix,
@@ -524,6 +578,7 @@ pub fn builtin() -> Vec<Rule> {
         path: PathMatch::Prefix("/".into()),
         header: None,
         cookie: None,
+        host_suffix: None,
         authorization: None,
         kas_cookie: false,
         action: ActionKind::Default,
@@ -535,6 +590,30 @@ pub fn builtin() -> Vec<Rule> {
         read_timeout_secs: 60,
     });
     rules
+}
+
+/// The rule for workspace hosts (`https://<port>-<workspace>.<zone>/`, kas's
+/// Workspaces HTTP server), matched by the request's host ending with `suffix`
+/// (`.<zone>`), whatever its path: to the `kas_workspaces` pool of the Pod that
+/// `Authorization: Bearer <personal access token>` names (a routable `glpat-`
+/// token), else the default Pod. Editors keep long responses open: one hour.
+///
+/// GitLab sends workspace hosts to kas with a wildcard ingress
+/// (`charts/gitlab/charts/kas/templates/ingress-workspaces.yaml`); with Cells the
+/// browser's OAuth session decides (GitLab has not settled how, issue 469155):
+/// podgate routes by the user's token, as its API rules do.
+pub fn workspaces_rule(suffix: &str) -> Rule {
+    Rule {
+        host_suffix: Some(suffix.to_owned()),
+        ..rule(
+            "kas-workspaces",
+            &[],
+            PathMatch::Prefix("/".into()),
+            &["bearer"],
+            Pool::KasWorkspaces,
+            3600,
+        )
+    }
 }
 
 /// The first matching rule.

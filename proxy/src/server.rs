@@ -8,7 +8,9 @@
 //!   Redis connections then live; publishes it through a [`RegistryHandle`];
 //! - **upstreams**: the per-(Pod, pool) load balancers, following the topology and
 //!   re-resolving names ([`crate::upstreams`]);
-//! - **health checks** of web and kas upstreams ([`crate::health`]).
+//! - **health checks** of web and kas upstreams ([`crate::health`]);
+//! - **edge polls**: the watches on opted-in Pods' runner queue keys
+//!   ([`crate::edge_poll`]), unless `edge_poll_hold_secs = 0`.
 //!
 //! The listeners depend on the first two (pingora service dependencies), so the proxy
 //! accepts its first connection only with a topology and resolved upstreams in place.
@@ -30,6 +32,7 @@ use tokio::sync::Notify;
 
 use crate::admin::Admin;
 use crate::config::{Error, ProxyConfig};
+use crate::edge_poll::{EdgePolls, EdgePollsService};
 use crate::rules;
 use crate::service::PodGate;
 use crate::upstreams::discovery::SystemResolver;
@@ -183,8 +186,11 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         config.upstreams.clone(),
         Arc::new(SystemResolver),
     ));
-    let rules = config.rules.clone().unwrap_or_else(rules::builtin);
-    let pod_gate = PodGate::new(
+    let mut rules = config.rules.clone().unwrap_or_else(rules::builtin);
+    if let Some(w) = &config.workspaces {
+        rules.insert(0, rules::workspaces_rule(&w.host_suffix));
+    }
+    let mut pod_gate = PodGate::new(
         rules,
         classifier.clone(),
         registry.clone(),
@@ -192,6 +198,14 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         config.on_invalid,
     )
     .with_body_lookahead(config.body_lookahead_bytes);
+    let edge_polls = (config.edge_poll_hold_secs > 0).then(|| {
+        Arc::new(EdgePolls::new(std::time::Duration::from_secs(
+            config.edge_poll_hold_secs,
+        )))
+    });
+    if let Some(e) = &edge_polls {
+        pod_gate = pod_gate.with_edge_polls(e.clone());
+    }
 
     let conf = ServerConf {
         threads: config.threads,
@@ -221,6 +235,14 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         UpstreamsService::new(upstreams.clone(), registry.clone()),
     ));
     upstreams_service.add_dependency(&registry_service);
+    if let Some(e) = edge_polls {
+        server
+            .add_service(background_service(
+                "edge polls",
+                EdgePollsService::new(e, registry.clone()),
+            ))
+            .add_dependency(&registry_service);
+    }
     for (pool, health) in upstreams.health_services() {
         server.add_service(background_service(&format!("{pool} health checks"), health));
     }

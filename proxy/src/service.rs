@@ -3,6 +3,8 @@
 //! `upstream_peer` (pick a healthy upstream of the decided Pod) →
 //! `upstream_request_filter` (mark the request) → `response_filter` (request id) →
 //! `logging` (metrics, and one line per request with a token fingerprint only).
+//! A `jobs/request` poll of a Pod that opts in may be held (and answered) in
+//! `request_filter` instead ([`crate::edge_poll`]).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -19,6 +21,7 @@ use podgate_tokens::Classifier;
 
 use crate::body::{DEFAULT_BODY_LOOKAHEAD, read_body, too_large};
 use crate::decision::{self, Decision, OnInvalid, Outcome, Refusal};
+use crate::edge_poll::{self, EdgePolls, PollResult, RunnerRequest, Verdict};
 use crate::metrics::{self, METRICS};
 use crate::params::BodyKind;
 use crate::request_id::{RequestIds, sane_request_id};
@@ -40,6 +43,8 @@ pub struct Ctx {
     /// `X-Request-Id`: the client's if it sent a sane one, else generated.
     request_id: String,
     started: Option<Instant>,
+    /// How an edge hold ended, if the poll went through one.
+    edge: Option<PollResult>,
 }
 
 impl Ctx {
@@ -66,6 +71,8 @@ pub struct PodGate {
     body_lookahead: usize,
     /// Per rule, the histogram children, looked up once rather than per request.
     histograms: Vec<metrics::RuleHistograms>,
+    /// Long polls held at the edge (`None`: `edge_poll_hold_secs = 0`).
+    edge_polls: Option<Arc<EdgePolls>>,
 }
 
 impl PodGate {
@@ -96,7 +103,14 @@ impl PodGate {
             on_invalid,
             upstreams,
             ids: RequestIds::new(),
+            edge_polls: None,
         }
+    }
+
+    /// Hold opted-in Pods' `jobs/request` polls at the edge with `polls`.
+    pub fn with_edge_polls(mut self, polls: Arc<EdgePolls>) -> Self {
+        self.edge_polls = Some(polls);
+        self
     }
 
     /// Read at most `bytes` of a body before routing (`body_lookahead_bytes`).
@@ -107,8 +121,13 @@ impl PodGate {
 
     /// Route by token: read what the rule's sources need (the body only when a
     /// parameter source may be in it), then decide ([`decision::route_by_token`]).
-    /// `Err`: the client went away while its body was read.
-    async fn route_by_token(&self, session: &mut Session, rule: &Rule) -> Result<Decision> {
+    /// Also the body, when it was read whole. `Err`: the client went away while its
+    /// body was read.
+    async fn route_by_token(
+        &self,
+        session: &mut Session,
+        rule: &Rule,
+    ) -> Result<(Decision, Option<Vec<u8>>)> {
         let head = session.req_header();
         let hop_by_hop = sources::connection_listed(&head.headers);
         let mut kind = None;
@@ -119,10 +138,10 @@ impl PodGate {
                 .and_then(|v| v.to_str().ok());
             match BodyKind::of(content_type, &head.method) {
                 Err(e) => {
-                    return Ok(refused(Refusal::bad_request(
-                        "malformed_body",
-                        e.to_string(),
-                    )));
+                    return Ok((
+                        refused(Refusal::bad_request("malformed_body", e.to_string())),
+                        None,
+                    ));
                 }
                 Ok(BodyKind::Opaque) => {}
                 Ok(k) => kind = Some(k),
@@ -138,7 +157,7 @@ impl PodGate {
             };
             let read = read_body(session, limit, k.whole()).await?;
             if session.retry_buffer_truncated() {
-                return Ok(refused(too_large(limit)));
+                return Ok((refused(too_large(limit)), None));
             }
             if k.whole() && !read.complete {
                 // A JSON or form body past the look-ahead. Runner and job endpoints
@@ -146,7 +165,7 @@ impl PodGate {
                 // refuse. The general API takes large ones (commits, snippets):
                 // route by the head, as the cells router does.
                 if rule.requires_token {
-                    return Ok(refused(too_large(limit)));
+                    return Ok((refused(too_large(limit)), None));
                 }
                 kind = None;
             } else {
@@ -168,13 +187,60 @@ impl PodGate {
             }),
             hop_by_hop: &hop_by_hop,
         };
-        Ok(decision::route_by_token(
+        let decision = decision::route_by_token(
             rule,
             &request,
             &self.registry.topology(),
             &self.classifier,
             self.on_invalid,
-        ))
+        );
+        let whole = body.filter(|b| b.complete).map(|b| b.bytes);
+        Ok((decision, whole))
+    }
+
+    /// A `jobs/request` poll forwarded to a Pod that opts in to edge holds: hold it
+    /// here ([`edge_poll::PodPolls::hold`]). `Ok(true)`: answered here (204);
+    /// `Ok(false)`: forward it; `Err`: the client went away during the hold.
+    async fn edge_hold(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        rule: &Rule,
+        body: Option<Vec<u8>>,
+    ) -> Result<bool> {
+        let Some(polls) = ctx
+            .forwarded()
+            .filter(|_| rule.name == edge_poll::JOBS_REQUEST_RULE)
+            .and_then(|pod| self.edge_polls.as_ref()?.pod(pod.id))
+        else {
+            return Ok(false);
+        };
+        let request = RunnerRequest::read(&session.req_header().headers, body.as_deref());
+        drop(body);
+        let gone = async {
+            // The body is read: this only returns when the client closes (or sends
+            // bytes it should not before its answer).
+            let _ = session.read_body_or_idle(true).await;
+        };
+        match polls.hold(request, gone).await {
+            Verdict::Forward(r) => {
+                ctx.edge = Some(r);
+                Ok(false)
+            }
+            Verdict::NoContent(r, last_update) => {
+                ctx.edge = Some(r);
+                respond_edge_no_content(session, ctx, &last_update).await?;
+                Ok(true)
+            }
+            Verdict::ClientGone => {
+                ctx.edge = Some(PollResult::ClientGone);
+                Err(Error::explain(
+                    ErrorType::ConnectionClosed,
+                    "the client went away during a long poll held at the edge",
+                )
+                .into_down())
+            }
+        }
     }
 
     /// The metric label of a token's source.
@@ -224,6 +290,22 @@ async fn respond(
     }
     session.write_response_header(Box::new(resp), false).await?;
     session.write_response_body(Some(body), true).await?;
+    Ok(())
+}
+
+/// The end of a long poll held at the edge, as Workhorse ends one and Rails tells
+/// the ticket: 204, `X-GitLab-Last-Update` (the runner's own, still current),
+/// `Gitlab-Ci-Builds-Polling: yes` (`workhorse/internal/builds/register.go`).
+async fn respond_edge_no_content(
+    session: &mut Session,
+    ctx: &Ctx,
+    last_update: &str,
+) -> Result<()> {
+    let mut resp = ResponseHeader::build(204, Some(3))?;
+    resp.insert_header("x-gitlab-last-update", last_update)?;
+    resp.insert_header("gitlab-ci-builds-polling", "yes")?;
+    resp.insert_header("x-request-id", ctx.request_id.as_str())?;
+    session.write_response_header(Box::new(resp), true).await?;
     Ok(())
 }
 
@@ -325,10 +407,16 @@ impl ProxyHttp for PodGate {
         let head = session.req_header();
         // Rules match the path GitLab would serve; the request is forwarded as received.
         let path = crate::path::normalize(head.uri.path());
+        // HTTP/1 names the host in `Host`; HTTP/2 in `:authority` (the URI's).
+        let host = head
+            .headers
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| head.uri.authority().map(|a| a.as_str()));
         let Some(idx) = self
             .rules
             .iter()
-            .position(|r| r.matches(&head.method, &path, &head.headers))
+            .position(|r| r.matches_host(&head.method, &path, &head.headers, host))
         else {
             respond(session, ctx, 404, "404 Not Found: no routing rule", false).await?;
             return Ok(true);
@@ -336,9 +424,11 @@ impl ProxyHttp for PodGate {
         ctx.rule = Some(idx);
         let rule = &self.rules[idx];
         let topology = self.registry.topology();
+        let mut body = None;
         let outcome = match rule.action {
             ActionKind::RouteByToken => {
-                let decision = self.route_by_token(session, rule).await?;
+                let (decision, whole) = self.route_by_token(session, rule).await?;
+                body = whole;
                 ctx.token = decision.token;
                 decision.outcome
             }
@@ -391,7 +481,7 @@ impl ProxyHttp for PodGate {
                 respond(session, ctx, 503, &message, true).await?;
                 Ok(true)
             }
-            _ => Ok(false),
+            _ => self.edge_hold(session, ctx, rule, body).await,
         }
     }
 
@@ -530,7 +620,11 @@ impl ProxyHttp for PodGate {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
-        let outcome = ctx.outcome.as_ref().map_or("-", Outcome::label);
+        let outcome = match (&ctx.edge, &ctx.outcome) {
+            // Answered at the edge, the Pod never saw it.
+            (Some(PollResult::Timeout | PollResult::NoChange), _) => "edge_held",
+            (_, o) => o.as_ref().map_or("-", Outcome::label),
+        };
         let pod = ctx.forwarded().map_or(0, |p| p.id.get());
         let source_label = match (ctx.rule, &ctx.token) {
             (Some(r), Some(t)) => self.source_label(r, t),
@@ -569,7 +663,7 @@ impl ProxyHttp for PodGate {
                     method, path, status, rule, outcome, source, token = %token, request_id, elapsed, refusal = %r.detail, "refused"
                 ),
                 _ => tracing::info!(
-                    method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, "request"
+                    method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, edge = ctx.edge.map_or("-", PollResult::as_str), "request"
                 ),
             },
             Some(e) if *e.esource() == ErrorSource::Downstream => {

@@ -43,9 +43,21 @@ pub(crate) struct AgentkArgs {
     /// This replica's namespace, as reported to kas.
     #[arg(long, env = "POD_NAMESPACE", default_value = "")]
     pod_namespace: String,
-    /// This replica's pod name, as reported to kas.
+    /// This replica's pod name, as reported to kas; also its identity in the
+    /// Workspaces leader election (empty: a random one).
     #[arg(long, env = "POD_NAME", default_value = "")]
     pod_name: String,
+    /// Workspaces leader election: seconds the other replicas wait before taking
+    /// over a Lease that is not renewed (client-go's default 15).
+    #[arg(long, default_value_t = 15.0)]
+    leader_lease_duration: f64,
+    /// Workspaces leader election: seconds the leader keeps trying to renew before
+    /// it stops leading (client-go's default 10).
+    #[arg(long, default_value_t = 10.0)]
+    leader_renew_deadline: f64,
+    /// Workspaces leader election: seconds between tries (client-go's default 2).
+    #[arg(long, default_value_t = 2.0)]
+    leader_retry_period: f64,
 }
 
 pub(crate) fn run(args: AgentkArgs) -> anyhow::Result<ExitCode> {
@@ -71,28 +83,49 @@ pub(crate) fn run(args: AgentkArgs) -> anyhow::Result<ExitCode> {
             .context("--graph-sync-timeout: seconds, e.g. 30 or 0.5")?,
     };
     config.validate()?;
+    let seconds = |flag: &str, v: f64| {
+        std::time::Duration::try_from_secs_f64(v)
+            .with_context(|| format!("--{flag}: seconds, e.g. 15 or 0.5"))
+    };
+    let leader = podgate_agent::agentk::remote_development::LeaderOptions {
+        lease_duration: seconds("leader-lease-duration", args.leader_lease_duration)?,
+        renew_deadline: seconds("leader-renew-deadline", args.leader_renew_deadline)?,
+        retry_period: seconds("leader-retry-period", args.leader_retry_period)?,
+        ..podgate_agent::agentk::remote_development::LeaderOptions::for_replica(
+            &config.pod_namespace,
+            &config.pod_name,
+        )
+    };
+    leader
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--leader-*: {e}"))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let agentk = Agentk::start(config).await?;
+        let agentk = Agentk::start_with_leader(config, leader).await?;
         if let Some(addr) = agentk.observability_addr() {
             println!("agentk: observability on {addr}");
         }
-        tokio::select! {
+        let stopped = tokio::select! {
             status = agentk.connected() => {
                 println!(
                     "agentk: connected as agent {}, connection {}",
                     status.agent_id,
                     status.connection_id.unwrap_or_default()
                 );
+                false
             }
-            _ = super::shutdown_signal() => return Ok(ExitCode::SUCCESS),
+            _ = super::shutdown_signal() => true,
+        };
+        if stopped {
+            agentk.shutdown().await;
+            return Ok(ExitCode::SUCCESS);
         }
         super::shutdown_signal().await;
         println!("agentk: shutting down");
-        drop(agentk);
+        agentk.shutdown().await;
         Ok(ExitCode::SUCCESS)
     })
 }

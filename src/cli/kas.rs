@@ -1,4 +1,6 @@
-//! `podgate kas --config kas.toml`: one kas instance.
+//! `podgate kas --config kas.toml`: one kas instance (the file's sections are
+//! documented in `podgate_agent::kas::config`: listeners, secrets, `[gitlab]`,
+//! `[agent_configuration]`, `[agent_info]`, `[k8s_proxy]`, `[registry]`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +25,8 @@ pub(crate) struct KasArgs {
 pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
     let (config, registry_config) = KasFileConfig::load(&args.config)?;
     let k8s_prefix = config.k8s_proxy.as_ref().map(|p| p.url_prefix.clone());
+    let gitlab_url = config.gitlab_url.clone();
+    let agent_config = config.agent_config.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -44,6 +48,28 @@ pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
         if let (Some(addr), Some(prefix)) = (kas.k8s_proxy_addr(), &k8s_prefix) {
             println!("kas: Kubernetes API proxy (kubectl, the Graph API at {prefix}graph) on http://{addr}{prefix}");
         }
+        if let Some(addr) = kas.workspaces_addr() {
+            println!(
+                "kas: Workspaces HTTP server (https://<port>-<workspace>.<zone>/, Authorization: Bearer <personal access token>) on http://{addr}"
+            );
+        }
+        if let Some(url) = &gitlab_url {
+            println!(
+                "kas: agentk modules' requests (GitlabAccess) go to GitLab at {url}/api/v4/internal/kubernetes/modules/"
+            );
+        }
+        if let Some(source) = &agent_config {
+            println!(
+                "kas: agent configurations from {}/<agent id>.yaml, polled every {}{}",
+                source.dir.display(),
+                humantime_secs(source.poll),
+                if gitlab_url.is_some() {
+                    ", posted to GitLab on change"
+                } else {
+                    " (no [gitlab] url: not posted to GitLab)"
+                }
+            );
+        }
         super::shutdown_signal().await;
         println!(
             "kas: shutting down; removing this kas and its agents from the registry, \
@@ -54,4 +80,9 @@ pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
             .await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `20s`, `1.5s`.
+fn humantime_secs(d: std::time::Duration) -> String {
+    format!("{}s", d.as_secs_f64())
 }

@@ -1,10 +1,14 @@
 //! `podgate kube-sim --listen ADDR [--seed FILE.yaml] [--objects N [--gen-seed S]]
-//! [--churn PER_S] [--deny GROUP/RESOURCE]…`: a simulated Kubernetes API server that
-//! `kubectl` and agentk accept, until SIGTERM/SIGINT.
+//! [--churn PER_S] [--deny GROUP/RESOURCE]… [--controllers auto|on|off]
+//! [--pod-start-delay D] [--pod-stop-delay D] [--namespace-delete-delay D]
+//! [--progress-deadline-factor F] [--refuse RESOURCE:NAME_REGEX:MESSAGE]…`: a
+//! simulated Kubernetes API server that `kubectl` and agentk accept, until
+//! SIGTERM/SIGINT.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -47,6 +51,56 @@ pub(crate) struct KubeSimArgs {
     /// `410 Gone`.
     #[arg(long, default_value_t = 10_000)]
     history: usize,
+    /// Run the controllers (Deployments get ReplicaSets, Pods and a moving status;
+    /// Services of available Deployments get backend servers and Endpoints).
+    /// `auto`: on, unless `--objects` or `--churn` make their own ReplicaSets and
+    /// Pods.
+    #[arg(long, value_enum, default_value_t = Controllers::Auto)]
+    controllers: Controllers,
+    /// From a Pod's creation to it running (and ready, unless an image's tag is
+    /// `crashloop`).
+    #[arg(long, value_name = "DURATION", default_value = "300ms", value_parser = kube_sim::parse_duration)]
+    pod_start_delay: Duration,
+    /// From a Pod's deletion (a scale-down) to it being gone.
+    #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = kube_sim::parse_duration)]
+    pod_stop_delay: Duration,
+    /// How long a deleted namespace stays Terminating before its contents, then
+    /// itself, are deleted.
+    #[arg(long, value_name = "DURATION", default_value = "200ms", value_parser = kube_sim::parse_duration)]
+    namespace_delete_delay: Duration,
+    /// Multiply Deployments' `progressDeadlineSeconds` (600 by default) by this
+    /// before `ProgressDeadlineExceeded`: 0.01 makes the default 6 s.
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    progress_deadline_factor: f64,
+    /// Refuse creates, updates and patches of RESOURCE named to match NAME_REGEX,
+    /// as an admission webhook denying them with MESSAGE: `deployments:^bad-:no`.
+    /// Repeatable.
+    #[arg(long, value_name = "RESOURCE:NAME_REGEX:MESSAGE", value_parser = parse_refuse)]
+    refuse: Vec<(String, String, String)>,
+}
+
+/// Whether `podgate kube-sim` runs its controllers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Controllers {
+    /// On unless `--objects` or `--churn` is given.
+    Auto,
+    /// Always.
+    On,
+    /// Never.
+    Off,
+}
+
+/// `deployments:^bad-:policy says no` → (resource, pattern, message).
+fn parse_refuse(s: &str) -> Result<(String, String, String), String> {
+    let mut it = s.splitn(3, ':');
+    match (it.next(), it.next(), it.next()) {
+        (Some(r), Some(p), Some(m)) if !r.is_empty() && !m.is_empty() => {
+            Ok((r.to_owned(), p.to_owned(), m.to_owned()))
+        }
+        _ => Err(format!(
+            "{s:?}: expected RESOURCE:NAME_REGEX:MESSAGE, such as deployments:^bad-:denied by policy"
+        )),
+    }
 }
 
 /// `apps/deployments` → (`apps`, `deployments`); `/pods` and `core/pods` name the
@@ -71,6 +125,18 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--churn {per_s}: expected a number of changes a second, 0 or more");
     }
     let sim = KubeSim::new(args.history);
+    sim.set_settings(kube_sim::Settings {
+        pod_start_delay: args.pod_start_delay,
+        pod_stop_delay: args.pod_stop_delay,
+        namespace_delete_delay: args.namespace_delete_delay,
+        progress_deadline_factor: args.progress_deadline_factor,
+    })
+    .context("--progress-deadline-factor")?;
+    for (resource, pattern, message) in &args.refuse {
+        sim.refuse(resource, pattern, message)
+            .with_context(|| format!("--refuse {resource}:{pattern}:{message}"))?;
+        println!("kube-sim: refusing writes of {resource} named like /{pattern}/: {message}");
+    }
     for (group, resource) in &args.deny {
         sim.deny(group, resource);
         println!("kube-sim: denying get, list and watch of {resource} in group {group:?}");
@@ -132,6 +198,22 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
             "kube-sim: try `kubectl --kubeconfig {} get pods -A`",
             path.display()
         );
+        let controllers = match args.controllers {
+            Controllers::On => true,
+            Controllers::Off => false,
+            Controllers::Auto => args.objects.is_none() && args.churn.is_none(),
+        };
+        // Held while serving: dropping them stops them.
+        let _controllers = controllers.then(|| {
+            println!(
+                "kube-sim: controllers on (pods start in {:?}, stop in {:?}; namespaces go after {:?}; progress deadlines x{})",
+                args.pod_start_delay,
+                args.pod_stop_delay,
+                args.namespace_delete_delay,
+                args.progress_deadline_factor
+            );
+            sim.start_controllers()
+        });
         // Held while serving: dropping it stops the churn.
         let _churn = args.churn.filter(|c| *c > 0.0).map(|per_s| {
             println!(
@@ -144,4 +226,23 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
         println!("kube-sim: stopping");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_refuse;
+
+    #[test]
+    fn refusals_are_resource_pattern_and_message() {
+        assert_eq!(
+            parse_refuse("deployments:^bad-:denied: by policy").unwrap(),
+            (
+                "deployments".to_owned(),
+                "^bad-".to_owned(),
+                "denied: by policy".to_owned()
+            )
+        );
+        assert!(parse_refuse("deployments:^bad-").is_err());
+        assert!(parse_refuse(":x:y").is_err());
+    }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use podgate_loadtest::fleet::{self, FleetConfig, Progress};
+use podgate_loadtest::fleet::{self, FleetConfig, Progress, TagSet};
 
 /// `podgate loadtest …`.
 #[derive(Debug, Subcommand)]
@@ -72,22 +72,60 @@ pub(crate) struct RunnersArgs {
     /// Trace patches per job.
     #[arg(long, default_value_t = 3)]
     pub(crate) trace_patches: usize,
+    /// How often each runner asks for a job when idle (gitlab-runner's
+    /// `check_interval`), e.g. 3s. Runner starts are spread over the first one.
+    #[arg(long, default_value = "3s", value_parser = super::parse_duration_secs)]
+    pub(crate) check_interval: u64,
+    /// Workers per runner: jobs run at once (gitlab-runner's `concurrent`).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) concurrent: usize,
+    /// `jobs/request` calls of one runner in flight at once (gitlab-runner's
+    /// `request_concurrency`).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) request_concurrency: usize,
+    /// No immediate re-request after a job: ask only every `--check-interval`
+    /// (gitlab-runner's `strict_check_interval`).
+    #[arg(long)]
+    pub(crate) strict_check_interval: bool,
+    /// A tag set, `TAG[,TAG…][:untagged]` (repeatable; runners take them in turn on
+    /// each Pod). Without `:untagged` a runner with tags runs tagged jobs only, as
+    /// `gitlab-runner register` does: `docker,linux`, `docker:untagged`, `:untagged`
+    /// (no tags). Default: `:untagged`, `docker:untagged`, `docker,linux`, `gpu`.
+    #[arg(long = "tag-set", value_parser = parse_tag_set)]
+    pub(crate) tag_sets: Vec<TagSet>,
+    /// Jobs per second queued over all Pods, for the predicted `jobs/request` rate
+    /// (default: the measured rate of jobs handed out).
+    #[arg(long)]
+    pub(crate) job_rate: Option<f64>,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
 }
 
+fn parse_tag_set(s: &str) -> Result<TagSet, String> {
+    fleet::parse_tag_set(s).map_err(|e| e.to_string())
+}
+
 impl RunnersArgs {
     pub(crate) fn config(&self) -> FleetConfig {
-        FleetConfig {
-            target: self.target.clone(),
-            registration_tokens: self.registration_tokens.clone(),
-            runners: self.runners,
-            duration: Duration::from_secs(self.duration),
-            old_share: self.old_share,
-            artifact_bytes: self.artifact_bytes,
-            trace_patches: self.trace_patches,
+        let mut c = FleetConfig::new(
+            self.target.clone(),
+            self.registration_tokens.clone(),
+            self.runners,
+            Duration::from_secs(self.duration),
+        );
+        c.old_share = self.old_share;
+        c.artifact_bytes = self.artifact_bytes;
+        c.trace_patches = self.trace_patches;
+        c.check_interval = Duration::from_secs(self.check_interval);
+        c.concurrent = self.concurrent;
+        c.request_concurrency = self.request_concurrency;
+        c.strict_check_interval = self.strict_check_interval;
+        if !self.tag_sets.is_empty() {
+            c.tag_sets = self.tag_sets.clone();
         }
+        c.job_rate = self.job_rate;
+        c
     }
 }
 
@@ -177,4 +215,74 @@ pub(crate) fn run(cmd: LoadtestCommand) -> anyhow::Result<ExitCode> {
             ExitCode::from(1)
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        runners: RunnersArgs,
+    }
+
+    fn config(args: &[&str]) -> Result<FleetConfig, clap::Error> {
+        let base = [
+            "podgate",
+            "--target",
+            "http://127.0.0.1:1",
+            "--registration-token",
+            "r",
+        ];
+        Cli::try_parse_from(base.iter().chain(args)).map(|c| c.runners.config())
+    }
+
+    #[test]
+    fn scheduling_flags_reach_the_fleet_config() {
+        let c = config(&[
+            "--check-interval",
+            "5s",
+            "--concurrent",
+            "4",
+            "--request-concurrency",
+            "2",
+            "--strict-check-interval",
+            "--tag-set",
+            "docker,linux",
+            "--tag-set",
+            "gpu:untagged",
+            "--tag-set",
+            ":untagged",
+            "--job-rate",
+            "100",
+        ])
+        .unwrap();
+        assert_eq!(c.check_interval, Duration::from_secs(5));
+        assert_eq!((c.concurrent, c.request_concurrency), (4, 2));
+        assert!(c.strict_check_interval);
+        let s = |v: &[&str]| v.iter().map(|t| (*t).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            c.tag_sets,
+            vec![
+                (s(&["docker", "linux"]), false),
+                (s(&["gpu"]), true),
+                (s(&[]), true)
+            ]
+        );
+        assert_eq!(c.job_rate, Some(100.0));
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn defaults_are_gitlab_runners() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.check_interval, fleet::DEFAULT_CHECK_INTERVAL);
+        assert_eq!((c.concurrent, c.request_concurrency), (2, 1));
+        assert_eq!(c.tag_sets, fleet::default_tag_sets());
+        assert_eq!(c.job_rate, None);
+        assert!(config(&["--tag-set", "docker:sometimes"]).is_err());
+    }
 }

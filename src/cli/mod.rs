@@ -11,6 +11,11 @@ pub(crate) mod registry;
 pub(crate) mod token;
 pub(crate) mod up;
 pub(crate) mod up_graph;
+pub(crate) mod up_proxy;
+pub(crate) mod up_redis;
+pub(crate) mod up_table;
+pub(crate) mod up_workspaces;
+pub(crate) mod workspaces;
 
 /// Exit code for usage and configuration errors (clap uses the same).
 pub(crate) const EXIT_USAGE: u8 = 2;

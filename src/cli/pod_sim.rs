@@ -33,9 +33,24 @@ pub(crate) struct PodSimArgs {
     /// Jobs queued per second.
     #[arg(long, default_value_t = 1.0)]
     job_rate: f64,
-    /// Longest hold of a `jobs/request` long poll, e.g. `50s`.
+    /// Longest hold of a `jobs/request` long poll on the runner's queue key, as
+    /// Workhorse's `apiCiLongPollingDuration` (GitLab.com: 50 s), e.g. `50s`.
     #[arg(long, default_value = "50s", value_parser = super::parse_duration_secs)]
     long_poll: u64,
+    /// How many projects the Pod has, each with its own registration token that
+    /// registers project runners (`GET /-/podsim` lists them); they share one
+    /// repository.
+    #[arg(long, default_value_t = 2)]
+    projects: usize,
+    /// The tag sets generated jobs cycle through, each comma-separated (`""` is an
+    /// untagged job), e.g. `--job-tags "" docker docker,linux gpu` (the default).
+    #[arg(long = "job-tags", value_name = "TAGS", num_args = 1..)]
+    job_tags: Option<Vec<String>>,
+    /// Mirror every runner queue key write into this Redis (`redis://host:port`), as
+    /// GitLab writes it: `SET runner:build_queue:<token> … EX 3600`, then `PUBLISH
+    /// workhorse:notifications:runner:build_queue:<token> …`.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
     /// Answer every n-th job pick with 409 Conflict (0: never).
     #[arg(long, default_value_t = 0)]
     conflict_every: u64,
@@ -75,6 +90,28 @@ pub(crate) struct PodSimArgs {
     /// the project's members; repeat for more (more through the control API).
     #[arg(long = "agent", value_name = "ID")]
     agents: Vec<i64>,
+    /// An opaque agent token of a `--agent`, as `ID=TOKEN`: it authenticates the
+    /// module requests kas forwards for that agent (`Gitlab-Agent-Api-Request`);
+    /// repeat for more. JWT agent tokens the `--key`s verify need no flag.
+    #[arg(long = "agent-token", value_name = "ID=TOKEN")]
+    agent_tokens: Vec<String>,
+    /// Enable Workspaces for every `--agent` with this DNS zone, as kas's
+    /// `agent_configuration` would store `remote_development: {enabled: true,
+    /// dns_zone: ZONE}` (without it, kas or the control API configure agents).
+    #[arg(long, value_name = "ZONE")]
+    workspaces_dns_zone: Option<String>,
+    /// The full reconciliation interval the reconcile answers tell agentk
+    /// (`settings.full_reconciliation_interval_seconds`).
+    #[arg(long, default_value = "3600s", value_parser = super::parse_duration_secs)]
+    workspaces_full_interval: u64,
+    /// The partial reconciliation interval the reconcile answers tell agentk
+    /// (`settings.partial_reconciliation_interval_seconds`).
+    #[arg(long, default_value = "10s", value_parser = super::parse_duration_secs)]
+    workspaces_partial_interval: u64,
+    /// Without the `remote_development` licensed feature: the Workspaces module
+    /// endpoints answer 403.
+    #[arg(long)]
+    no_remote_development_license: bool,
 }
 
 pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
@@ -89,6 +126,20 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
     config.registration_token = args.registration_token;
     config.job_rate = args.job_rate;
     config.long_poll = Duration::from_secs(args.long_poll);
+    config.projects = args.projects;
+    if let Some(sets) = &args.job_tags {
+        config.job_tag_sets = sets
+            .iter()
+            .map(|s| {
+                s.split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect();
+    }
+    config.redis = args.redis;
     config.conflict_every = args.conflict_every;
     config.external_url = args.external_url;
     if !args.job_script.is_empty() {
@@ -120,6 +171,35 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|id| AgentSpec::with_user_access(*id, args.pod_id))
         .collect();
+    for pair in &args.agent_tokens {
+        let (id, token) = pair
+            .split_once('=')
+            .with_context(|| "--agent-token: expected ID=TOKEN".to_owned())?;
+        let id: i64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("--agent-token: agent id {id:?} is not a number"))?;
+        config.agent_tokens.push((token.to_owned(), id));
+    }
+    if let Some(zone) = &args.workspaces_dns_zone {
+        for id in &args.agents {
+            let rd = serde_json::json!({"enabled": true, "dns_zone": zone});
+            let c = podgate_loadtest::pod_sim::workspaces::agent_config::from_remote_development(
+                *id, &rd,
+            )
+            .with_context(|| format!("--workspaces-dns-zone {zone:?}"))?;
+            config.workspaces.agent_configs.push(c);
+        }
+    }
+    config
+        .workspaces
+        .settings
+        .full_reconciliation_interval_seconds = args.workspaces_full_interval;
+    config
+        .workspaces
+        .settings
+        .partial_reconciliation_interval_seconds = args.workspaces_partial_interval;
+    config.workspaces.licensed = !args.no_remote_development_license;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -135,6 +215,17 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
             "pod-sim: registration token {}",
             sim.state().registration_token()
         );
+        let projects: Vec<String> = sim
+            .state()
+            .project_ids()
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        println!(
+            "pod-sim: projects {} (their registration tokens: GET http://{}/-/podsim)",
+            projects.join(", "),
+            sim.addr()
+        );
         println!("pod-sim: metrics on http://{}/metrics", sim.addr());
         println!(
             "pod-sim: jobs clone {}/{}.git at {}",
@@ -144,6 +235,10 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or("(no repository: is git installed?)")
         );
         println!("pod-sim: control API on http://{}/-/podsim", sim.addr());
+        println!(
+            "pod-sim: workspaces on http://{}/-/podsim/workspaces",
+            sim.addr()
+        );
         super::shutdown_signal().await;
         let misrouted = sim.metrics().misrouted.get();
         println!("pod-sim: stopping; misrouted requests: {misrouted}");

@@ -80,6 +80,10 @@ enum PodsCommand {
         /// `/-/kubernetes-agent/k8s-proxy/` goes.
         #[arg(long)]
         kas_k8s_proxy: Vec<String>,
+        /// kas's Workspaces HTTP server listener `host:port` (repeatable): where
+        /// workspace hosts go (the proxy's `[workspaces] host_suffix`).
+        #[arg(long)]
+        kas_workspaces: Vec<String>,
         /// Retired: Pods have no weight (a Pod's traffic is spread evenly over its
         /// healthy upstreams). Accepted with a warning so existing scripts keep
         /// working.
@@ -221,6 +225,7 @@ async fn pods(
             web,
             kas,
             kas_k8s_proxy,
+            kas_workspaces,
             weight,
             label,
             session_prefix,
@@ -235,9 +240,11 @@ async fn pods(
                 web,
                 kas,
                 kas_k8s_proxy,
+                kas_workspaces,
                 state: current.pod(id).map_or(PodState::Active, |p| p.state),
                 labels: label.into_iter().collect::<BTreeMap<_, _>>(),
                 session_prefix,
+                runner_queue_redis: current.pod(id).and_then(|p| p.runner_queue_redis.clone()),
             };
             let t = registry.put_pod(pod).await?;
             if default {

@@ -11,21 +11,29 @@
 //! agentk watching a kube-sim cluster ([`super::up_graph`]); `podgate up` prints a
 //! `graph url=… bearer=…` line for the Graph API and a `kubeconfig path=…` line with
 //! which `kubectl` reaches that cluster through the proxy and kas.
+//!
+//! With the Kubernetes side, Workspaces run too ([`super::up_workspaces`]): agentk's
+//! `remote_development` module reconciles Pod 1's workspaces with kube-sim; one is
+//! created at start (`workspace id=… name=… namespace=… url=…`), the periodic table
+//! lists every workspace with its desired and actual state, and a `try: podgate
+//! workspaces --gitlab …` line tells how to create, stop and restart them.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
 use podgate_loadtest::fleet::{self, FleetConfig, Progress};
-use podgate_loadtest::pod_sim::{PodSim, PodSimConfig, sum_samples};
+use podgate_loadtest::pod_sim::{PodSim, PodSimConfig};
 use podgate_registry::{BackendConfig, Pod, PodState, Registry, RegistryConfig};
 use podgate_tokens::PodId;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::up_proxy::{ProxyChild, get, wait_ready};
+use super::up_redis::QueueRedis;
+use super::up_table::table;
 
 /// Flags of `podgate up`.
 #[derive(Debug, Args)]
@@ -43,16 +51,34 @@ pub(crate) struct UpArgs {
     /// Keep the topology in this Redis instead of in memory.
     #[arg(long)]
     redis: Option<String>,
+    /// Do not hold `jobs/request` long polls at the proxy: every poll goes to its
+    /// Pod's Workhorse (by default the proxy watches the Pods' runner queue keys in
+    /// `--redis`, else in a private redis-server, and holds polls itself).
+    #[arg(long)]
+    no_edge_polls: bool,
     /// No runner fleet: point your own runner at the proxy.
     #[arg(long)]
     no_fleet: bool,
-    /// Runners in the fleet (half old, half new).
-    #[arg(long, default_value_t = 30)]
+    /// Runners in the fleet (half old, half new). 36 or more give every Pod
+    /// instance and project runners of every tag set.
+    #[arg(long, default_value_t = 36)]
     runners: usize,
     /// Jobs queued per second on each Pod (default: 5 with the fleet; 0 with
     /// `--no-fleet`, where jobs are queued through each Pod's control API).
     #[arg(long)]
     job_rate: Option<f64>,
+    /// How often each simulated runner asks for a job when idle (gitlab-runner's
+    /// `check_interval`), e.g. 3s.
+    #[arg(long, default_value = "3s", value_parser = super::parse_duration_secs)]
+    check_interval: u64,
+    /// Jobs each simulated runner runs at once (gitlab-runner's `concurrent`): a
+    /// runner asks again at once after getting a job while one of these is free.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
+    concurrent: u64,
+    /// How long each Pod's Workhorse holds a `jobs/request` with nothing new for the
+    /// runner (`apiCiLongPollingDuration`; GitLab.com: 50s).
+    #[arg(long, default_value = "50s", value_parser = super::parse_duration_secs)]
+    long_poll: u64,
     /// Stop after this long (default: at Ctrl-C), e.g. 60s.
     #[arg(long, value_parser = super::parse_duration_secs)]
     duration: Option<u64>,
@@ -68,94 +94,10 @@ pub(crate) struct UpArgs {
     /// Changes per second in the simulated cluster (0: none).
     #[arg(long, default_value_t = 2.0)]
     kube_churn: f64,
-}
-
-/// The proxy child; stopped (SIGTERM, then killed) on drop.
-struct ProxyChild(Child);
-
-impl Drop for ProxyChild {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.wait();
-    }
-}
-
-/// `GET path` on `addr`: the status code and the body.
-async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: podgate\r\nconnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
-}
-
-/// The simulator's `podsim_requests_total` endpoints that are not runner traffic: the
-/// proxy's health probes, metrics scrapes and the control API.
-const NOT_RUNNER_TRAFFIC: [&str; 3] = ["health", "metrics", "control"];
-
-/// Runner requests a Pod answered (every endpoint but [`NOT_RUNNER_TRAFFIC`]), and of
-/// them `jobs/request` polls, from the simulator's own `podsim_requests_total`.
-fn runner_traffic(sim: &PodSim) -> (u64, u64) {
-    let text = sim.metrics().render();
-    let prefix = "podsim_requests_total{";
-    let all = sum_samples(&text, prefix, |l| {
-        label(l, "endpoint").is_some_and(|e| !NOT_RUNNER_TRAFFIC.contains(&e))
-    });
-    let polls = sum_samples(&text, prefix, |l| {
-        label(l, "endpoint") == Some("jobs_request")
-    });
-    (all, polls)
-}
-
-/// `source="…"` of a metric line.
-fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    let start = line.find(&format!("{name}=\""))? + name.len() + 2;
-    let len = line[start..].find('"')?;
-    Some(&line[start..start + len])
-}
-
-fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
-    let mut out = String::from("  Pod  address              requests  jobs/request  misroutes\n");
-    for s in sims {
-        let (requests, polls) = runner_traffic(s);
-        let _ = writeln!(
-            out,
-            "  {:<4} {:<20} {:>8}  {:>12}  {:>9}",
-            s.state().pod(),
-            s.addr(),
-            requests,
-            polls,
-            s.metrics().misrouted.get()
-        );
-    }
-    let mut by_source: BTreeMap<String, u64> = BTreeMap::new();
-    for l in proxy_metrics
-        .lines()
-        .filter(|l| l.starts_with("podgate_proxy_requests_total{"))
-    {
-        if let (Some(src), Some(n)) = (
-            label(l, "source"),
-            l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
-        ) {
-            *by_source.entry(src.to_owned()).or_default() += n as u64;
-        }
-    }
-    out.push_str("  token source          requests through the proxy\n");
-    for (src, n) in by_source {
-        let _ = writeln!(out, "  {src:<21} {n:>8}");
-    }
-    let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();
-    let _ = writeln!(out, "  misroutes: {misroutes}");
-    out
+    /// Seconds between the partial Workspaces reconciliations GitLab asks agentk
+    /// for (GitLab's default 10; full ones every hour).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    workspaces_partial_interval: u64,
 }
 
 pub(crate) fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -168,13 +110,27 @@ pub(crate) fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
 
 async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let kas_secret = super::up_graph::secret();
+    // The Pods' runner queue keys, which the proxy watches to hold long polls at
+    // the edge.
+    let queue_redis = match (&args.redis, args.no_edge_polls) {
+        (Some(url), _) => Some(QueueRedis::external(url)),
+        (None, false) => QueueRedis::private()?,
+        (None, true) => None,
+    };
+    let edge_redis = queue_redis
+        .as_ref()
+        .filter(|_| !args.no_edge_polls)
+        .map(|q| q.url.clone());
     let mut sims = Vec::new();
+    let job_rate = args
+        .job_rate
+        .unwrap_or(if args.no_fleet { 0.0 } else { 5.0 });
     for id in 1..=3u64 {
         let mut c = PodSimConfig::new(PodId::new(id).expect("non-zero"), "127.0.0.1:0".parse()?);
-        c.job_rate = args
-            .job_rate
-            .unwrap_or(if args.no_fleet { 0.0 } else { 5.0 });
-        c.long_poll = Duration::from_secs(20);
+        c.job_rate = job_rate;
+        c.long_poll = Duration::from_secs(args.long_poll);
+        // Runner queue keys are written where Workhorse (and the proxy) watch them.
+        c.redis = queue_redis.as_ref().map(|q| q.url.clone());
         // Job payloads (`repo_url`, `CI_SERVER_URL`) name the proxy, so runners clone
         // through it like every other request.
         c.external_url = Some(format!("http://{}", args.listen));
@@ -184,6 +140,9 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                 super::up_graph::AGENT_ID,
                 c.pod_id,
             )];
+            c.workspaces
+                .settings
+                .partial_reconciliation_interval_seconds = args.workspaces_partial_interval;
         }
         sims.push(PodSim::start(c).await?);
     }
@@ -211,18 +170,26 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                 .filter(|_| s.state().pod().get() == 1)
                 .map(|k| vec![k.kas_k8s_proxy.to_string()])
                 .unwrap_or_default(),
+            kas_workspaces: kube
+                .as_ref()
+                .filter(|_| s.state().pod().get() == 1)
+                .map(|k| vec![k.kas_workspaces.to_string()])
+                .unwrap_or_default(),
             state: PodState::Active,
             labels: BTreeMap::new(),
             session_prefix: None,
+            runner_queue_redis: edge_redis.clone(),
         })
         .collect();
 
     let dir = tempfile::tempdir().context("a directory for the proxy's configuration")?;
     let mut config = format!(
-        "listen = \"{}\"\nadmin_listen = \"{}\"\ngrace_period_secs = 1\nupgrade_sock = \"{}\"\n",
+        "listen = \"{}\"\nadmin_listen = \"{}\"\ngrace_period_secs = 1\nupgrade_sock = \"{}\"\nedge_poll_hold_secs = {}\n",
         args.listen,
         args.admin,
-        dir.path().join("upgrade.sock").display()
+        dir.path().join("upgrade.sock").display(),
+        // As long as each Pod's Workhorse would hold it (the proxy allows 300 s).
+        args.long_poll.min(300)
     );
     let mut ca = None;
     if let Some(k) = &kube {
@@ -236,6 +203,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             args.tls_listen,
             cert.display(),
             key.display()
+        ));
+        // Workspace hosts go to the kas Workspaces server of the Pod their
+        // owner's personal access token names.
+        config.push_str(&format!(
+            "[workspaces]\nhost_suffix = \".{}\"\n",
+            super::up_workspaces::DNS_ZONE
         ));
         ca = Some(cert);
     }
@@ -259,9 +232,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             config.push_str("[topology]\ndefault_pod = 1\n");
             for p in &pods {
                 config.push_str(&format!(
-                    "[[topology.pods]]\nid = {}\nname = \"{}\"\nweb = [\"{}\"]\nkas = {:?}\nkas_k8s_proxy = {:?}\n",
-                    p.id, p.name, p.web[0], p.kas, p.kas_k8s_proxy
+                    "[[topology.pods]]\nid = {}\nname = \"{}\"\nweb = [\"{}\"]\nkas = {:?}\nkas_k8s_proxy = {:?}\nkas_workspaces = {:?}\n",
+                    p.id, p.name, p.web[0], p.kas, p.kas_k8s_proxy, p.kas_workspaces
                 ));
+                if let Some(url) = &p.runner_queue_redis {
+                    config.push_str(&format!("runner_queue_redis = {url:?}\n"));
+                }
             }
         }
     }
@@ -291,6 +267,21 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         "  topology   {}",
         args.redis.as_deref().unwrap_or("in memory")
     ));
+    say(&match (&queue_redis, &edge_redis) {
+        (Some(q), Some(_)) => format!(
+            "  queues     runner queue keys in {}{}; jobs/request long polls held at the proxy",
+            q.url,
+            if q.is_private() { " (a private redis-server)" } else { "" }
+        ),
+        (Some(q), None) => format!(
+            "  queues     runner queue keys in {}; long polls held by each Pod's Workhorse (--no-edge-polls)",
+            q.url
+        ),
+        (None, _) if args.no_edge_polls => {
+            "  queues     long polls held by each Pod's Workhorse (--no-edge-polls)".to_owned()
+        }
+        (None, _) => "  queues     redis-server is not installed: long polls held by each Pod's Workhorse, not at the proxy".to_owned(),
+    });
     for s in &sims {
         say(&format!(
             "  pod id={} address=http://{} registration_token={} control_api=http://{}/-/podsim/jobs",
@@ -305,7 +296,8 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         args.listen
     ));
     if let Some(k) = kube.as_mut() {
-        k.connect_agent(args.listen, sims[0].state().pod(), dir.path())
+        k.run_controllers().await;
+        k.connect_agent(args.listen, sims[0].state().pod(), &sims[0], dir.path())
             .await?;
         let pat = sims[0]
             .create_personal_access_token("root", &["k8s_proxy", "read_api"])
@@ -345,6 +337,19 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             super::up_graph::AGENT_ID,
             pat_file.display()
         ));
+        if !k.settled {
+            say("  note: kube-sim's Deployments were still rolling out when the churn started");
+        }
+        let ws = super::up_workspaces::first_workspace(&sims[0], super::up_graph::AGENT_ID).await?;
+        for line in super::up_workspaces::start_lines(
+            &sims[0],
+            &k.agent_config,
+            &ws,
+            args.listen,
+            &pat_file,
+        ) {
+            say(&line);
+        }
     }
 
     let duration = Duration::from_secs(args.duration.unwrap_or(365 * 24 * 3600));
@@ -356,18 +361,28 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     };
     let progress = Arc::new(Progress::default());
     let fleet = (!args.no_fleet).then(|| {
-        let config = FleetConfig {
-            target: format!("http://{}", args.listen),
-            registration_tokens: sims
-                .iter()
-                .map(|s| s.state().registration_token().to_owned())
-                .collect(),
-            runners: args.runners,
+        // Instance and project runners on every Pod: each Pod's instance
+        // registration token, then its projects' tokens.
+        let tokens = sims
+            .iter()
+            .flat_map(|s| {
+                std::iter::once(s.state().registration_token().to_owned()).chain(
+                    s.state()
+                        .project_registration_tokens()
+                        .into_iter()
+                        .map(|(_, t)| t),
+                )
+            })
+            .collect();
+        let mut config = FleetConfig::new(
+            format!("http://{}", args.listen),
+            tokens,
+            args.runners,
             duration,
-            old_share: 0.5,
-            artifact_bytes: 16 * 1024,
-            trace_patches: 3,
-        };
+        );
+        config.check_interval = Duration::from_secs(args.check_interval);
+        config.concurrent = args.concurrent as usize;
+        config.job_rate = Some(job_rate * sims.len() as f64);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(fleet::run(config, progress.clone(), async move {
             let _ = rx.await;
@@ -376,8 +391,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     });
     if fleet.is_some() {
         say(&format!(
-            "  fleet      {} runners (half old: token in the body only)",
-            args.runners
+            "  fleet      {} runners (half old: token in the body only; instance and project runners, 4 tag sets), check_interval {}s, concurrent {}, jobs/request expected ~{:.0}/s (runners / check_interval + {:.0} jobs/s)",
+            args.runners,
+            args.check_interval,
+            args.concurrent,
+            args.runners as f64 / args.check_interval.max(1) as f64 + job_rate * sims.len() as f64,
+            job_rate * sims.len() as f64,
         ));
     }
     say("podgate up: ready");
@@ -388,7 +407,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             _ = &mut stop => break,
             _ = tick.tick() => {
                 let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
-                say(&format!("\n{}", table(&sims, &metrics)));
+                say(&format!("\n{}{}", table(&sims, &metrics), workspaces_table(&sims, &kube)));
             }
         }
     }
@@ -406,12 +425,27 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
-    say(&format!("\nfinal\n{}", table(&sims, &metrics)));
+    say(&format!(
+        "\nfinal\n{}{}",
+        table(&sims, &metrics),
+        workspaces_table(&sims, &kube)
+    ));
     let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();
     if misroutes > 0 {
         code = ExitCode::from(1);
     }
+    if let Some(k) = kube {
+        k.shutdown().await;
+    }
     Ok(code)
+}
+
+/// Pod 1's workspaces (with the Kubernetes side), as a table; else nothing.
+fn workspaces_table(sims: &[PodSim], kube: &Option<super::up_graph::KubeSide>) -> String {
+    match (kube, sims.first()) {
+        (Some(_), Some(sim)) => super::up_workspaces::table(sim),
+        _ => String::new(),
+    }
 }
 
 /// Print a line; a closed stdout (`podgate up | head`) does not stop `podgate up`.
@@ -419,89 +453,4 @@ fn say(text: &str) {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{text}").and_then(|()| out.flush());
-}
-
-/// Waits until the proxy's `/readyz` on `admin` answers 200 (a 503 means it serves but
-/// has no usable default Pod yet); fails at once when `exited` reports the proxy gone,
-/// or after `timeout`.
-async fn wait_ready(
-    admin: SocketAddr,
-    timeout: Duration,
-    mut exited: impl FnMut() -> anyhow::Result<Option<std::process::ExitStatus>>,
-) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(status) = exited()? {
-            anyhow::bail!("the proxy exited at start ({status})");
-        }
-        let last = get(admin, "/readyz").await;
-        if matches!(last, Some((200, _))) {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the proxy is not ready after {timeout:?} (http://{admin}/readyz: {})",
-            match last {
-                Some((status, body)) => format!("{status} {}", body.trim()),
-                None => "no answer".into(),
-            }
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use super::*;
-
-    /// An admin stub: `/readyz` answers 503 to the first `not_ready` requests, then 200.
-    async fn admin_stub(not_ready: usize) -> (SocketAddr, Arc<AtomicUsize>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let served = Arc::new(AtomicUsize::new(0));
-        let count = served.clone();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let mut buf = [0u8; 1024];
-                let _ = s.read(&mut buf).await;
-                let n = count.fetch_add(1, Ordering::SeqCst);
-                let (status, body) = if n < not_ready {
-                    ("503 Service Unavailable", "not ready: no default Pod\n")
-                } else {
-                    ("200 OK", "ready\n")
-                };
-                let _ = s
-                    .write_all(
-                        format!(
-                            "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                            body.len()
-                        )
-                        .as_bytes(),
-                    )
-                    .await;
-            }
-        });
-        (addr, served)
-    }
-
-    #[tokio::test]
-    async fn ready_only_once_readyz_answers_200() {
-        let (addr, served) = admin_stub(3).await;
-        wait_ready(addr, Duration::from_secs(30), || Ok(None))
-            .await
-            .unwrap();
-        assert_eq!(served.load(Ordering::SeqCst), 4, "three 503s, then 200");
-    }
-
-    #[tokio::test]
-    async fn a_503_is_not_ready() {
-        let (addr, _) = admin_stub(usize::MAX).await;
-        let err = wait_ready(addr, Duration::from_millis(300), || Ok(None))
-            .await
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("503 not ready: no default Pod"), "{err}");
-    }
 }

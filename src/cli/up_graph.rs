@@ -4,6 +4,14 @@
 //! `kubectl` and the Graph API through the proxy's `/-/kubernetes-agent/k8s-proxy/`
 //! with `Bearer pat:<agent id>:<personal access token>`, which the proxy routes by the
 //! token's Pod and kas authorizes with the Pod simulator (GitLab's internal API).
+//!
+//! kube-sim's controllers run (Deployments get ReplicaSets, Pods and a moving
+//! status; Services of available Deployments get backends): the Workspaces module
+//! of agentk ([`super::up_workspaces`]) needs them. At start they roll every
+//! generated Deployment out once with ReplicaSets of their own; the churn starts
+//! once that settled, so users (and the Graph API) see a steady cluster. Both start
+//! only once the proxy listens ([`KubeSide::run_controllers`]): the Service
+//! backends take ports on `127.0.0.1`, which should not race the proxy's own.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,11 +20,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use podgate_agent::agentk::{Agentk, AgentkConfig};
 use podgate_agent::kas::k8s_proxy::K8sProxyConfig;
+use podgate_agent::kas::workspaces::WorkspacesConfig;
 use podgate_agent::kas::{Kas, KasConfig};
-use podgate_agent::kube_sim::{self, Churn, KubeSim};
+use podgate_agent::kube_sim::{self, Churn, Controllers, KubeSim};
 use podgate_loadtest::pod_sim::PodSim;
 use podgate_registry::{Registry, RegistryConfig};
 use podgate_tokens::{Algorithm, KeySet, MintRequest, PodId, TokenKind};
+use serde_json::{Value, json};
 
 /// Where users reach kas's Kubernetes API proxy on the podgate proxy.
 pub(crate) const K8S_PROXY_PREFIX: &str = "/-/kubernetes-agent/k8s-proxy/";
@@ -24,21 +34,33 @@ pub(crate) const K8S_PROXY_PREFIX: &str = "/-/kubernetes-agent/k8s-proxy/";
 /// The agent `podgate up` runs.
 pub(crate) const AGENT_ID: i64 = 1;
 
+/// agentk's namespace (GitLab's Helm chart default).
+const AGENT_NAMESPACE: &str = "gitlab-agent";
+
 /// kube-sim, kas and agentk; stopped when dropped.
 pub(crate) struct KubeSide {
     /// kas's agent listener (Pod 1's `kas` pool).
     pub(crate) kas_agent: SocketAddr,
     /// kas's Kubernetes API proxy listener (Pod 1's `kas_k8s_proxy` pool).
     pub(crate) kas_k8s_proxy: SocketAddr,
+    /// kas's Workspaces HTTP server (`https://<port>-<workspace>.<zone>/` traffic).
+    pub(crate) kas_workspaces: SocketAddr,
     /// kube-sim's address.
     pub(crate) kube_sim: SocketAddr,
     /// Objects kube-sim started with.
     pub(crate) objects: usize,
     /// The public key (PEM) verifying agent tokens: the proxy needs it to route them.
     pub(crate) agent_key_pem: String,
+    /// The agent configuration directory kas reads (Workspaces enabled).
+    pub(crate) agent_config: super::up_workspaces::AgentConfigDir,
+    /// Whether the controllers' first rollout settled before the churn started.
+    pub(crate) settled: bool,
+    churn_rate: f64,
     keys: KeySet,
+    sim: KubeSim,
     kube_task: tokio::task::JoinHandle<()>,
     _churn: Option<Churn>,
+    _controllers: Option<Controllers>,
     kas: Option<Kas>,
     agentk: Option<Agentk>,
 }
@@ -59,8 +81,13 @@ pub(crate) fn secret() -> Vec<u8> {
     s
 }
 
-/// Start kube-sim (with `objects` generated objects, changed at `churn` per second)
-/// and kas (GitLab: `gitlab`, the Pod simulator whose kas secret is `kas_secret`).
+/// How long `podgate up` waits for the controllers' first rollout.
+const SETTLE_WAIT: Duration = Duration::from_secs(60);
+
+/// Start kube-sim (with `objects` generated objects; its controllers, then changes
+/// at `churn` per second, start with [`KubeSide::run_controllers`]) and kas
+/// (GitLab: `gitlab`, the Pod simulator whose kas secret is `kas_secret`, for the
+/// Kubernetes API proxy, module requests and agent configurations).
 pub(crate) async fn start(
     objects: usize,
     churn: f64,
@@ -76,7 +103,7 @@ pub(crate) async fn start(
     let served = sim.clone();
     let kube_task =
         tokio::spawn(async move { served.serve(listener, std::future::pending()).await });
-    let churn = (churn > 0.0).then(|| sim.start_churn(churn, 1));
+    let agent_config = super::up_workspaces::AgentConfigDir::new(AGENT_ID)?;
 
     let key = podgate_tokens::keys::generate(Algorithm::EdDSA)
         .map_err(|e| anyhow::anyhow!("an agent key: {e}"))?;
@@ -106,6 +133,12 @@ pub(crate) async fn start(
                 url_prefix: K8S_PROXY_PREFIX.into(),
                 ..K8sProxyConfig::new(any, &format!("http://{}", gitlab.addr()))
             }),
+            gitlab_url: Some(format!("http://{}", gitlab.addr())),
+            agent_config: Some(agent_config.source()),
+            workspaces: Some(WorkspacesConfig::new(
+                any,
+                &format!("http://{}", gitlab.addr()),
+            )),
         },
         registry,
     )
@@ -116,28 +149,85 @@ pub(crate) async fn start(
         kas_k8s_proxy: kas
             .k8s_proxy_addr()
             .context("kas has no Kubernetes API proxy listener")?,
+        kas_workspaces: kas
+            .workspaces_addr()
+            .context("kas has no Workspaces listener")?,
         kube_sim: kube_addr,
         objects,
         agent_key_pem: key
             .public
             .clone()
             .context("an Ed25519 key has a public key")?,
+        agent_config,
+        settled: false,
+        churn_rate: churn,
         keys,
+        sim,
         kube_task,
-        _churn: churn,
+        _churn: None,
+        _controllers: None,
         kas: Some(kas),
         agentk: None,
     })
 }
 
+/// Wait (at most `timeout`) until every Deployment in `sim` is rolled out: as many
+/// replicas, updated replicas and available replicas as it asks for. Whether it
+/// happened in time.
+async fn settle(sim: &KubeSim, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let rolled_out = sim
+            .objects()
+            .iter()
+            .filter(|o| o.group == "apps" && o.resource == "deployments")
+            .all(|o| {
+                let d = o.value();
+                let n = |v: &Value| v.as_i64().unwrap_or(0);
+                let want = d["spec"]["replicas"].as_i64().unwrap_or(1);
+                let status = &d["status"];
+                n(&status["replicas"]) == want
+                    && n(&status["updatedReplicas"]) == want
+                    && n(&status["availableReplicas"]) == want
+            });
+        if rolled_out {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        // The store has no "all rolled out" event: look every 100 ms.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 impl KubeSide {
-    /// Start agentk for [`AGENT_ID`] (a token routable to `pod`), dialling kas through
-    /// the proxy at `proxy`, with a kubeconfig for kube-sim written into `dir`; wait
-    /// until it is connected.
+    /// Start kube-sim's controllers, wait (a bounded time) until their first
+    /// rollout settled ([`KubeSide::settled`] tells whether it did), then start the
+    /// churn.
+    pub(crate) async fn run_controllers(&mut self) {
+        self._controllers = Some(self.sim.start_controllers());
+        self.settled = settle(&self.sim, SETTLE_WAIT).await;
+        self._churn = (self.churn_rate > 0.0).then(|| self.sim.start_churn(self.churn_rate, 1));
+    }
+
+    /// Stop agentk first (its Workspaces module ends its cycle and gives the Lease
+    /// up), then kas and kube-sim.
+    pub(crate) async fn shutdown(mut self) {
+        if let Some(agentk) = self.agentk.take() {
+            agentk.shutdown().await;
+        }
+    }
+
+    /// Start agentk for [`AGENT_ID`] (a token routable to `pod`, registered with
+    /// GitLab, `gitlab`, as the agent's token), dialling kas through the proxy at
+    /// `proxy`, with a kubeconfig for kube-sim written into `dir`, in its namespace
+    /// `gitlab-agent`; wait until it is connected.
     pub(crate) async fn connect_agent(
         &mut self,
         proxy: SocketAddr,
         pod: PodId,
+        gitlab: &PodSim,
         dir: &Path,
     ) -> anyhow::Result<()> {
         let mut req = MintRequest::new(TokenKind::Agent, pod, 365 * 24 * 3600);
@@ -146,6 +236,20 @@ impl KubeSide {
         let signing = self.keys.signing_key().context("the agent signing key")?;
         let token = podgate_tokens::mint(&req, signing, podgate_tokens::unix_now())
             .context("minting the agent token")?;
+        // GitLab keeps agent tokens (`cluster_agent_tokens`): the module requests
+        // kas makes for agentk carry it, and GitLab names the agent by it.
+        gitlab
+            .kube()
+            .add_agent_token(token.clone(), AGENT_ID)
+            .map_err(|e| anyhow::anyhow!("registering the agent token with GitLab: {e}"))?;
+        // agentk's own namespace (the Workspaces leader Lease lives there).
+        if self.sim.get("namespaces", "", AGENT_NAMESPACE).is_none() {
+            self.sim.put(
+                "namespaces",
+                "",
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}}),
+            );
+        }
         let kubeconfig = dir.join("agentk-kubeconfig");
         std::fs::write(
             &kubeconfig,
@@ -154,7 +258,7 @@ impl KubeSide {
         let agentk = Agentk::start(AgentkConfig {
             kas_url: format!("grpc://{proxy}"),
             token,
-            pod_namespace: "gitlab-agent".into(),
+            pod_namespace: AGENT_NAMESPACE.into(),
             pod_name: "agentk-up".into(),
             idle_tunnels: 4,
             max_busy_tunnels: 500,

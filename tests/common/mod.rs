@@ -230,7 +230,10 @@ pub async fn start_proxy(config_body: &str, dir: tempfile::TempDir) -> Proxy {
         config: path,
         dir,
     };
+    // The admin listener is its own pingora service, bound on its own thread: the
+    // proxy port accepting says nothing about it.
     wait_accepting(port).await;
+    wait_accepting(admin).await;
     proxy
 }
 
@@ -477,7 +480,10 @@ pub async fn start_proxy_logged(config_body: &str, dir: tempfile::TempDir) -> Pr
         config: path,
         dir,
     };
+    // The admin listener is its own pingora service, bound on its own thread: the
+    // proxy port accepting says nothing about it.
     wait_accepting(port).await;
+    wait_accepting(admin).await;
     proxy
 }
 

@@ -165,8 +165,12 @@ fn is_empty(imp: &ImpersonationConfig) -> bool {
     imp.username.is_empty() && imp.groups.is_empty() && imp.uid.is_empty() && imp.extra.is_empty()
 }
 
-/// The HTTP request for the API server.
-fn build(req: HttpRequest) -> Result<http::Request<kube::client::Body>, Status> {
+/// A tunnelled request's method, URI (`path` must start with `/`) and headers,
+/// hop-by-hop headers dropped: what the API server's request and a workspace's
+/// ([`super::workspace_traffic`]) start from.
+pub(super) fn request_head(
+    req: &HttpRequest,
+) -> Result<(http::Method, http::Uri, HeaderMap), Status> {
     if !req.path.starts_with('/') {
         return Err(Status::invalid_argument(format!(
             "request path {:?} does not start with /",
@@ -187,6 +191,12 @@ fn build(req: HttpRequest) -> Result<http::Request<kube::client::Body>, Status> 
         }
     }
     drop_hop_by_hop(&mut headers);
+    Ok((method, uri, headers))
+}
+
+/// The HTTP request for the API server.
+fn build(req: HttpRequest) -> Result<http::Request<kube::client::Body>, Status> {
+    let (method, uri, mut headers) = request_head(&req)?;
     for name in [
         http::header::HOST,
         http::header::CONTENT_LENGTH,
@@ -218,8 +228,13 @@ fn part(p: http_response_part::Part) -> Vec<u8> {
     HttpResponsePart { part: Some(p) }.encode_to_vec()
 }
 
-/// The response as tunnel messages: the header, then the body chunk by chunk.
-fn respond(response: http::Response<kube::client::Body>) -> Responses {
+/// The response as tunnel messages: the header, then the body chunk by chunk
+/// (also a workspace's answers, [`super::workspace_traffic`]).
+pub(crate) fn respond<B>(response: http::Response<B>) -> Responses
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Display,
+{
     let (mut head, body) = response.into_parts();
     drop_hop_by_hop(&mut head.headers);
     if let Ok(via) = HeaderValue::from_str(&format!("{} {AGENT}", version(head.version))) {
@@ -245,9 +260,9 @@ fn respond(response: http::Response<kube::client::Body>) -> Responses {
         .map(|chunk| match chunk {
             Ok(data) => Ok(split(data)),
             Err(e) => {
-                tracing::debug!(error = %e, "kubernetes API response body broke");
+                tracing::debug!(error = %e, "upstream response body broke");
                 Err(Status::unavailable(format!(
-                    "kubernetes API response body broke: {e}"
+                    "upstream response body broke: {e}"
                 )))
             }
         })

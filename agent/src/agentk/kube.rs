@@ -1,5 +1,6 @@
 //! What agentk does for kas, through kube-rs: `GetPods` lists the cluster's pods
-//! (all namespaces, or one), page by page.
+//! (all namespaces, or one), page by page; `MakeRequest`, `WatchGraph` and
+//! `WorkspaceRequest` are answered by their modules.
 
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use kube::api::{Api, ListParams};
@@ -17,6 +18,12 @@ const PAGE: u32 = 500;
 pub struct KubeHandler {
     client: kube::Client,
     graph: super::watch_graph::Settings,
+    /// The configuration kas sent (this agent's id, for `WorkspaceRequest`), once
+    /// [`KubeHandler::set_config`] gave it.
+    services: std::sync::Arc<super::workspace_traffic::ServiceCache>,
+    config: std::sync::Arc<
+        std::sync::OnceLock<tokio::sync::watch::Receiver<Option<super::AgentConfig>>>,
+    >,
 }
 
 impl KubeHandler {
@@ -25,7 +32,20 @@ impl KubeHandler {
         KubeHandler {
             client,
             graph: super::watch_graph::Settings::default(),
+            services: Default::default(),
+            config: Default::default(),
         }
+    }
+
+    /// Where this agent's configuration (its id) comes from: [`super::Agentk::config`].
+    /// Set once; later calls are ignored.
+    pub fn set_config(&self, config: tokio::sync::watch::Receiver<Option<super::AgentConfig>>) {
+        let _ = self.config.set(config);
+    }
+
+    /// This agent's id, once kas sent its configuration.
+    fn agent_id(&self) -> Option<i64> {
+        self.config.get()?.borrow().as_ref().map(|c| c.agent_id)
     }
 
     /// Use `settings` for Graph API watches.
@@ -89,6 +109,12 @@ impl Handler for KubeHandler {
     fn handle(&self, method: String, payload: Vec<u8>) -> Responses {
         match method.as_str() {
             "MakeRequest" => super::k8s_api::make_request(self.client.clone(), payload),
+            "WorkspaceRequest" => super::workspace_traffic::workspace_request(
+                self.client.clone(),
+                self.services.clone(),
+                self.agent_id(),
+                payload,
+            ),
             "WatchGraph" => {
                 super::watch_graph::watch_graph(self.client.clone(), payload, self.graph.clone())
             }

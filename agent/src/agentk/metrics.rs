@@ -22,6 +22,8 @@ pub struct AgentkMetrics {
     durations: HistogramVec,
     /// The Graph API's watches.
     pub graph: GraphMetrics,
+    /// The `remote_development` module (Workspaces).
+    pub workspaces: WorkspacesMetrics,
 }
 
 /// The Graph API's watches in agentk (shared by every `WatchGraph` of a replica).
@@ -42,6 +44,99 @@ impl GraphMetrics {
     /// Count a warning sent, by its type (`INFORMER_SYNC_FAILED`, ...).
     pub fn warning(&self, t: &str) {
         self.warnings.with_label_values(&[t]).inc();
+    }
+}
+
+/// The `remote_development` module's reconcile cycles (Workspaces).
+#[derive(Clone, Debug)]
+pub struct WorkspacesMetrics {
+    cycles: IntCounterVec,
+    durations: HistogramVec,
+    /// Workspace agent infos sent to GitLab.
+    pub sent: prometheus::IntCounter,
+    /// Applies (or namespace operations) that ended with errors.
+    pub apply_errors: prometheus::IntCounter,
+    /// 1 while this replica holds the Lease and runs the module.
+    pub leader: IntGauge,
+}
+
+impl WorkspacesMetrics {
+    /// Count a reconcile cycle by update type (`full`, `partial`) and result (`ok`,
+    /// `error`), with how long it took.
+    pub fn cycle(&self, update_type: &str, ok: bool, took: Duration) {
+        let result = if ok { "ok" } else { "error" };
+        self.cycles.with_label_values(&[update_type, result]).inc();
+        self.durations
+            .with_label_values(&[update_type])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Cycles counted so far with this type and result (tests).
+    pub fn cycles(&self, update_type: &str, result: &str) -> u64 {
+        self.cycles.with_label_values(&[update_type, result]).get()
+    }
+
+    fn new() -> WorkspacesMetrics {
+        let cycles = IntCounterVec::new(
+            Opts::new(
+                "podgate_agentk_workspaces_cycles_total",
+                "Workspaces reconcile cycles, by update type and result",
+            ),
+            &["type", "result"],
+        )
+        .expect("valid metric");
+        for t in ["full", "partial"] {
+            for r in ["ok", "error"] {
+                cycles.with_label_values(&[t, r]);
+            }
+        }
+        let durations = HistogramVec::new(
+            HistogramOpts::new(
+                "podgate_agentk_workspaces_cycle_duration_seconds",
+                "Time of a Workspaces reconcile cycle (request to GitLab and handling its answer), by update type",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+            &["type"],
+        )
+        .expect("valid metric");
+        WorkspacesMetrics {
+            cycles,
+            durations,
+            sent: prometheus::IntCounter::new(
+                "podgate_agentk_workspaces_sent_total",
+                "Workspace agent infos sent to GitLab",
+            )
+            .expect("valid metric"),
+            apply_errors: prometheus::IntCounter::new(
+                "podgate_agentk_workspaces_apply_errors_total",
+                "Workspace applies and namespace operations that ended with errors",
+            )
+            .expect("valid metric"),
+            leader: IntGauge::new(
+                "podgate_agentk_workspaces_leader",
+                "1 while this replica leads and runs the Workspaces module",
+            )
+            .expect("valid metric"),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.cycles.clone()),
+            Box::new(self.durations.clone()),
+            Box::new(self.sent.clone()),
+            Box::new(self.apply_errors.clone()),
+            Box::new(self.leader.clone()),
+        ]
+    }
+}
+
+impl Default for WorkspacesMetrics {
+    /// Metrics in no registry (tests).
+    fn default() -> Self {
+        WorkspacesMetrics::new()
     }
 }
 
@@ -130,7 +225,8 @@ impl AgentkMetrics {
         ] {
             graph.warnings.with_label_values(&[t]);
         }
-        for m in [
+        let workspaces = WorkspacesMetrics::new();
+        for m in workspaces.collectors().into_iter().chain([
             Box::new(graph.requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(graph.informers.clone()),
             Box::new(graph.objects.clone()),
@@ -141,7 +237,7 @@ impl AgentkMetrics {
             Box::new(connects.clone()),
             Box::new(requests.clone()),
             Box::new(durations.clone()),
-        ] {
+        ]) {
             registry.register(m).expect("registers once");
         }
         AgentkMetrics {
@@ -152,6 +248,7 @@ impl AgentkMetrics {
             requests,
             durations,
             graph,
+            workspaces,
             registry,
         }
     }

@@ -4,13 +4,17 @@
 //! audience `gitlab`), as GitLab's kas does (`internal/gitlab/client.go`,
 //! `jwtRequestHeader`). Used by [`super::agent_auth`] (`agent_info`) and the
 //! Kubernetes API proxy ([`super::k8s_proxy`]: `authorize_proxy_user`,
-//! `job/allowed_agents`).
+//! `job/allowed_agents`), the agent configuration
+//! ([`super::agent_config`]: `agent_configuration`) and modules' requests
+//! ([`super::gitlab_access`]: `modules/<module>/…`, streamed both ways with
+//! [`GitlabClient::stream`]).
 //!
-//! Answers are returned whole (status and body, at most [`MAX_RESPONSE`] bytes);
-//! callers decide what a status means. Tokens sent in headers are never logged here.
+//! [`GitlabClient::request`] returns answers whole (status and body, at most
+//! [`MAX_RESPONSE`] bytes); callers decide what a status means. Tokens sent in
+//! headers are never logged here.
 
 use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -39,6 +43,19 @@ pub enum Error {
     TooLarge,
 }
 
+/// A hyper client error with its causes (hyper's own message is only "client
+/// error (Connect)").
+fn transport_error(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// GitLab's answer.
 #[derive(Debug)]
 pub struct Answer {
@@ -48,11 +65,15 @@ pub struct Answer {
     pub body: Bytes,
 }
 
+/// A streamed request body: chunks, or the error that aborts the request.
+pub type StreamBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
 /// A client of one GitLab.
 pub struct GitlabClient {
     base: String,
     secret: Vec<u8>,
     client: Client<HttpConnector, Full<Bytes>>,
+    streaming: Client<HttpConnector, StreamBody>,
 }
 
 impl GitlabClient {
@@ -63,7 +84,37 @@ impl GitlabClient {
             base: base_url.trim_end_matches('/').to_owned(),
             secret,
             client: Client::builder(TokioExecutor::new()).build_http(),
+            streaming: Client::builder(TokioExecutor::new()).build_http(),
         }
+    }
+
+    /// `method path_and_query` with `headers` and a streamed `body`, with the
+    /// `Gitlab-Kas-Api-Request` JWT (this is for the internal API); GitLab's answer
+    /// as it arrives, its body unread. `path_and_query` is appended to the base URL
+    /// as given (escape it first).
+    pub async fn stream(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: HeaderMap,
+        body: StreamBody,
+    ) -> Result<http::Response<hyper::body::Incoming>, Error> {
+        let jwt = crate::auth::mint_kas_api_request(&self.secret)
+            .map_err(|e| Error::Jwt(e.to_string()))?;
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path_and_query}", self.base))
+            .body(body)
+            .map_err(|e| Error::Build(e.to_string()))?;
+        *request.headers_mut() = headers;
+        request.headers_mut().insert(
+            KAS_API_REQUEST_HEADER,
+            http::HeaderValue::from_str(&jwt).map_err(|e| Error::Build(e.to_string()))?,
+        );
+        self.streaming
+            .request(request)
+            .await
+            .map_err(|e| Error::Transport(transport_error(&e)))
     }
 
     /// GitLab's base URL.

@@ -2,6 +2,10 @@
 //! replica. It gets a random connection id, is registered in the presence registry
 //! with the seed's `ConnectedAgentInfo`, and is unregistered when the stream ends
 //! (client gone, kas shutting down).
+//!
+//! The first message carries the agent's configuration file when kas has
+//! `[agent_configuration]` ([`super::agent_config`]), and a new message follows
+//! each change of it.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,6 +17,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::agent_auth::AgentAuth;
+use super::agent_config::AgentConfigs;
 use super::metrics::KasMetrics;
 use super::tunnel::Tunnels;
 use crate::proto::agent_configuration_service_server::AgentConfigurationService;
@@ -27,6 +32,8 @@ pub(crate) struct Presence {
     pub(crate) metrics: Arc<KasMetrics>,
     /// This kas's internal address: where other kas instances reach its agents.
     pub(crate) kas: KasAddress,
+    /// Agent configuration files, if kas has them.
+    pub(crate) configs: Option<Arc<AgentConfigs>>,
 }
 
 /// The configuration stream; unregisters its connection when dropped.
@@ -115,27 +122,39 @@ impl AgentConfigurationService for Presence {
         tracing::info!(agent_id = who.agent_id, connection_id, "agent connected");
         self.metrics.connected_agents.inc();
         let (tx, rx) = mpsc::channel(4);
-        let first = AgentConfiguration {
+        let template = AgentConfiguration {
             agent_id: who.agent_id,
             project_id: who.project_id,
             connection_id,
             config_yaml: String::new(),
         };
+        let guard = Registered {
+            registry: self.registry.clone(),
+            tunnels: self.tunnels.clone(),
+            metrics: self.metrics.clone(),
+            agent_id: who.agent_id,
+            connection_id,
+        };
         // Keep the sender alive as long as the stream: the stream stays open until the
         // client goes away (or kas stops).
-        let _ = tx.send(Ok(first)).await;
-        tokio::spawn(async move {
-            tx.closed().await;
-        });
-        Ok(Response::new(ConfigStream {
-            rx,
-            guard: Registered {
-                registry: self.registry.clone(),
-                tunnels: self.tunnels.clone(),
-                metrics: self.metrics.clone(),
-                agent_id: who.agent_id,
-                connection_id,
-            },
-        }))
+        match &self.configs {
+            Some(configs) => {
+                let first = configs.first(who.agent_id).await;
+                let _ = tx
+                    .send(Ok(AgentConfiguration {
+                        config_yaml: first.parsed.text.clone(),
+                        ..template.clone()
+                    }))
+                    .await;
+                tokio::spawn(configs.clone().watch(who.agent_id, first, template, tx));
+            }
+            None => {
+                let _ = tx.send(Ok(template)).await;
+                tokio::spawn(async move {
+                    tx.closed().await;
+                });
+            }
+        }
+        Ok(Response::new(ConfigStream { rx, guard }))
     }
 }

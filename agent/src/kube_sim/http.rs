@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 
 use super::access::{Identity, forbidden};
 use super::patch::{PatchKind, decode_body};
-use super::resources::{discovery, key, kind_at};
-use super::store::{Shared, as_version};
+use super::resources::{NAMESPACES, discovery, key, kind_at};
+use super::store::{Shared, Write, as_version};
 
 /// A response body: whole, or a watch stream.
 pub(super) type Body = BoxBody<Bytes, Infallible>;
@@ -212,6 +212,22 @@ impl Shared {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("")
                     .to_owned();
+                // kube-apiserver's default manager: the user agent up to its first
+                // `/` (`managerOrUserAgent` in `endpoints/handlers/rest.go`).
+                let manager = match q.get("fieldManager").filter(|m| !m.is_empty()) {
+                    Some(m) => m.clone(),
+                    None => req
+                        .headers()
+                        .get(http::header::USER_AGENT)
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                        .unwrap_or_default()
+                        .split('/')
+                        .next()
+                        .unwrap_or("")
+                        .chars()
+                        .take(128)
+                        .collect(),
+                };
                 let bytes = match req.into_body().collect().await {
                     Ok(b) => b.to_bytes(),
                     Err(_) => {
@@ -227,17 +243,35 @@ impl Shared {
                         return (verb, error(code, reason, &message));
                     }
                 };
+                let apply = method == Method::PATCH && patch == PatchKind::Apply;
+                if let Some(invalid) = patch_options(&method, apply, &q) {
+                    return (
+                        verb,
+                        json_response(StatusCode::UNPROCESSABLE_ENTITY, &invalid),
+                    );
+                }
                 // Server-side apply creates when absent.
-                let method = if method == Method::PATCH
-                    && patch == PatchKind::Apply
-                    && name.is_some_and(|n| !self.lock().objects.contains_key(&key(k, ns, n)))
-                {
+                let exists = name.is_some_and(|n| self.lock().objects.contains_key(&key(k, ns, n)));
+                let method = if apply && !exists {
                     Method::POST
                 } else {
                     method
                 };
-                let (code, v) = self.apply(method, k, ns, name, body);
+                let (code, v) = self.write(Write {
+                    apply,
+                    force: q.get("force").is_some_and(|f| f == "true"),
+                    manager: Some(manager),
+                    api_version: k.api_version(version),
+                    admit: true,
+                    dry_run: q.get("dryRun").is_some_and(|d| d == "All"),
+                    lifecycle: true,
+                    ..Write::new(method, k, ns, name, body)
+                });
                 json_response(code, &as_version(k, version, v))
+            }
+            (&Method::DELETE, Some(name)) if k == NAMESPACES => {
+                let (code, v) = self.delete_namespace(name);
+                json_response(code, &v)
             }
             (&Method::DELETE, Some(name)) => {
                 let (code, v) = self.apply(Method::DELETE, k, ns, Some(name), Value::Null);
@@ -251,6 +285,41 @@ impl Shared {
         };
         (verb, response)
     }
+}
+
+/// kube-apiserver's checks of a write's options (`ValidatePatchOptions` in
+/// `apimachinery/pkg/apis/meta/v1/validation`): an apply names its field manager;
+/// `force` is for applies only. The `422 Invalid` `Status`, if one fails.
+fn patch_options(method: &Method, apply: bool, q: &BTreeMap<String, String>) -> Option<Value> {
+    if *method != Method::PATCH {
+        return None;
+    }
+    let (field, detail) = if apply && q.get("fieldManager").is_none_or(|m| m.is_empty()) {
+        (
+            "fieldManager",
+            "Required value: is required for apply patch",
+        )
+    } else if !apply && q.contains_key("force") {
+        (
+            "force",
+            "Forbidden: may not be specified for non-apply patch",
+        )
+    } else {
+        return None;
+    };
+    let mut s = status(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "Invalid",
+        &format!("PatchOptions.meta.k8s.io \"\" is invalid: {field}: {detail}"),
+    );
+    let reason = if field == "force" {
+        "FieldValueForbidden"
+    } else {
+        "FieldValueRequired"
+    };
+    let cause_message = detail.to_owned();
+    s["details"] = json!({"group": "meta.k8s.io", "kind": "PatchOptions", "causes": [{"reason": reason, "message": cause_message, "field": field}]});
+    Some(s)
 }
 
 #[cfg(test)]

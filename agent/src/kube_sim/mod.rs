@@ -7,9 +7,11 @@
 //!   `/api/v1` and `/apis/<group>/<version>`, and the OpenAPI v3 index, where
 //!   kubectl learns that the server validates fields itself (so `kubectl apply`
 //!   needs no schemas). Served: core pods, configmaps, secrets, namespaces,
-//!   serviceaccounts, services, persistentvolumeclaims, persistentvolumes, nodes;
-//!   apps deployments, replicasets, statefulsets, daemonsets; batch jobs, cronjobs;
-//!   networking.k8s.io ingresses, ingressclasses; storage.k8s.io storageclasses;
+//!   serviceaccounts, services, persistentvolumeclaims, persistentvolumes, nodes,
+//!   resourcequotas, endpoints; apps deployments, replicasets, statefulsets,
+//!   daemonsets; batch jobs, cronjobs; networking.k8s.io ingresses, ingressclasses,
+//!   networkpolicies; coordination.k8s.io leases; discovery.k8s.io endpointslices;
+//!   storage.k8s.io storageclasses;
 //!   scheduling.k8s.io priorityclasses; node.k8s.io runtimeclasses;
 //!   apiextensions.k8s.io customresourcedefinitions; the custom kinds `widgets`
 //!   (`example.podgate.dev`, in `v1` and `v1beta1`, so version selection matters),
@@ -35,11 +37,38 @@
 //!   server's `410 Gone` (an `ERROR` event with an `Expired` status): what
 //!   `kubectl get -w` and kube-runtime's watcher consume;
 //! - get, create (409 on a duplicate), replace (409 on a stale `resourceVersion`),
-//!   merge / strategic-merge / server-side apply patches (`kubectl apply`,
-//!   `kubectl label`), delete; errors as `Status` objects, which kubectl prints as
-//!   `Error from server (NotFound): …`. Bodies are JSON or YAML: protobuf (which
-//!   kubectl's `create <generator>` commands send for built-in kinds) is answered
-//!   with 415, as kube-apiserver answers a media type it does not accept;
+//!   merge / strategic-merge patches (`kubectl apply`, `kubectl label`), delete;
+//!   `dryRun=All` answered, not stored; errors as `Status` objects, which kubectl
+//!   prints as `Error from server (NotFound): …`. Bodies are JSON or YAML: protobuf
+//!   (which kubectl's `create <generator>` commands send for built-in kinds) is
+//!   answered with 415, as kube-apiserver answers a media type it does not accept;
+//! - field ownership (`ssa`, `fieldset`): every API write records
+//!   `metadata.managedFields` (`Update` entries for creates, replaces and merge
+//!   patches, by `fieldManager` or the user agent's first word, as kube-apiserver
+//!   names the manager); server-side apply (`application/apply-patch+yaml`,
+//!   `fieldManager` required: `422` otherwise) merges keyed lists item by item,
+//!   answers a change to a field another manager owns with kube-apiserver's `409
+//!   Conflict` (`Apply failed with 1 conflict: conflict with "kubectl" using
+//!   apps/v1: .spec.replicas`) unless `force=true` moves the field, and removes
+//!   the fields a manager applied before and omits now when nobody else owns them.
+//!   Deployments and ReplicaSets count `metadata.generation`, and API clients
+//!   cannot write their `status` (it is the controllers');
+//! - namespaces (`namespaces`): creating in a missing namespace is `404`, in a
+//!   terminating one `403`; deleting one marks it `Terminating`, then (after
+//!   [`Settings::namespace_delete_delay`]) deletes what is in it and itself, with
+//!   the apiserver's words for each refusal;
+//! - faults (`faults`): a Service port outside 1–65535 is `422 Invalid` as
+//!   kube-apiserver's validation words it; [`KubeSim::refuse`] (`--refuse`) denies
+//!   writes of chosen names as an admission webhook would;
+//! - controllers ([`KubeSim::start_controllers`]; `podgate kube-sim` runs them
+//!   unless it generates or churns a cluster): Deployments get ReplicaSets and
+//!   Pods, and their status (`observedGeneration`, replica counts, `Progressing`
+//!   and `Available` with kube-controller-manager's reasons and messages) moves
+//!   with the [`Settings`] delays (`controller`, `rollout`, `pods`); an image
+//!   tagged `crashloop` never becomes ready, so its Deployment ends
+//!   `ProgressDeadlineExceeded`; every Service selecting an available Deployment
+//!   gets a small HTTP server per port on `127.0.0.1` and an `Endpoints` object
+//!   listing them (`backends`), torn down when it scales to 0 or goes;
 //! - users: a request is served as the user its `Impersonate-User` (with
 //!   `Impersonate-Group`, `-Uid`, `-Extra-*`) names, else as `system:anonymous`;
 //!   [`KubeSim::audit`] keeps the last 1,000 requests (verb, path, query, user,
@@ -66,23 +95,38 @@
 //! parsed only when asked for); `cargo bench -p podgate-agent --bench kube_sim`
 //! measures it.
 //!
-//! Layout: [`KubeSim`] here is the handle (direct reads and writes, seeding,
-//! denials, audit, churn, [`KubeSim::serve`]); `resources` holds the served kinds,
-//! discovery documents and CustomResourceDefinitions; `selector` label and field
-//! selectors; `patch` body decoding and merge patches; `store` the objects,
-//! resource versions and change history; `paging` lists, whole or in pages, and
-//! their snapshots; `watch` the watch streams; `http` the
-//! request dispatch; `access` impersonation, denials and the audit log; `generate`
-//! generated clusters; `churn` the steady changes.
+//! Layout: [`KubeSim`] here is the handle (denials, refusals, settings, audit,
+//! churn, controllers, [`KubeSim::serve`]); `objects` its direct reads and writes,
+//! generated clusters and seeding ([`StoredObject`]);
+//! `resources` holds the served kinds, discovery documents and
+//! CustomResourceDefinitions; `selector` label and field selectors; `patch` body
+//! decoding and merge patches; `fieldset` and `ssa` field ownership and
+//! server-side apply; `store` the objects, resource versions and change history;
+//! `namespaces` namespace lifecycle; `faults` validation and refusals; `paging`
+//! lists, whole or in pages, and their snapshots; `watch` the watch streams;
+//! `http` the request dispatch; `access` impersonation, denials and the audit log;
+//! `generate` generated clusters; `churn` the steady changes; `controller`,
+//! `rollout`, `pods` and `backends` the controllers; `settings` their timings;
+//! `tests` the handle's tests (other modules keep theirs beside them).
 
 mod access;
+mod backends;
 mod churn;
+mod controller;
+mod faults;
+mod fieldset;
 mod generate;
 mod http;
+mod namespaces;
+mod objects;
 mod paging;
 mod patch;
+mod pods;
 mod resources;
+mod rollout;
 mod selector;
+mod settings;
+mod ssa;
 mod store;
 mod watch;
 
@@ -95,14 +139,16 @@ use ::http::Method;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use serde::Deserialize as _;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::net::TcpListener;
 
 pub use access::AuditEntry;
 pub use churn::{Churn, ChurnStats};
-use resources::{KINDS, Kind, NAMESPACES, crd_object, key, kind, kind_named, kind_of};
-use store::{Shared, Stored};
+pub use controller::Controllers;
+pub use objects::StoredObject;
+use resources::{KINDS, NAMESPACES, crd_object, kind, kind_of};
+pub use settings::{Settings, parse_duration};
+use store::Shared;
 
 /// Errors of kube-sim. None is worth retrying: each names input to fix.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +160,22 @@ pub enum Error {
         document: usize,
         /// `Kind namespace/name`, where the document got that far.
         name: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// A setting is out of range.
+    #[error("kube-sim setting {field}: {message}")]
+    Setting {
+        /// The setting: `progress_deadline_factor`.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// A refusal names a resource kube-sim does not serve or a bad pattern.
+    #[error("refusal of {resource:?}: {message}")]
+    Refusal {
+        /// The resource as given.
+        resource: String,
         /// What is wrong.
         message: String,
     },
@@ -164,6 +226,46 @@ impl KubeSim {
         self.shared.access.deny(group, resource, verbs);
     }
 
+    /// Use these settings from now on (controllers read them at each step).
+    pub fn set_settings(&self, settings: Settings) -> Result<()> {
+        settings.validate()?;
+        *self
+            .shared
+            .settings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = settings;
+        self.shared.settings_changed.notify_waiters();
+        Ok(())
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> Settings {
+        self.shared.settings()
+    }
+
+    /// Refuse creates, updates and patches of `resource` (`deployments`,
+    /// `services`, `deployments.apps`) whose name matches `name_regex`, as a
+    /// validating admission webhook would: `400` with `admission webhook
+    /// "refuse.kube-sim.podgate.dev" denied the request: <message>`. Direct
+    /// [`KubeSim::put`]s are refused too.
+    pub fn refuse(&self, resource: &str, name_regex: &str, message: &str) -> Result<()> {
+        let fail = |message: String| Error::Refusal {
+            resource: resource.to_owned(),
+            message,
+        };
+        let k = kind(resource).ok_or_else(|| fail("not a served resource".into()))?;
+        let re = regex::Regex::new(name_regex).map_err(|e| fail(e.to_string()))?;
+        self.shared.faults.refuse(k, re, message);
+        Ok(())
+    }
+
+    /// Lift every refusal of `resource`.
+    pub fn unrefuse(&self, resource: &str) {
+        if let Some(k) = kind(resource) {
+            self.shared.faults.clear(k);
+        }
+    }
+
     /// Lift a denial of `group`/`resource`.
     pub fn allow(&self, group: &str, resource: &str) {
         self.shared.access.allow(group, resource);
@@ -189,24 +291,13 @@ impl KubeSim {
         churn::start(self.shared.clone(), per_s, seed)
     }
 
-    /// Every stored object, with its kind's group, storage version and plural: what
-    /// a test needs to compute a graph independently. Cheap: objects are shared
-    /// with the store and parsed only when asked ([`StoredObject::value`]).
-    pub fn objects(&self) -> Vec<StoredObject> {
-        let store = self.shared.lock();
-        let mut out = Vec::with_capacity(store.objects.len());
-        for k in KINDS {
-            out.extend(store.of(*k).map(|((_, ns, name), o)| StoredObject {
-                group: k.group,
-                version: k.versions[0],
-                resource: k.plural,
-                namespaced: k.namespaced,
-                namespace: ns.clone(),
-                name: name.clone(),
-                object: o.clone(),
-            }));
-        }
-        out
+    /// Start the controllers (see the `controller` module): Deployments get
+    /// ReplicaSets and Pods and their status moves as kube-controller-manager moves
+    /// it, with the [`Settings`] delays; Services selecting an available
+    /// Deployment get backend servers and `Endpoints`. They stop when the returned
+    /// handle is dropped. Must be called inside a Tokio runtime.
+    pub fn start_controllers(&self) -> Controllers {
+        controller::start(self.shared.clone())
     }
 
     /// Serve the Kubernetes API on `listener` until `shutdown` resolves; then stop
@@ -243,158 +334,6 @@ impl KubeSim {
             });
         }
     }
-
-    /// Create or replace an object directly (as another client would); returns the
-    /// stored object or a `Status`. `resource` names the kind as kubectl does:
-    /// `pods`, `deployments.apps`, or a bare plural served by one group only.
-    pub fn put(&self, resource: &str, namespace: &str, object: Value) -> Value {
-        let Some(k) = kind(resource) else {
-            return http::status(
-                ::http::StatusCode::NOT_FOUND,
-                "NotFound",
-                &format!("the server doesn't have a resource type \"{resource}\""),
-            );
-        };
-        self.put_kind(k, namespace, object)
-    }
-
-    fn put_kind(&self, k: Kind, namespace: &str, object: Value) -> Value {
-        let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        let exists = self
-            .shared
-            .lock()
-            .objects
-            .contains_key(&key(k, namespace, &name));
-        let (_, v) = self.shared.apply(
-            if exists { Method::PUT } else { Method::POST },
-            k,
-            namespace,
-            Some(&name).filter(|_| exists).map(String::as_str),
-            object,
-        );
-        v
-    }
-
-    /// Delete an object directly; whether it existed.
-    pub fn delete(&self, resource: &str, namespace: &str, name: &str) -> bool {
-        kind(resource).is_some_and(|k| {
-            self.shared
-                .apply(Method::DELETE, k, namespace, Some(name), Value::Null)
-                .0
-                .is_success()
-        })
-    }
-
-    /// An object, if present (`namespace` is `""` for cluster-scoped kinds), in its
-    /// kind's preferred version.
-    pub fn get(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
-        let k = kind(resource)?;
-        self.shared
-            .lock()
-            .objects
-            .get(&key(k, namespace, name))
-            .map(|s| s.value())
-    }
-
-    /// Add a generated cluster of exactly `objects` objects (see the `generate`
-    /// module: Nodes and classes; namespaces with apps, Deployments → ReplicaSets →
-    /// Pods linked by controller owner references, Ingresses, StatefulSets,
-    /// CronJobs, Widgets, Flux Kustomizations and HelmReleases with their sources
-    /// and Helm storage Secrets), the same for the same `seed`; returns how many
-    /// objects were added.
-    pub fn generate(&self, objects: usize, seed: u64) -> usize {
-        generate::generate(self, objects, seed)
-    }
-
-    /// The current resourceVersion.
-    pub fn resource_version(&self) -> u64 {
-        self.shared.lock().rv
-    }
-
-    /// Load objects from a multi-document YAML text (`---` between documents), each
-    /// created or replaced as [`KubeSim::put`] does; namespaced objects without a
-    /// namespace go to `default`. Empty documents are skipped. Returns how many
-    /// objects were loaded; on an error, the documents before the bad one stay loaded.
-    pub fn load_seed(&self, yaml: &str) -> Result<usize> {
-        let mut loaded = 0;
-        for (i, doc) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
-            let document = i + 1;
-            let fail = |name: Option<String>, message: String| Error::Seed {
-                document,
-                name,
-                message,
-            };
-            let object = Value::deserialize(doc).map_err(|e| fail(None, e.to_string()))?;
-            if object.is_null() {
-                continue;
-            }
-            if !object.is_object() {
-                return Err(fail(None, "not a mapping".into()));
-            }
-            let api_version = object["apiVersion"].as_str().unwrap_or("");
-            let kind_name = object["kind"].as_str().unwrap_or("");
-            let name = object["metadata"]["name"].as_str().unwrap_or("");
-            let Some(k) = kind_named(api_version, kind_name) else {
-                return Err(fail(
-                    None,
-                    format!("apiVersion {api_version:?} kind {kind_name:?} is not served"),
-                ));
-            };
-            let namespace = if k.namespaced {
-                object["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or("default")
-                    .to_owned()
-            } else {
-                String::new()
-            };
-            let label = if k.namespaced {
-                format!("{kind_name} {namespace}/{name}")
-            } else {
-                format!("{kind_name} {name}")
-            };
-            if name.is_empty() {
-                return Err(fail(Some(label), "metadata.name: Required value".into()));
-            }
-            let stored = self.put_kind(k, &namespace, object);
-            if stored["kind"] == "Status" {
-                let message = stored["message"].as_str().unwrap_or("refused").to_owned();
-                return Err(fail(Some(label), message));
-            }
-            loaded += 1;
-        }
-        Ok(loaded)
-    }
-}
-
-/// One object as [`KubeSim::objects`] lists it.
-#[derive(Clone, Debug)]
-pub struct StoredObject {
-    /// The API group: `apps`, `""` for the core group.
-    pub group: &'static str,
-    /// The version objects of the kind are stored (and preferred) in: `v1`.
-    pub version: &'static str,
-    /// The plural resource name: `deployments`.
-    pub resource: &'static str,
-    /// Whether the kind lives in namespaces.
-    pub namespaced: bool,
-    /// The namespace; `""` for cluster-scoped kinds.
-    pub namespace: String,
-    /// `metadata.name`.
-    pub name: String,
-    object: Arc<Stored>,
-}
-
-impl StoredObject {
-    /// The object as stored (in [`StoredObject::version`]), parsed.
-    pub fn value(&self) -> Value {
-        self.object.value()
-    }
-
-    /// The object's JSON text as stored.
-    pub fn json(&self) -> &str {
-        &self.object.text
-    }
 }
 
 /// A kubeconfig for a kube-sim at `server_url` (`http://127.0.0.1:<port>`): no
@@ -406,293 +345,4 @@ pub fn kubeconfig(server_url: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seeds_load_and_bad_documents_are_named() {
-        let sim = KubeSim::new(10);
-        let n = sim
-            .load_seed(
-                "apiVersion: v1\nkind: Namespace\nmetadata: {name: apps}\n---\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: apps, labels: {app: web}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg}\ndata: {a: b}\n",
-            )
-            .unwrap();
-        assert_eq!(n, 3);
-        assert_eq!(
-            sim.get("pods", "apps", "web").unwrap()["status"]["phase"],
-            "Pending"
-        );
-        assert_eq!(
-            sim.get("configmaps", "default", "cfg").unwrap()["data"]["a"],
-            "b"
-        );
-        assert!(sim.get("namespaces", "", "apps").is_some());
-
-        let e = sim
-            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: d}\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("seed document 2:"), "{e}");
-        assert!(e.contains("\"policy/v1\""), "{e}");
-        let e = sim
-            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {namespace: x}\n")
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "seed document 1 (Pod x/): metadata.name: Required value");
-        let e = sim.load_seed("a: [\n").unwrap_err().to_string();
-        assert!(e.starts_with("seed document 1: "), "{e}");
-        let e = sim.load_seed("- 1\n").unwrap_err().to_string();
-        assert_eq!(e, "seed document 1: not a mapping");
-        let e = sim
-            .load_seed("apiVersion: v1\nkind: Pod\nmetadata: {name: b}\n---\nkind: [\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("seed document 2: "), "{e}");
-        assert!(sim.get("pods", "default", "b").is_some());
-    }
-
-    /// When the shutdown future resolves, `serve` returns and open watches end.
-    #[tokio::test]
-    async fn stopping_ends_open_watches() {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let sim = KubeSim::new(10);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn({
-            let sim = sim.clone();
-            async move {
-                sim.serve(listener, async {
-                    let _ = stopped.await;
-                })
-                .await;
-            }
-        });
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /api/v1/namespaces?watch=true HTTP/1.1\r\nhost: k\r\n\r\n")
-            .await
-            .unwrap();
-        // The synthetic ADDED events arrive: the watch is open.
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        while !String::from_utf8_lossy(&buf).contains("kube-system") {
-            let n = s.read(&mut chunk).await.unwrap();
-            assert!(n > 0, "watch ended early");
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        stop.send(()).unwrap();
-        server.await.unwrap();
-        // The connection is closed, not left hanging.
-        let closed = async {
-            loop {
-                match s.read(&mut chunk).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(10), closed)
-            .await
-            .expect("the watch connection closed when the server stopped");
-    }
-
-    /// One HTTP/1.1 request to `addr`: (status, body).
-    async fn request(
-        addr: std::net::SocketAddr,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> (u16, String) {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let mut req = format!("GET {path} HTTP/1.1\r\nhost: k\r\nconnection: close\r\n");
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
-        req.push_str("\r\n");
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).await.unwrap();
-        let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let body = raw
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap();
-        (status, body)
-    }
-
-    /// Requests are served as the impersonated user, who the audit log and the
-    /// 403 of a denied resource name.
-    #[tokio::test]
-    async fn impersonated_requests_are_audited_and_denials_name_the_user() {
-        let sim = KubeSim::new(10);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn({
-            let sim = sim.clone();
-            async move { sim.serve(listener, std::future::pending()).await }
-        });
-        sim.put(
-            "deployments",
-            "default",
-            json!({"metadata": {"name": "web"}, "spec": {}}),
-        );
-
-        let (code, _) = request(addr, "/apis/apps/v1/deployments", &[]).await;
-        assert_eq!(code, 200);
-        sim.deny("apps", "deployments");
-        let (code, body) = request(addr, "/apis/apps/v1/deployments", &[]).await;
-        assert_eq!(code, 403, "{body}");
-        let status: Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(status["kind"], "Status");
-        assert_eq!(status["reason"], "Forbidden");
-        assert_eq!(
-            status["message"],
-            r#"deployments.apps is forbidden: User "system:anonymous" cannot list resource "deployments" in API group "apps" at the cluster scope"#
-        );
-        let as_alice = [
-            ("Impersonate-User", "gitlab:user:alice"),
-            ("Impersonate-Group", "gitlab:user"),
-            ("Impersonate-Group", "gitlab:project_role:7:developer"),
-            ("Impersonate-Extra-agent.gitlab.com%2Fid", "9"),
-        ];
-        let (code, body) = request(
-            addr,
-            "/apis/apps/v1/namespaces/default/deployments?watch=true",
-            &as_alice,
-        )
-        .await;
-        assert_eq!(code, 403);
-        assert!(
-            body.contains(r#"User \"gitlab:user:alice\" cannot watch resource \"deployments\" in API group \"apps\" in the namespace \"default\""#),
-            "{body}"
-        );
-        let (code, body) = request(
-            addr,
-            "/apis/apps/v1/namespaces/default/deployments/web",
-            &[],
-        )
-        .await;
-        assert_eq!(code, 403);
-        assert!(
-            body.contains(r#"deployments.apps \"web\" is forbidden"#),
-            "{body}"
-        );
-        // Other resources are served, to the impersonated user too.
-        let (code, _) = request(addr, "/api/v1/namespaces/default/pods", &as_alice).await;
-        assert_eq!(code, 200);
-        // Groups without a user: refused, as kube-apiserver refuses them.
-        let (code, body) = request(addr, "/api/v1/pods", &[("Impersonate-Group", "g")]).await;
-        assert_eq!(code, 500, "{body}");
-        assert!(body.contains("without impersonating a user"), "{body}");
-        sim.allow("apps", "deployments");
-        let (code, _) = request(addr, "/apis/apps/v1/deployments", &as_alice).await;
-        assert_eq!(code, 200);
-
-        let audit = sim.audit();
-        let seen: Vec<(&str, &str, Option<&str>)> = audit
-            .iter()
-            .map(|e| (e.verb.as_str(), e.path.as_str(), e.user.as_deref()))
-            .collect();
-        assert_eq!(
-            seen,
-            [
-                ("list", "/apis/apps/v1/deployments", None),
-                ("list", "/apis/apps/v1/deployments", None),
-                (
-                    "watch",
-                    "/apis/apps/v1/namespaces/default/deployments",
-                    Some("gitlab:user:alice")
-                ),
-                (
-                    "get",
-                    "/apis/apps/v1/namespaces/default/deployments/web",
-                    None
-                ),
-                (
-                    "list",
-                    "/api/v1/namespaces/default/pods",
-                    Some("gitlab:user:alice")
-                ),
-                ("get", "/api/v1/pods", None),
-                (
-                    "list",
-                    "/apis/apps/v1/deployments",
-                    Some("gitlab:user:alice")
-                ),
-            ]
-        );
-        let last = audit.last().unwrap();
-        assert_eq!(
-            last.groups,
-            ["gitlab:user", "gitlab:project_role:7:developer"]
-        );
-        assert_eq!(last.extra["agent.gitlab.com/id"], ["9"]);
-        assert!(audit[0].groups.is_empty() && audit[0].extra.is_empty());
-
-        // The log is bounded: the newest 1,000 are kept.
-        for _ in 0..access::AUDIT_LIMIT {
-            request(addr, "/version", &[]).await;
-        }
-        let audit = sim.audit();
-        assert_eq!(audit.len(), access::AUDIT_LIMIT);
-        assert!(
-            audit
-                .iter()
-                .all(|e| e.path == "/version" && e.verb == "get")
-        );
-        server.abort();
-    }
-
-    #[test]
-    fn objects_lists_everything_with_its_kind() {
-        let sim = KubeSim::new(10);
-        sim.put("widgets", "default", json!({"apiVersion": "example.podgate.dev/v1beta1", "kind": "Widget", "metadata": {"name": "w"}}));
-        sim.put("nodes", "", json!({"metadata": {"name": "worker-0"}}));
-        let objects = sim.objects();
-        let find = |resource: &str, name: &str| {
-            objects
-                .iter()
-                .find(|o| o.resource == resource && o.name == name)
-                .unwrap_or_else(|| panic!("{resource} {name}"))
-        };
-        let w = find("widgets", "w");
-        assert_eq!(
-            (w.group, w.version, w.namespaced),
-            ("example.podgate.dev", "v1", true)
-        );
-        assert_eq!(w.namespace, "default");
-        assert_eq!(
-            w.value()["apiVersion"],
-            "example.podgate.dev/v1",
-            "stored in the preferred version"
-        );
-        assert!(w.json().contains("\"name\":\"w\""));
-        let n = find("nodes", "worker-0");
-        assert_eq!(
-            (n.group, n.namespaced, n.namespace.as_str()),
-            ("", false, "")
-        );
-        // The CustomResourceDefinitions of every custom kind.
-        let crds: Vec<&str> = objects
-            .iter()
-            .filter(|o| o.resource == "customresourcedefinitions")
-            .map(|o| o.name.as_str())
-            .collect();
-        assert_eq!(
-            crds,
-            [
-                "gitrepositories.source.toolkit.fluxcd.io",
-                "helmreleases.helm.toolkit.fluxcd.io",
-                "helmrepositories.source.toolkit.fluxcd.io",
-                "kustomizations.kustomize.toolkit.fluxcd.io",
-                "ocirepositories.source.toolkit.fluxcd.io",
-                "widgets.example.podgate.dev",
-            ]
-        );
-        let crd = find("customresourcedefinitions", "widgets.example.podgate.dev").value();
-        assert_eq!(crd["spec"]["versions"][1]["name"], "v1beta1");
-        assert_eq!(crd["spec"]["versions"][1]["storage"], false);
-        assert_eq!(crd["spec"]["scope"], "Namespaced");
-        assert_eq!(objects.len(), 2 + 6 + 2);
-    }
-}
+mod tests;

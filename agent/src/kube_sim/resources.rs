@@ -4,8 +4,18 @@
 //!
 //! New kinds, groups and versions are added here: the store, selectors and watches
 //! know a kind only through [`Kind`].
+//!
+//! Layout: this file (the [`Kind`] table [`KINDS`], store keys and lookups);
+//! `discovery` (the discovery and OpenAPI documents); `crd` (the
+//! CustomResourceDefinitions of the custom kinds); `tests`.
 
-use serde_json::{Value, json};
+mod crd;
+mod discovery;
+#[cfg(test)]
+mod tests;
+
+pub(super) use crd::crd_object;
+pub(super) use discovery::discovery;
 
 /// A served resource type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -331,6 +341,45 @@ pub(super) const KINDS: &[Kind] = &[
         false,
     )
     .crd(),
+    // What Workspaces need: agentk's leader election Lease, a workspace's
+    // NetworkPolicy and ResourceQuota, and the Endpoints (and EndpointSlices) of
+    // Services.
+    grouped(
+        "coordination.k8s.io",
+        &["v1"],
+        "leases",
+        "lease",
+        "Lease",
+        &[],
+        false,
+    ),
+    grouped(
+        "networking.k8s.io",
+        &["v1"],
+        "networkpolicies",
+        "networkpolicy",
+        "NetworkPolicy",
+        &["netpol"],
+        false,
+    ),
+    core(
+        "resourcequotas",
+        "resourcequota",
+        "ResourceQuota",
+        &["quota"],
+        true,
+        false,
+    ),
+    core("endpoints", "endpoints", "Endpoints", &["ep"], true, false),
+    grouped(
+        "discovery.k8s.io",
+        &["v1"],
+        "endpointslices",
+        "endpointslice",
+        "EndpointSlice",
+        &[],
+        false,
+    ),
     // Events, in two groups as in a real cluster (clients that build graphs skip them).
     core("events", "event", "Event", &["ev"], true, false),
     grouped(
@@ -341,72 +390,6 @@ pub(super) const KINDS: &[Kind] = &[
         "Event",
         &["ev"],
         false,
-    ),
-];
-
-/// Subresources listed in discovery as kube-apiserver lists them (`pods/status`):
-/// (group, resource, subresource, verbs). Discovery clients must skip them; requests
-/// to them are not served.
-const SUBRESOURCES: &[(&str, &str, &str, &[&str])] = &[
-    ("", "pods", "status", &["get", "patch", "update"]),
-    ("", "pods", "log", &["get"]),
-    ("", "pods", "exec", &["create", "get"]),
-    ("", "services", "status", &["get", "patch", "update"]),
-    ("", "nodes", "status", &["get", "patch", "update"]),
-    (
-        "",
-        "persistentvolumeclaims",
-        "status",
-        &["get", "patch", "update"],
-    ),
-    ("apps", "deployments", "scale", &["get", "patch", "update"]),
-    ("apps", "deployments", "status", &["get", "patch", "update"]),
-    ("apps", "replicasets", "scale", &["get", "patch", "update"]),
-    ("apps", "statefulsets", "scale", &["get", "patch", "update"]),
-    ("apps", "daemonsets", "status", &["get", "patch", "update"]),
-    ("batch", "jobs", "status", &["get", "patch", "update"]),
-    ("batch", "cronjobs", "status", &["get", "patch", "update"]),
-    (
-        "apiextensions.k8s.io",
-        "customresourcedefinitions",
-        "status",
-        &["get", "patch", "update"],
-    ),
-    (
-        EXAMPLE_GROUP,
-        "widgets",
-        "status",
-        &["get", "patch", "update"],
-    ),
-    (
-        KUSTOMIZE_GROUP,
-        "kustomizations",
-        "status",
-        &["get", "patch", "update"],
-    ),
-    (
-        HELM_GROUP,
-        "helmreleases",
-        "status",
-        &["get", "patch", "update"],
-    ),
-    (
-        SOURCE_GROUP,
-        "gitrepositories",
-        "status",
-        &["get", "patch", "update"],
-    ),
-    (
-        SOURCE_GROUP,
-        "helmrepositories",
-        "status",
-        &["get", "patch", "update"],
-    ),
-    (
-        SOURCE_GROUP,
-        "ocirepositories",
-        "status",
-        &["get", "patch", "update"],
     ),
 ];
 
@@ -459,278 +442,4 @@ pub(super) fn kind_of(group: &str, plural: &str) -> Option<Kind> {
         .iter()
         .copied()
         .find(|k| k.group == group && k.plural == plural)
-}
-
-/// The CustomResourceDefinition of a custom kind, as its controller's installer
-/// (controller-gen output applied by `flux install`, or a chart) leaves it once the
-/// API server has accepted it: every served version with a permissive schema, the
-/// first stored, `Established`.
-pub(super) fn crd_object(k: Kind) -> Value {
-    let names = json!({
-        "kind": k.kind,
-        "listKind": format!("{}List", k.kind),
-        "plural": k.plural,
-        "singular": k.singular,
-        "shortNames": k.short,
-    });
-    let versions: Vec<Value> = k
-        .versions
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            json!({
-                "name": v,
-                "served": true,
-                "storage": i == 0,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}],
-            })
-        })
-        .collect();
-    let mut labels = json!({});
-    if let Some(component) = match k.group {
-        KUSTOMIZE_GROUP => Some("kustomize-controller"),
-        HELM_GROUP => Some("helm-controller"),
-        SOURCE_GROUP => Some("source-controller"),
-        _ => None,
-    } {
-        labels = json!({
-            "app.kubernetes.io/component": component,
-            "app.kubernetes.io/instance": "flux-system",
-            "app.kubernetes.io/part-of": "flux",
-            "app.kubernetes.io/version": "v2.4.0",
-        });
-    }
-    let condition = |t: &str, reason: &str, message: &str| json!({"type": t, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z", "reason": reason, "message": message});
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": format!("{}.{}", k.plural, k.group),
-            "labels": labels,
-            "annotations": {"controller-gen.kubebuilder.io/version": "v0.16.1"},
-        },
-        "spec": {
-            "group": k.group,
-            "names": names,
-            "scope": if k.namespaced { "Namespaced" } else { "Cluster" },
-            "versions": versions,
-            "conversion": {"strategy": "None"},
-        },
-        "status": {
-            "acceptedNames": names,
-            "conditions": [
-                condition("NamesAccepted", "NoConflicts", "no conflicts found"),
-                condition("Established", "InitialNamesAccepted", "the initial names have been accepted"),
-            ],
-            "storedVersions": [k.versions[0]],
-        },
-    })
-}
-
-/// The served groups (not the core one), in order of first appearance.
-fn groups() -> Vec<(&'static str, &'static [&'static str])> {
-    let mut out: Vec<(&'static str, &'static [&'static str])> = Vec::new();
-    for k in KINDS.iter().filter(|k| !k.group.is_empty()) {
-        if !out.iter().any(|(g, _)| *g == k.group) {
-            out.push((k.group, k.versions));
-        }
-    }
-    out
-}
-
-/// An `APIResourceList` for `group`/`version`, as kube-apiserver serves it.
-fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let mut resources = Vec::new();
-    for k in KINDS
-        .iter()
-        .filter(|k| k.group == group && k.versions.contains(&version))
-    {
-        let mut r = json!({"name": k.plural, "singularName": k.singular, "namespaced": k.namespaced, "kind": k.kind, "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"], "shortNames": k.short});
-        if k.in_all {
-            r["categories"] = json!(["all"]);
-        }
-        resources.push(r);
-        for (_, _, sub, verbs) in SUBRESOURCES
-            .iter()
-            .filter(|(g, p, _, _)| *g == group && *p == k.plural)
-        {
-            resources.push(json!({"name": format!("{}/{sub}", k.plural), "singularName": "", "namespaced": k.namespaced, "kind": k.kind, "verbs": verbs}));
-        }
-    }
-    if resources.is_empty() {
-        return None;
-    }
-    let gv = if group.is_empty() {
-        version.to_owned()
-    } else {
-        format!("{group}/{version}")
-    };
-    Some(
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
-    )
-}
-
-/// The discovery document served at `path` (no trailing slash), if it is one.
-pub(super) fn discovery(path: &str) -> Option<Value> {
-    Some(match path {
-        "/version" => {
-            json!({"major": "1", "minor": "32", "gitVersion": "v1.32.0-podgate-test", "platform": "linux/amd64"})
-        }
-        "/api" => {
-            json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
-        }
-        // kube-apiserver lists each group's versions by priority (stable first) and
-        // names the preferred one.
-        "/apis" => {
-            let groups: Vec<Value> = groups()
-                .into_iter()
-                .map(|(g, versions)| {
-                    let vs: Vec<Value> = versions
-                        .iter()
-                        .map(|v| json!({"groupVersion": format!("{g}/{v}"), "version": v}))
-                        .collect();
-                    json!({"name": g, "versions": vs, "preferredVersion": vs[0]})
-                })
-                .collect();
-            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
-        }
-        // kubectl asks the OpenAPI v3 document whether the server validates fields
-        // itself (a `fieldValidation` parameter on each kind's PATCH); it does, so
-        // kubectl needs no schemas.
-        "/openapi/v3" => {
-            let mut paths = serde_json::Map::new();
-            paths.insert(
-                "api/v1".into(),
-                json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=podgate"}),
-            );
-            for (g, versions) in groups() {
-                for v in versions {
-                    paths.insert(
-                        format!("apis/{g}/{v}"),
-                        json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash=podgate")}),
-                    );
-                }
-            }
-            json!({"paths": paths})
-        }
-        "/api/v1" => resource_list("", "v1")?,
-        _ => {
-            if let Some(gv) = path.strip_prefix("/openapi/v3/api/") {
-                return openapi("", gv);
-            }
-            if let Some(gv) = path.strip_prefix("/openapi/v3/apis/") {
-                let (g, v) = gv.split_once('/')?;
-                return openapi(g, v);
-            }
-            let gv = path.strip_prefix("/apis/")?;
-            let (g, v) = gv.split_once('/')?;
-            if v.contains('/') {
-                return None;
-            }
-            return resource_list(g, v);
-        }
-    })
-}
-
-/// The OpenAPI v3 document of one group version: each kind's operations with the
-/// `fieldValidation` parameter kubectl looks for.
-fn openapi(group: &str, version: &str) -> Option<Value> {
-    let mut paths = serde_json::Map::new();
-    for k in KINDS
-        .iter()
-        .filter(|k| k.group == group && k.versions.contains(&version))
-    {
-        let root = if group.is_empty() {
-            format!("/api/{version}")
-        } else {
-            format!("/apis/{group}/{version}")
-        };
-        let item = if k.namespaced {
-            format!("{root}/namespaces/{{namespace}}/{}/{{name}}", k.plural)
-        } else {
-            format!("{root}/{}/{{name}}", k.plural)
-        };
-        let op = |action: &str| {
-            json!({
-                "operationId": format!("{action}{}", k.kind),
-                "parameters": [
-                    {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
-                    {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
-                    {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
-                ],
-                "responses": {"200": {"description": "OK"}},
-                "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": {"group": group, "version": version, "kind": k.kind},
-            })
-        };
-        paths.insert(
-            item,
-            json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
-        );
-    }
-    if paths.is_empty() {
-        return None;
-    }
-    Some(
-        json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths, "components": {"schemas": {}}}),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn groups_are_discovered_with_their_preferred_version() {
-        let list = discovery("/apis").unwrap();
-        let example = list["groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|g| g["name"] == EXAMPLE_GROUP)
-            .unwrap();
-        assert_eq!(
-            example["versions"],
-            json!([
-                {"groupVersion": "example.podgate.dev/v1", "version": "v1"},
-                {"groupVersion": "example.podgate.dev/v1beta1", "version": "v1beta1"},
-            ])
-        );
-        assert_eq!(example["preferredVersion"]["version"], "v1");
-        let apps = discovery("/apis/apps/v1").unwrap();
-        assert_eq!(apps["groupVersion"], "apps/v1");
-        let names: Vec<&str> = apps["resources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["name"].as_str().unwrap())
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "deployments",
-                "deployments/scale",
-                "deployments/status",
-                "replicasets",
-                "replicasets/scale",
-                "statefulsets",
-                "statefulsets/scale",
-                "daemonsets",
-                "daemonsets/status"
-            ]
-        );
-        assert!(discovery("/apis/apps/v2").is_none());
-        assert!(discovery("/apis/example.podgate.dev/v1beta1").is_some());
-        assert!(discovery("/openapi/v3/apis/apps/v1").is_some());
-        assert_eq!(kind("deployments").unwrap().group, "apps");
-        assert_eq!(kind("widgets.example.podgate.dev").unwrap().kind, "Widget");
-        assert!(kind_named("example.podgate.dev/v1beta1", "Widget").is_some());
-        assert!(kind_named("apps/v1beta1", "Deployment").is_none());
-        assert!(kind_at("apps", "v1", "pods").is_none());
-        // A plural served by two groups: the bare plural is the core one.
-        assert_eq!(kind("events").unwrap().group, "");
-        assert_eq!(kind("events.events.k8s.io").unwrap().group, "events.k8s.io");
-    }
 }

@@ -5,22 +5,28 @@
 //! between the store and the history: a parsed `serde_json::Value` takes about 14
 //! times the room of its text, which at 50,000 objects is over half a GiB (RSS of
 //! `podgate kube-sim --objects 50000`: 703 MB as `Value`s, 122 MB as text).
+//!
+//! Layout: this file (the objects, their indexes, the history and [`Shared`]);
+//! `write` (one write: [`Write`] and [`Shared::write`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+use super::Settings;
 use super::access::Access;
-use super::http::status;
+use super::faults::Faults;
 use super::paging::Snapshots;
-use super::patch::merge;
-use super::resources::{Key, Kind, key};
+use super::resources::{Key, Kind};
 use super::selector::{fields_match, labels_match, parse_selector};
+
+mod write;
+
+pub(super) use write::Write;
 
 /// One change, as watches see it.
 #[derive(Clone, Debug)]
@@ -158,6 +164,11 @@ pub(super) fn as_version(k: Kind, version: &str, mut o: Value) -> Value {
     o
 }
 
+/// The current time as the API writes timestamps (RFC 3339, seconds, UTC).
+pub(super) fn now() -> String {
+    humantime_serde::re::humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
 /// What the HTTP side and the handle share.
 pub(super) struct Shared {
     store: Mutex<Store>,
@@ -168,6 +179,12 @@ pub(super) struct Shared {
     pub(super) pages: Snapshots,
     history_limit: usize,
     pub(super) bookmark_every: Duration,
+    /// Refusals (`KubeSim::refuse`).
+    pub(super) faults: Faults,
+    /// Delays and factors of the controllers and namespace deletion.
+    pub(super) settings: Mutex<Settings>,
+    /// Woken when the settings change (timers waiting on them look again).
+    pub(super) settings_changed: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -183,150 +200,22 @@ impl Shared {
             pages: Snapshots::default(),
             history_limit: history_limit.max(1),
             bookmark_every: Duration::from_millis(500),
+            faults: Faults::default(),
+            settings: Mutex::new(Settings::default()),
+            settings_changed: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The settings in force.
+    pub(super) fn settings(&self) -> Settings {
+        self.settings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Create (POST), replace (PUT), patch (PATCH, `body` is the patch) or delete;
-    /// returns the status and the object or a `Status`.
-    pub(super) fn apply(
-        &self,
-        method: Method,
-        k: Kind,
-        namespace: &str,
-        name: Option<&str>,
-        body: Value,
-    ) -> (StatusCode, Value) {
-        let ns = if k.namespaced { namespace } else { "" };
-        let mut store = self.lock();
-        let name = name
-            .map(str::to_owned)
-            .or_else(|| body["metadata"]["name"].as_str().map(str::to_owned))
-            .unwrap_or_default();
-        let key = key(k, ns, &name);
-        let not_found = || {
-            (
-                StatusCode::NOT_FOUND,
-                status(
-                    StatusCode::NOT_FOUND,
-                    "NotFound",
-                    &format!("{} \"{name}\" not found", k.id()),
-                ),
-            )
-        };
-        let (event, object, code) = match method {
-            Method::POST => {
-                if name.is_empty() {
-                    return (
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        status(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            "Invalid",
-                            "metadata.name: Required value",
-                        ),
-                    );
-                }
-                if store.objects.contains_key(&key) {
-                    return (
-                        StatusCode::CONFLICT,
-                        status(
-                            StatusCode::CONFLICT,
-                            "AlreadyExists",
-                            &format!("{} \"{name}\" already exists", k.id()),
-                        ),
-                    );
-                }
-                let mut o = body;
-                store.uid += 1;
-                let uid = format!("00000000-0000-4000-8000-{:012x}", store.uid);
-                o["apiVersion"] = json!(k.storage_api_version());
-                o["kind"] = json!(k.kind);
-                o["metadata"]["uid"] = json!(uid);
-                o["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
-                if k.namespaced {
-                    o["metadata"]["namespace"] = json!(ns);
-                }
-                if k.kind == "Pod" && o["status"]["phase"].is_null() {
-                    o["status"]["phase"] = json!("Pending");
-                }
-                ("ADDED", o, StatusCode::CREATED)
-            }
-            Method::PUT => {
-                let Some(old) = store.objects.get(&key).map(|s| s.value()) else {
-                    return not_found();
-                };
-                let want = body["metadata"]["resourceVersion"].as_str();
-                if want.is_some_and(|w| Some(w) != old["metadata"]["resourceVersion"].as_str()) {
-                    return (
-                        StatusCode::CONFLICT,
-                        status(
-                            StatusCode::CONFLICT,
-                            "Conflict",
-                            &format!(
-                                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
-                                k.id()
-                            ),
-                        ),
-                    );
-                }
-                let mut o = body;
-                o["metadata"]["uid"] = old["metadata"]["uid"].clone();
-                o["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"].clone();
-                if k.namespaced {
-                    o["metadata"]["namespace"] = json!(ns);
-                }
-                o["apiVersion"] = json!(k.storage_api_version());
-                o["kind"] = json!(k.kind);
-                ("MODIFIED", o, StatusCode::OK)
-            }
-            Method::PATCH => {
-                let Some(mut o) = store.objects.get(&key).map(|s| s.value()) else {
-                    return not_found();
-                };
-                merge(&mut o, &body);
-                ("MODIFIED", o, StatusCode::OK)
-            }
-            Method::DELETE => {
-                let Some(o) = store.objects.remove(&key).map(|s| s.value()) else {
-                    return not_found();
-                };
-                ("DELETED", o, StatusCode::OK)
-            }
-            _ => {
-                return (
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    status(
-                        StatusCode::METHOD_NOT_ALLOWED,
-                        "MethodNotAllowed",
-                        "method not allowed",
-                    ),
-                );
-            }
-        };
-        store.rv += 1;
-        let rv = store.rv;
-        let mut object = object;
-        object["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let stored = Arc::new(Stored::new(&object));
-        if event != "DELETED" {
-            store.objects.insert(key, stored.clone());
-        }
-        let e = Event {
-            rv,
-            resource: k,
-            kind: event,
-            object: stored,
-        };
-        store.history.push_back(e.clone());
-        while store.history.len() > self.history_limit {
-            store.history.pop_front();
-        }
-        drop(store);
-        let _ = self.events.send(e);
-        (code, object)
     }
 
     /// Whether `o` is in `namespace` (all namespaces when `None`) and meets the

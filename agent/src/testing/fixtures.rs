@@ -34,6 +34,9 @@ pub fn kas_config(keys: KeySet, max_wait: Duration) -> KasConfig {
         agent_info: None,
         metrics_token: None,
         k8s_proxy: None,
+        gitlab_url: None,
+        agent_config: None,
+        workspaces: None,
     }
 }
 

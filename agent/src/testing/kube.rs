@@ -42,6 +42,16 @@ impl KubeTestServer {
         kube_sim::kubeconfig(&self.url())
     }
 
+    /// A kube-rs client of this server, configured from [`Self::kubeconfig`].
+    pub async fn client(&self) -> ::kube::Client {
+        let kubeconfig =
+            ::kube::config::Kubeconfig::from_yaml(&self.kubeconfig()).expect("kubeconfig");
+        let config = ::kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("config");
+        ::kube::Client::try_from(config).expect("client")
+    }
+
     /// Create or replace an object directly (as another client would).
     pub fn put(&self, plural: &str, namespace: &str, object: Value) -> Value {
         self.sim.put(plural, namespace, object)
@@ -74,5 +84,72 @@ impl KubeTestServer {
 impl Drop for KubeTestServer {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The installed `kubectl`, pointed at a [`KubeTestServer`] by a kubeconfig file of
+/// its own (and a `HOME` with no discovery cache from elsewhere).
+pub struct Kubectl {
+    config: tempfile::NamedTempFile,
+}
+
+impl Kubectl {
+    /// For `server`.
+    pub fn new(server: &KubeTestServer) -> Self {
+        let config = tempfile::NamedTempFile::new().expect("a temporary file");
+        std::fs::write(config.path(), server.kubeconfig()).expect("writing the kubeconfig");
+        Kubectl { config }
+    }
+
+    /// `kubectl --kubeconfig <ours> ARGS…`, not started.
+    pub fn command(&self, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new("kubectl");
+        c.arg("--kubeconfig").arg(self.config.path()).args(args);
+        c.env("HOME", std::env::temp_dir());
+        c
+    }
+
+    /// Run to completion with `stdin` as its input: (success, stdout, stderr).
+    /// It blocks: call it from `tokio::task::block_in_place` in async tests.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        use std::io::Write as _;
+        use std::process::Stdio;
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl is installed");
+        let mut stdin_pipe = child.stdin.take().expect("a stdin pipe");
+        if let Some(input) = stdin {
+            stdin_pipe
+                .write_all(input.as_bytes())
+                .expect("writing kubectl's input");
+        }
+        drop(stdin_pipe);
+        let out = child.wait_with_output().expect("kubectl ends");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// [`Kubectl::run`] that must succeed (inside `block_in_place`: a multi-thread
+    /// runtime): its stdout.
+    #[track_caller]
+    pub fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out, err) = tokio::task::block_in_place(|| self.run(args, stdin));
+        assert!(ok, "kubectl {args:?}: {out}\n{err}");
+        out
+    }
+
+    /// [`Kubectl::run`] that must fail (inside `block_in_place`): its stderr.
+    #[track_caller]
+    pub fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out, err) = tokio::task::block_in_place(|| self.run(args, stdin));
+        assert!(!ok, "kubectl {args:?} succeeded: {out}");
+        err
     }
 }

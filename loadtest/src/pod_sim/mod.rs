@@ -9,11 +9,21 @@
 //!   `params[:token]`, then `JOB-TOKEN` (`lib/api/ci/helpers/runner.rb`).
 //! - Registration issues runner tokens routable to this Pod (GitLab v1 `glrt-` with
 //!   `c=<pod>`, or JWTs); verify, unregister, managers and reset work on them.
-//! - Jobs are queued at `job_rate` per second from [`PodSimConfig::job`], by
-//!   [`PodSim::enqueue`], or through the control API (`POST /-/podsim/jobs`);
-//!   `jobs/request` long-polls on the `X-GitLab-Last-Update` ticket and answers 201
-//!   with a job shaped like GitLab's: the predefined CI variables, the job's script
-//!   and image, and `git_info` naming this Pod's real repository and commit.
+//! - Runners register with the instance registration token (instance runners) or a
+//!   project's ([`State::project_registration_tokens`]: project runners), with
+//!   `tag_list`, `run_untagged`, `locked`, `access_level` and `paused`.
+//! - Jobs are queued at `job_rate` per second from [`PodSimConfig::job`] (cycling
+//!   through [`PodSimConfig::job_tag_sets`] and the Pod's projects), by
+//!   [`PodSim::enqueue`], or through the control API (`POST /-/podsim/jobs`); a
+//!   runner gets only a job it matches (its tags, its project).
+//! - `jobs/request` goes through a Workhorse layer (`http/workhorse.rs`: the poll is
+//!   held on the runner's own queue key, `runner:build_queue:<token>`, up to
+//!   [`PodSimConfig::long_poll`]) and then Rails (`http/jobs.rs`: a job, or 204 with
+//!   the runner's current `X-GitLab-Last-Update`). A queued job ticks the keys of the
+//!   runners that can take it ([`queue`]); with [`PodSimConfig::redis`] every key
+//!   write is mirrored into Redis as GitLab writes it. 201 answers carry a job shaped
+//!   like GitLab's: the predefined CI variables, the job's script and image, and
+//!   `git_info` naming this Pod's real repository and commit.
 //! - `PUT jobs/:id`, `PATCH jobs/:id/trace` (only the `Content-Range` start counts;
 //!   416 when it is not the trace's length), artifacts upload (the `file` part
 //!   streamed to disk and hashed) and download (streamed back).
@@ -25,31 +35,55 @@
 //!   Pod's users, personal access tokens (`glpat-`, routable here), browser sessions,
 //!   agents ([`PodSimConfig::agents`]) and running jobs. The control API creates
 //!   users, tokens, sessions and agents (`http/control.rs`).
+//! - GitLab's side of Workspaces ([`workspaces`], `http/workspaces.rs`): a
+//!   workspace store per Pod; `POST
+//!   /api/v4/internal/kubernetes/modules/remote_development/reconcile` (kas's JWT,
+//!   then the agent token kas passes in `Gitlab-Agent-Api-Request`: 401 without
+//!   one; 400 with Rails' message on bad parameters; 201 with the workspaces to
+//!   apply, their `config_to_apply` and the `settings` of
+//!   [`WorkspacesSimConfig::settings`]), `GET …/modules/remote_development/prerequisites`,
+//!   and `POST /api/v4/internal/kubernetes/agent_configuration` (kas posts an
+//!   agent's `config.yaml`; its `remote_development` keys become the agent's
+//!   workspaces configuration; 204). Agent tokens are registered through
+//!   [`PodSimConfig::agent_tokens`] or the control API, or are JWTs the Pod's keys
+//!   verify. The control API creates, lists, stops, restarts and terminates
+//!   workspaces (`/-/podsim/workspaces`) and sets an agent's workspaces
+//!   configuration without kas (`/-/podsim/agents/N/workspaces_config`).
 //!
-//! Layout: `http/` (one file per endpoint family: `runners`, `jobs`, `trace`,
-//! `artifacts`, `git`, `control`), `params/` (Rack and Grape parameter parsing),
-//! [`state`] (the rules, no I/O), [`kubernetes`] (users, tokens and agents for the
-//! Kubernetes API proxy, no I/O), `repo` (the Git repository).
+//! Layout: this file ([`PodSim`], the running simulator, and [`enum@Error`]); `config`
+//! ([`PodSimConfig`], [`WorkspacesSimConfig`], [`TokenFormat`]); `metrics`
+//! ([`SimMetrics`], [`sum_samples`]); `http/` (one file per endpoint family:
+//! `runners`, `jobs`, `trace`, `artifacts`, `git`, `kubernetes`, `users`,
+//! `workspaces`, `agentw`, `control`, `workhorse`), `params/` (Rack and Grape
+//! parameter parsing), [`state`] (the rules, no I/O), [`queue`] (runner queue keys,
+//! matching, the Redis mirror), [`kubernetes`] (users, tokens and agents for the Kubernetes API proxy,
+//! no I/O), [`workspaces`] (the Workspaces rules, no I/O), `repo` (the Git
+//! repository).
 
+mod config;
 mod http;
 pub mod kubernetes;
+mod metrics;
 mod params;
+pub mod queue;
 mod repo;
 pub mod state;
+pub mod workspaces;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use podgate_tokens::{KeySet, PodId};
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
-use serde::Deserialize;
 use thiserror::Error;
 use tokio::net::TcpListener;
 
-pub use kubernetes::{AgentSpec, KubeAccess};
+pub use config::{PodSimConfig, TokenFormat, WorkspacesSimConfig};
+pub use kubernetes::{AgentSpec, AgentTokenOwner, KubeAccess};
+pub use metrics::{RAILS_EVENTS, SimMetrics, WORKHORSE_STATES, WORKHORSE_STATUSES, sum_samples};
 pub use repo::BRANCH;
-pub use state::{JobSpec, State};
+pub use state::{AccessLevel, JobSpec, RunnerSpec, RunnerType, State};
+pub use workspaces::reconcile::ReconcileSettings;
+pub use workspaces::store::{Clock, WorkspaceStore};
 
 /// Simulator errors.
 #[derive(Debug, Error)]
@@ -66,195 +100,9 @@ pub enum Error {
     /// Creating the Git repository failed (is `git` installed?).
     #[error("creating the Git repository: {0}")]
     Git(String),
-}
-
-/// How issued tokens are encoded.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum TokenFormat {
-    /// GitLab's routable token format (`glrt-…`, `glcbt-…` with `c=<pod>`).
-    #[default]
-    GitlabV1,
-    /// Signed JWTs with the routing claims.
-    Jwt,
-}
-
-/// One simulated Pod.
-#[derive(Clone, Debug)]
-pub struct PodSimConfig {
-    /// The Pod id its tokens route to.
-    pub pod_id: PodId,
-    /// Where to listen.
-    pub listen: SocketAddr,
-    /// Token encoding.
-    pub token_format: TokenFormat,
-    /// Keys (a signing key for `jwt`; verification keys to recognise other Pods' JWTs).
-    pub keys: KeySet,
-    /// The registration token; generated (routable here) when not given.
-    pub registration_token: Option<String>,
-    /// Jobs queued per second (0: only through [`PodSim::enqueue`]).
-    pub job_rate: f64,
-    /// How long `jobs/request` holds a poll with nothing to give.
-    pub long_poll: Duration,
-    /// Every n-th job pick answers 409 (0: never).
-    pub conflict_every: u64,
-    /// Largest artifact accepted (413 above).
-    pub max_artifact_bytes: u64,
-    /// The URL runners reach this Pod at, used in job payloads (`CI_SERVER_URL`,
-    /// `git_info.repo_url`, …): e.g. the proxy's URL. `None`: `http://<listen address>`.
-    pub external_url: Option<String>,
-    /// What generated jobs ([`PodSim::enqueue`], `job_rate`) run: script, image (none
-    /// is possible), artifact paths and stage.
-    pub job: JobSpec,
-    /// The GitLab ↔ kas shared secret (≥ 32 bytes): verifies kas's
-    /// `Gitlab-Kas-Api-Request` JWT on the internal API. `None`: kas is refused.
-    pub kas_secret: Option<Vec<u8>>,
-    /// Agents registered in the Pod's project (more through the control API).
-    pub agents: Vec<AgentSpec>,
-}
-
-impl PodSimConfig {
-    /// Defaults for Pod `pod_id` on `listen`.
-    pub fn new(pod_id: PodId, listen: SocketAddr) -> Self {
-        PodSimConfig {
-            pod_id,
-            listen,
-            token_format: TokenFormat::GitlabV1,
-            keys: KeySet::new(),
-            registration_token: None,
-            job_rate: 0.0,
-            long_poll: Duration::from_secs(50),
-            conflict_every: 0,
-            max_artifact_bytes: 1 << 30,
-            external_url: None,
-            job: JobSpec::default(),
-            kas_secret: None,
-            agents: Vec::new(),
-        }
-    }
-
-    /// Every problem, each naming its field.
-    pub fn validate(&self) -> Result<(), Error> {
-        let mut bad = Vec::new();
-        if !(self.job_rate.is_finite() && self.job_rate >= 0.0) {
-            bad.push(format!("job_rate = {}: a rate >= 0", self.job_rate));
-        }
-        if self.long_poll.is_zero() {
-            bad.push("long_poll: must be positive".into());
-        }
-        if self.token_format == TokenFormat::Jwt && self.keys.signing_key().is_err() {
-            bad.push("token_format = jwt: needs a signing key".into());
-        }
-        if let Some(url) = &self.external_url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            bad.push(format!(
-                "external_url = {url:?}: an http:// or https:// URL"
-            ));
-        }
-        if self.kas_secret.as_ref().is_some_and(|s| s.len() < 32) {
-            bad.push("kas_secret: at least 32 bytes".into());
-        }
-        let mut ids = std::collections::HashSet::new();
-        for (i, a) in self.agents.iter().enumerate() {
-            if !ids.insert(a.id) {
-                bad.push(format!("agents[{i}].id = {}: registered twice", a.id));
-            }
-        }
-        if self.job.script.is_empty() {
-            bad.push("job.script: at least one line".into());
-        }
-        if self.job.stage.is_empty() {
-            bad.push("job.stage: must not be empty".into());
-        }
-        if self
-            .job
-            .dependencies
-            .as_ref()
-            .is_some_and(|d| !d.is_empty())
-        {
-            bad.push("job.dependencies: generated jobs depend on the jobs before them".into());
-        }
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Config(bad.join("; ")))
-        }
-    }
-}
-
-/// The simulator's metrics, in a registry of its own (several Pods share a process
-/// in `podgate up`).
-pub struct SimMetrics {
-    registry: Registry,
-    /// `misrouted_requests_total`: tokens that belong to another Pod.
-    pub misrouted: IntCounter,
-    /// `podsim_requests_total{endpoint,status}`.
-    pub requests: IntCounterVec,
-    /// `podsim_jobs_queued`.
-    pub queued: IntGauge,
-    /// `podsim_artifact_bytes_total`: artifact bytes received.
-    pub artifact_bytes: IntCounter,
-}
-
-impl SimMetrics {
-    fn new(pod: PodId) -> Self {
-        let registry =
-            Registry::new_custom(None, Some([("pod".to_owned(), pod.to_string())].into()))
-                .expect("valid registry labels");
-        let misrouted = IntCounter::new(
-            "misrouted_requests_total",
-            "Requests whose token belongs to another Pod (answered 403).",
-        )
-        .expect("valid metric");
-        let requests = IntCounterVec::new(
-            Opts::new("podsim_requests_total", "Requests by endpoint and status."),
-            &["endpoint", "status"],
-        )
-        .expect("valid metric");
-        let queued = IntGauge::new("podsim_jobs_queued", "Jobs waiting for a runner.")
-            .expect("valid metric");
-        let artifact_bytes =
-            IntCounter::new("podsim_artifact_bytes_total", "Artifact bytes received.")
-                .expect("valid metric");
-        for m in [
-            Box::new(misrouted.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(requests.clone()),
-            Box::new(queued.clone()),
-            Box::new(artifact_bytes.clone()),
-        ] {
-            registry.register(m).expect("unique metric names");
-        }
-        SimMetrics {
-            registry,
-            misrouted,
-            requests,
-            queued,
-            artifact_bytes,
-        }
-    }
-
-    /// Requests answered, all endpoints and statuses.
-    pub fn requests_total(&self) -> u64 {
-        sum_samples(&self.render(), "podsim_requests_total{", |_| true)
-    }
-
-    /// The Prometheus text format.
-    pub fn render(&self) -> String {
-        use prometheus::Encoder;
-        let mut out = Vec::new();
-        let _ = prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        String::from_utf8(out).unwrap_or_default()
-    }
-}
-
-/// The sum of the samples in Prometheus `text` whose line starts with `prefix` (a
-/// metric name and `{`) and whose labels satisfy `keep`.
-pub fn sum_samples(text: &str, prefix: &str, keep: impl Fn(&str) -> bool) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with(prefix) && keep(l))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    /// Setting up the runner queues' Redis mirror failed.
+    #[error(transparent)]
+    Queue(#[from] queue::QueueError),
 }
 
 /// A running simulated Pod. Dropping it stops it.
@@ -277,12 +125,23 @@ pub(crate) struct Shared {
     pub(crate) external_url: String,
     /// Users, tokens, sessions and agents for the Kubernetes API proxy.
     pub(crate) kube: KubeAccess,
+    /// Workspaces and agents' workspaces configurations.
+    pub(crate) workspaces: WorkspaceStore,
 }
 
 impl PodSim {
     /// Bind and serve.
     pub async fn start(config: PodSimConfig) -> Result<PodSim, Error> {
         config.validate()?;
+        let metrics = SimMetrics::new(config.pod_id);
+        let mut tasks = Vec::new();
+        let mut queues = queue::RunnerQueues::new(metrics.runner_queue_ticks.clone());
+        queues.set_watching_gauge(metrics.workhorse_open.with_label_values(&["watching"]));
+        if let Some(url) = &config.redis {
+            let (mirror, task) = queue::mirror::spawn(url, metrics.redis_errors.clone())?;
+            queues.set_mirror(mirror);
+            tasks.push(task);
+        }
         let state = State::new(
             config.pod_id,
             config.token_format,
@@ -290,7 +149,10 @@ impl PodSim {
             config.registration_token.clone(),
             config.conflict_every,
         )?
-        .with_job_template(config.job.clone());
+        .with_job_template(config.job.clone())
+        .with_projects(config.projects)?
+        .with_job_tag_sets(config.job_tag_sets.clone())?
+        .with_queues(queues);
         let listener = TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
         let dir = tempfile::Builder::new()
@@ -309,16 +171,38 @@ impl PodSim {
             .unwrap_or_else(|| format!("http://{addr}"))
             .trim_end_matches('/')
             .to_owned();
+        let kube = KubeAccess::new(config.pod_id, &config.agents).with_keys(config.keys.clone());
+        for (token, agent) in &config.agent_tokens {
+            kube.add_agent_token(token.clone(), *agent)
+                .map_err(Error::Config)?;
+        }
+        let store = WorkspaceStore::default();
+        for c in &config.workspaces.agent_configs {
+            store.put_agent_config(c.clone());
+        }
+        metrics.refresh_workspaces(&store);
         let shared = Arc::new(Shared {
-            kube: KubeAccess::new(config.pod_id, &config.agents),
+            kube,
+            workspaces: store,
             state,
-            metrics: SimMetrics::new(config.pod_id),
+            metrics,
             artifacts: dir,
             repo,
             external_url,
             config,
         });
-        let mut tasks = vec![tokio::spawn(http::serve(listener, shared.clone()))];
+        tasks.push(tokio::spawn(http::serve(listener, shared.clone())));
+        {
+            // Expired queue keys nobody watches go, as Redis expires them.
+            let s = shared.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(60));
+                loop {
+                    tick.tick().await;
+                    s.state.queues().sweep();
+                }
+            }));
+        }
         if shared.config.job_rate > 0.0 {
             let s = shared.clone();
             tasks.push(tokio::spawn(async move {
@@ -376,6 +260,49 @@ impl PodSim {
         &self.shared.kube
     }
 
+    /// Its workspaces (tests move the store's clock: [`WorkspaceStore::clock`]).
+    pub fn workspaces(&self) -> &WorkspaceStore {
+        &self.shared.workspaces
+    }
+
+    /// Create a workspace for agent `agent_id` and user `user_id`, as the control
+    /// API's `POST /-/podsim/workspaces` does.
+    pub fn create_workspace(
+        &self,
+        agent_id: i64,
+        user_id: u64,
+        spec: workspaces::WorkspaceSpec,
+    ) -> Result<workspaces::Workspace, workspaces::store::StoreError> {
+        let project = repo::project_path(self.shared.config.pod_id);
+        let name = project.rsplit('/').next().unwrap_or(&project).to_owned();
+        let created = self.shared.workspaces.create(
+            workspaces::store::NewWorkspace {
+                agent_id,
+                user_id,
+                spec,
+            },
+            &name,
+        );
+        self.shared
+            .metrics
+            .refresh_workspaces(&self.shared.workspaces);
+        created
+    }
+
+    /// Set workspace `id`'s desired state, as the control API's `PATCH
+    /// /-/podsim/workspaces/N` does (`Terminated` is final).
+    pub fn set_workspace_desired_state(
+        &self,
+        id: u64,
+        state: workspaces::DesiredState,
+    ) -> Result<workspaces::Workspace, workspaces::store::StoreError> {
+        let result = self.shared.workspaces.set_desired_state(id, state);
+        self.shared
+            .metrics
+            .refresh_workspaces(&self.shared.workspaces);
+        result
+    }
+
     /// A new personal access token (`glpat-`, routable to this Pod) for the user
     /// called `username`, with `scopes` (`k8s_proxy` lets it through kas's
     /// Kubernetes API proxy).
@@ -401,9 +328,16 @@ impl PodSim {
         Ok(token)
     }
 
-    /// Queue a job from [`PodSimConfig::job`]: its id.
+    /// Queue a generated job: [`PodSimConfig::job`] with the next of
+    /// [`PodSimConfig::job_tag_sets`] and the projects in turn ([`State::enqueue`]).
+    /// Its id.
     pub fn enqueue(&self) -> Result<u64, Error> {
-        self.enqueue_spec(self.shared.config.job.clone())
+        let id = self.shared.state.enqueue()?;
+        self.shared
+            .metrics
+            .queued
+            .set(self.shared.state.queued() as i64);
+        Ok(id)
     }
 
     /// Queue a job as `spec` says: its id.

@@ -198,3 +198,59 @@ fn kas_cookie_names_its_pod_by_prefix_unless_ambiguous() {
     );
     assert!(session_pod(&api, &h, &t).is_none());
 }
+
+#[test]
+fn workspace_hosts_match_by_suffix_whatever_the_path() {
+    let mut rules = builtin();
+    rules.insert(0, workspaces_rule(".workspaces.example.dev"));
+    let pick = |host: Option<&str>, path: &str| {
+        let mut h = HeaderMap::new();
+        if let Some(host) = host {
+            h.insert(http::header::HOST, host.parse().unwrap());
+        }
+        rules
+            .iter()
+            .find(|r| r.matches(&Method::GET, path, &h))
+            .unwrap()
+            .name
+            .clone()
+    };
+    for host in [
+        "60001-workspace-1-1-abc.workspaces.example.dev",
+        "60001-workspace-1-1-abc.WORKSPACES.example.dev:8443",
+        "60001-workspace-1-1-abc.workspaces.example.dev.",
+    ] {
+        assert_eq!(pick(Some(host), "/"), "kas-workspaces", "{host}");
+        assert_eq!(pick(Some(host), "/api/v4/user"), "kas-workspaces", "{host}");
+    }
+    for host in [
+        "gitlab.example.dev",
+        "workspaces.example.dev",
+        "x.workspaces.example.dev.evil.com",
+    ] {
+        assert_ne!(pick(Some(host), "/"), "kas-workspaces", "{host}");
+    }
+    assert_ne!(pick(None, "/"), "kas-workspaces");
+    let r = &rules[0];
+    assert_eq!(r.pool, Pool::KasWorkspaces);
+    assert_eq!(r.action, ActionKind::RouteByToken);
+    assert!(!r.requires_token);
+    // HTTP/2's :authority is passed in as the host.
+    assert!(r.matches_host(
+        &Method::GET,
+        "/",
+        &HeaderMap::new(),
+        Some("3000-w.workspaces.example.dev")
+    ));
+    let bad = Rule {
+        host_suffix: Some("a/b".into()),
+        ..r.clone()
+    };
+    assert!(
+        bad.problems("rules[0]")
+            .iter()
+            .any(|p| p.contains("rules[0].host_suffix")),
+        "{:?}",
+        bad.problems("rules[0]")
+    );
+}

@@ -258,6 +258,7 @@ pub struct Upstreams {
     web_health: Arc<HealthRegistry>,
     kas_health: Arc<HealthRegistry>,
     kas_k8s_proxy_health: Arc<HealthRegistry>,
+    kas_workspaces_health: Arc<HealthRegistry>,
     health: HealthConfig,
     config: UpstreamsConfig,
     resolver: Arc<dyn Resolve>,
@@ -284,6 +285,7 @@ impl Upstreams {
             web_health: registry(Pool::Web),
             kas_health: registry(Pool::Kas),
             kas_k8s_proxy_health: registry(Pool::KasK8sProxy),
+            kas_workspaces_health: registry(Pool::KasWorkspaces),
             shared: shared.clone(),
             health,
             config,
@@ -301,6 +303,7 @@ impl Upstreams {
             ("web", &self.web_health),
             ("kas", &self.kas_health),
             ("kas_k8s_proxy", &self.kas_k8s_proxy_health),
+            ("kas_workspaces", &self.kas_workspaces_health),
         ]
         .into_iter()
         .map(|(name, registry)| {
@@ -380,6 +383,7 @@ impl Upstreams {
                 (Pool::Web, &pod.web),
                 (Pool::Kas, &pod.kas),
                 (Pool::KasK8sProxy, &pod.kas_k8s_proxy),
+                (Pool::KasWorkspaces, &pod.kas_workspaces),
             ] {
                 if list.is_empty() {
                     continue;
@@ -404,6 +408,7 @@ impl Upstreams {
                     Pool::Web => &self.web_health,
                     Pool::Kas => &self.kas_health,
                     Pool::KasK8sProxy => &self.kas_k8s_proxy_health,
+                    Pool::KasWorkspaces => &self.kas_workspaces_health,
                 };
                 let backends = Backends::new_with_health_registry(
                     Box::new(Discovery(discovery.clone())),

@@ -121,11 +121,17 @@ async fn retries_stay_within_the_pod_and_cover_all_its_addresses() {
     let mut t = topology(&[(101, &["10.1.0.1:80"], &["10.1.0.9:8150"])]);
     let mut pod = (*t.pods[&pod_id(101)]).clone();
     pod.kas_k8s_proxy = vec!["10.1.0.9:8154".into()];
+    pod.kas_workspaces = vec!["10.1.0.9:8160".into()];
     t.pods.insert(pod_id(101), Arc::new(pod));
     u.apply(&t).await;
     assert_eq!(
         attempts(&u, 101, Pool::KasK8sProxy),
         vec![sa("10.1.0.9:8154")]
+    );
+    // So is its Workspaces HTTP server's.
+    assert_eq!(
+        attempts(&u, 101, Pool::KasWorkspaces),
+        vec![sa("10.1.0.9:8160")]
     );
     assert_eq!(attempts(&u, 101, Pool::Kas), vec![sa("10.1.0.9:8150")]);
 }
@@ -305,7 +311,11 @@ async fn failing_checks_take_an_address_out_and_count_for_each_pod() {
         ..HealthConfig::default()
     };
     let u = Upstreams::new(health, UpstreamsConfig::default(), Arc::new(SystemResolver));
-    assert_eq!(u.health_services().len(), 3, "web, kas, kas_k8s_proxy");
+    assert_eq!(
+        u.health_services().len(),
+        4,
+        "web, kas, kas_k8s_proxy, kas_workspaces"
+    );
     u.apply(&topology(&[
         (161, &[closed.as_str()], &[]),
         (162, &[closed.as_str()], &[live_addr.as_str()]),

@@ -119,7 +119,20 @@ where
 
         debug!("Sending header to upstream {:?}", req);
 
-        match client_session.write_request_header(Box::new(req)).await {
+        // podgate patch 0004: when the body (or its start) was already read, for a retry or
+        // by a filter reading ahead, it is the first task sent upstream below, so the header
+        // is queued to leave with it in one write instead of two. The client session sends
+        // a queued header before reading the response, so nothing waits on it.
+        let body_at_hand = session
+            .as_ref()
+            .get_retry_buffer()
+            .is_some_and(|body| !body.is_empty());
+        let header_written = if body_at_hand {
+            client_session.queue_request_header(Box::new(req))
+        } else {
+            client_session.write_request_header(Box::new(req)).await
+        };
+        match header_written {
             Ok(_) => { /* Continue */ }
             Err(e) => {
                 return (false, false, Some(e.into_up()));

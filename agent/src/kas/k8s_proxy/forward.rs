@@ -90,23 +90,42 @@ pub(super) async fn make_request(
         .open(identity.agent_id, 0, "MakeRequest", request.encode_to_vec())
         .await
         .map_err(grpc_error)?;
+    let header = response_header(&mut routed).await.map_err(|e| match e {
+        HeaderError::Call(s) => grpc_error(s),
+        HeaderError::Protocol(why) => protocol_error(&why),
+    })?;
+    streamed_response(header, routed, &proxy.via, &CORS_HEADERS).map_err(|why| protocol_error(&why))
+}
+
+/// Why agentk's answer has no response header.
+pub(crate) enum HeaderError {
+    /// The call failed (routing, or agentk's status).
+    Call(tonic::Status),
+    /// agentk sent something else.
+    Protocol(String),
+}
+
+/// The first message of a routed `MakeRequest`-shaped answer: the response header
+/// (also the Workspaces server's, `kas::workspaces`).
+pub(crate) async fn response_header(
+    routed: &mut Routed,
+) -> Result<HttpResponseHeader, HeaderError> {
     let first = routed
         .message()
         .await
-        .map_err(grpc_error)?
-        .ok_or_else(|| protocol_error("agentk sent no response header"))?;
-    let header = match HttpResponsePart::decode(first.as_slice()) {
+        .map_err(HeaderError::Call)?
+        .ok_or_else(|| HeaderError::Protocol("agentk sent no response header".into()))?;
+    match HttpResponsePart::decode(first.as_slice()) {
         Ok(HttpResponsePart {
             part: Some(http_response_part::Part::Header(h)),
-        }) => h,
-        Ok(_) => return Err(protocol_error("agentk's first message is not a header")),
-        Err(e) => {
-            return Err(protocol_error(&format!(
-                "undecodable HttpResponsePart: {e}"
-            )));
-        }
-    };
-    response(header, routed, &proxy.via)
+        }) => Ok(h),
+        Ok(_) => Err(HeaderError::Protocol(
+            "agentk's first message is not a header".into(),
+        )),
+        Err(e) => Err(HeaderError::Protocol(format!(
+            "undecodable HttpResponsePart: {e}"
+        ))),
+    }
 }
 
 /// The path and query agentk requests: after the prefix (its last `/` kept), the
@@ -148,7 +167,8 @@ fn forwarded_headers(headers: &HeaderMap, via: &HeaderValue) -> Vec<Header> {
     to_proto(&h)
 }
 
-fn to_proto(headers: &HeaderMap) -> Vec<Header> {
+/// Headers as the tunnel's request message carries them.
+pub(crate) fn to_proto(headers: &HeaderMap) -> Vec<Header> {
     headers
         .keys()
         .map(|name| Header {
@@ -162,17 +182,19 @@ fn to_proto(headers: &HeaderMap) -> Vec<Header> {
         .collect()
 }
 
-/// The client's response: agentk's status and headers (merged with kas's), then the
-/// body chunks as they come.
-fn response(
+/// The client's response: agentk's status and headers (hop-by-hop ones and `drop`
+/// removed, kas's `Via` appended), then the body chunks as they come; `Err` names
+/// an invalid status.
+pub(crate) fn streamed_response(
     header: HttpResponseHeader,
     routed: Routed,
     via: &HeaderValue,
-) -> Result<Response<BoxBody>, ErrResp> {
+    drop: &[HeaderName],
+) -> Result<Response<BoxBody>, String> {
     let status = u16::try_from(header.status)
         .ok()
         .and_then(|s| StatusCode::from_u16(s).ok())
-        .ok_or_else(|| protocol_error(&format!("invalid HTTP status {}", header.status)))?;
+        .ok_or_else(|| format!("invalid HTTP status {}", header.status))?;
     let mut upstream = HeaderMap::new();
     for h in &header.headers {
         let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
@@ -185,7 +207,7 @@ fn response(
         }
     }
     crate::agentk::k8s_api::drop_hop_by_hop(&mut upstream);
-    for name in CORS_HEADERS {
+    for name in drop {
         upstream.remove(name);
     }
     upstream.append(header::VIA, via.clone());
@@ -213,7 +235,7 @@ fn response(
                     }
                 },
                 Err(status) => {
-                    tracing::debug!(code = ?status.code(), message = status.message(), "k8s proxy: the response broke off");
+                    tracing::debug!(code = ?status.code(), message = status.message(), "the tunnelled response broke off");
                     return Some((
                         Err(std::io::Error::other(status.message().to_owned())),
                         None,

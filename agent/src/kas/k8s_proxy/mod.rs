@@ -29,7 +29,7 @@
 mod auth;
 mod cache;
 mod creds;
-mod forward;
+pub(crate) mod forward;
 pub(crate) mod graph_ws;
 mod status;
 
@@ -266,6 +266,31 @@ pub async fn serve(
     proxy: Arc<K8sProxy>,
     draining: tokio::sync::watch::Receiver<bool>,
 ) {
+    let handle: Handle = Arc::new(move |req| {
+        let proxy = proxy.clone();
+        Box::pin(async move { proxy.handle(req).await })
+    });
+    serve_http(listener, handle, draining, "k8s proxy").await;
+}
+
+/// Answers one request of a kas HTTP/1.1 listener.
+pub(crate) type Handle = Arc<
+    dyn Fn(
+            Request<Incoming>,
+        )
+            -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<BoxBody>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// [`serve`] for any `handle` (the k8s proxy's and the Workspaces server's
+/// listeners); `what` names the listener in logs.
+pub(crate) async fn serve_http(
+    listener: TcpListener,
+    handle: Handle,
+    draining: tokio::sync::watch::Receiver<bool>,
+    what: &'static str,
+) {
     let mut conns = tokio::task::JoinSet::new();
     let mut stop = draining.clone();
     loop {
@@ -276,16 +301,16 @@ pub async fn serve(
                     Ok((stream, _)) => stream,
                     Err(e) => {
                         // Out of descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "k8s proxy: accept failed");
+                        tracing::warn!(error = %e, "{what}: accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
                 };
-                let (proxy, mut drain) = (proxy.clone(), draining.clone());
+                let (handle, mut drain) = (handle.clone(), draining.clone());
                 conns.spawn(async move {
                     let service = service_fn(move |req| {
-                        let proxy = proxy.clone();
-                        async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+                        let answer = handle(req);
+                        async move { Ok::<_, Infallible>(answer.await) }
                     });
                     let conn = http1::Builder::new()
                         .timer(TokioTimer::new())

@@ -1,14 +1,20 @@
 //! The simulator's control API, for tests and `podgate up --no-fleet` (not part of
 //! GitLab's API; counted as `endpoint="control"`):
 //!
-//! - `GET /-/podsim`: `{"pod_id", "registration_token", "external_url",
-//!   "project_path", "repo_url", "sha", "ref"}`.
+//! - `GET /-/podsim`: `{"pod_id", "registration_token", "projects": [{"id",
+//!   "registration_token"}], "external_url", "project_path", "repo_url", "sha",
+//!   "ref"}`.
 //! - `POST /-/podsim/jobs` with `{"name", "stage", "script": [..], "image": null |
-//!   "alpine:3", "artifacts": [paths], "dependencies": [job ids]}` (every field
-//!   optional; missing ones come from the simulator's job template, except
-//!   `dependencies`, which default to none): 201 `{"id": N}`.
+//!   "alpine:3", "artifacts": [paths], "dependencies": [job ids], "tags": ["docker"],
+//!   "project": 1002}` (every field optional; missing ones come from the simulator's
+//!   job template, except `dependencies` and `tags`, which default to none, and
+//!   `project`, which defaults to the Pod's projects in turn): 201 `{"id": N}`. The
+//!   keys of the runners that can take the job are ticked.
 //! - `GET /-/podsim/jobs/N`: `{"id", "name", "stage", "state", "runner_id", "sha",
-//!   "trace", "artifact": null | {"size", "sha256", "filename"}}`.
+//!   "tags", "project_id", "trace", "artifact": null | {"size", "sha256",
+//!   "filename"}}`.
+//! - `POST /-/podsim/runners/tick`: tick every runner's queue key, as Rails does when
+//!   runners change (`tick_runner_queue`): 200 `{"ticked": N}`.
 //! - `GET /-/podsim/jobs/N/artifact`: the stored file part's bytes.
 //!
 //! For kas's Kubernetes API proxy (`authorize_proxy_user`, `job/allowed_agents`):
@@ -28,6 +34,25 @@
 //!   `POST /-/podsim/agents` with one in that shape (the agent's `config.yaml`
 //!   keys, e.g. `{"id": 1, "user_access": {"access_as": {"user": {}}, "projects":
 //!   [{"id": "group/project-1"}]}}`): 201, replacing an agent of that id.
+//!
+//! For Workspaces (`workspaces.rs` answers; views described there):
+//!
+//! - `POST /-/podsim/agents/N/tokens` with `{"token": "glagent-…"}`: 201
+//!   `{"agent_id": N}`: the token authenticates agent N's module requests
+//!   (`Gitlab-Agent-Api-Request`).
+//! - `PUT /-/podsim/agents/N/workspaces_config` with the agent's
+//!   `remote_development` keys (`{"enabled": true, "dns_zone": "…", …}`, what kas's
+//!   `agent_configuration` would store): 200 with the stored configuration.
+//! - `POST /-/podsim/workspaces` with `{"agent_id": 1, "user_id": 1, "image",
+//!   "editor_port", "ports", "env", "files", "storage",
+//!   "max_hours_before_termination"}` (all but `agent_id` optional): 201 view; 400
+//!   `{"message": "Workspace create failed: …"}`.
+//! - `GET /-/podsim/workspaces`: `{"workspaces": [view…]}`; `GET
+//!   /-/podsim/workspaces/N`: view.
+//! - `PATCH /-/podsim/workspaces/N` with `{"desired_state": "Stopped" | "Running" |
+//!   "RestartRequested" | "Terminated"}`: 200 view; 400 `{"message": "Workspace
+//!   update failed: Desired state is 'Terminated', and cannot be updated. Create a
+//!   new workspace instead."}`.
 
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -55,6 +80,9 @@ struct NewJob {
     artifacts: Option<Vec<String>>,
     #[serde(default)]
     dependencies: Vec<u64>,
+    #[serde(default)]
+    tags: Vec<String>,
+    project: Option<u64>,
 }
 
 /// Tells an explicit `null` (`Some(None)`) from an absent field (`None`).
@@ -67,6 +95,9 @@ pub(crate) async fn route(shared: &Shared, req: Request<Incoming>, rest: &str) -
     match (req.method(), parts.as_slice()) {
         (&Method::GET, []) => info(shared),
         (&Method::POST, ["jobs"]) => create(shared, req).await,
+        (&Method::POST, ["runners", "tick"]) => {
+            reply(StatusCode::OK, json!({ "ticked": shared.state.tick_all() }))
+        }
         (&Method::GET, ["jobs", id]) => match id.parse() {
             Ok(id) => show(shared, id),
             Err(_) => message(StatusCode::NOT_FOUND, "404 Job Not Found"),
@@ -91,6 +122,16 @@ pub(crate) async fn route(shared: &Shared, req: Request<Incoming>, rest: &str) -
         }
         (&Method::POST, ["sessions"]) => create_session(shared, req).await,
         (&Method::GET, ["agents"]) => reply(StatusCode::OK, json!(shared.kube.agents())),
+        (&Method::POST, ["agents", id, "tokens"]) => {
+            super::workspaces::add_agent_token(shared, req, id).await
+        }
+        (&Method::PUT, ["agents", id, "workspaces_config"]) => {
+            super::workspaces::put_workspaces_config(shared, req, id).await
+        }
+        (&Method::POST, ["workspaces"]) => super::workspaces::create(shared, req).await,
+        (&Method::GET, ["workspaces"]) => super::workspaces::list(shared),
+        (&Method::GET, ["workspaces", id]) => super::workspaces::show(shared, id),
+        (&Method::PATCH, ["workspaces", id]) => super::workspaces::update(shared, req, id).await,
         (&Method::POST, ["agents"]) => match body::<AgentSpec>(req).await {
             Ok(agent) => {
                 shared.kube.put_agent(agent.clone());
@@ -229,6 +270,12 @@ fn info(shared: &Shared) -> Response<Body> {
         json!({
             "pod_id": shared.state.pod().get(),
             "registration_token": shared.state.registration_token(),
+            "projects": shared
+                .state
+                .project_registration_tokens()
+                .into_iter()
+                .map(|(id, token)| json!({ "id": id, "registration_token": token }))
+                .collect::<Vec<_>>(),
             "external_url": shared.external_url,
             "project_path": path,
             "repo_url": format!("{}/{path}.git", shared.external_url),
@@ -260,6 +307,8 @@ async fn create(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         image: new.image.unwrap_or_else(|| template.image.clone()),
         artifacts: new.artifacts.unwrap_or_else(|| template.artifacts.clone()),
         dependencies: Some(new.dependencies),
+        tags: new.tags,
+        project: new.project,
     };
     if spec.script.is_empty() {
         return message(StatusCode::BAD_REQUEST, "400 Bad request - script is empty");
@@ -286,6 +335,8 @@ fn show(shared: &Shared, id: u64) -> Response<Body> {
             "state": job.state.as_str(),
             "runner_id": job.runner,
             "sha": sha(shared),
+            "tags": job.tags,
+            "project_id": job.project,
             "trace": String::from_utf8_lossy(&job.trace),
             "trace_bytes": job.trace_len,
             "artifact": job.artifact.map(|a| json!({

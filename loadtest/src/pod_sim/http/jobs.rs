@@ -1,5 +1,6 @@
-//! `POST /jobs/request` (the long poll and the job payload) and `PUT /jobs/:id`
-//! (`lib/api/ci/runner.rb`, `resource :jobs`).
+//! Rails' `POST /jobs/request` (Workhorse's long poll in front of it is
+//! `workhorse.rs`) and its job payload, and `PUT /jobs/:id` (`lib/api/ci/runner.rb`,
+//! `resource :jobs`).
 //!
 //! The payload follows `API::Entities::Ci::JobRequest::Response`: `git_info.repo_url`
 //! is `Ci::Build#repo_url` (`http(s)://gitlab-ci-token:<job token>@<host>/<path>.git`)
@@ -9,11 +10,14 @@
 //! (feature `ci_expose_running_job_token_for_artifacts`), and `artifacts_file` is
 //! there only when the dependency has artifacts (`if: job.available_artifacts?`).
 
+use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::{Map, Value, json};
 
 use super::super::Shared;
+use super::super::params::{self, Declared};
 use super::super::repo::{self, BRANCH};
 use super::super::state::{Job, JobState, Pick, Update};
 use super::{
@@ -21,10 +25,15 @@ use super::{
     read_declared, reply, runner_token,
 };
 
-/// `jobs/request`: a job at once if one is queued; else hold until the queue ticket
-/// moves or the long poll ends (204 with the ticket), as Workhorse does. A runner
-/// whose `last_update` is stale (or absent) is answered at once.
-pub(crate) async fn request(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+/// Rails' `POST /jobs/request` (`lib/api/ci/runner.rb`; newer GitLab:
+/// `acquire_ci_job!` in `lib/api/ci/helpers/runner.rb`), behind Workhorse
+/// (`workhorse.rs`): `authenticate_runner!`; a paused runner gets 204 with its
+/// current queue value; a `last_update` equal to the runner's queue value
+/// (`runner_queue_value_latest?`) gets 204 with it (`build_not_found_cached`); else
+/// `new_update = ensure_runner_queue_value` and `Ci::RegisterJobService`: a job the
+/// runner matches (201, `build_found`), none (204 with `new_update`,
+/// `build_not_found`) or a simulated race (409, `build_invalid`).
+pub(crate) async fn request(shared: &Shared, req: Request<Full<Bytes>>) -> Response<Body> {
     let parsed = match read(shared, req).await {
         Ok(p) => p,
         Err(r) => return r,
@@ -38,45 +47,57 @@ pub(crate) async fn request(shared: &Shared, req: Request<Incoming>) -> Response
     if let Err(r) = declared.check(&parsed.params) {
         return r;
     }
-    let runner = match authenticate_runner(shared, &runner_token(&parsed.params)) {
+    let token = runner_token(&parsed.params);
+    let runner = match authenticate_runner(shared, &token) {
         Ok(id) => id,
         Err(r) => return r,
     };
     super::runners::ensure_manager(shared, runner, &parsed.params);
-    let last_update = parsed
-        .params
-        .get("last_update")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    let mut ticket = shared.state.watch_ticket();
-    let current = *ticket.borrow_and_update();
-    let mut waited = last_update != current.to_string();
-    let deadline = tokio::time::Instant::now() + shared.config.long_poll;
-    loop {
-        match shared.state.pick(runner) {
-            Pick::Job(job) => {
-                shared.metrics.queued.set(shared.state.queued() as i64);
-                return reply(StatusCode::CREATED, payload(shared, &job));
-            }
-            Pick::Conflict => {
-                return message(StatusCode::CONFLICT, "409 Conflict");
-            }
-            Pick::Empty if waited => {
-                let mut r = empty(StatusCode::NO_CONTENT);
-                r.headers_mut().insert(
-                    "x-gitlab-last-update",
-                    HeaderValue::from(shared.state.ticket()),
-                );
-                return r;
-            }
-            Pick::Empty => {
-                // Hold until a job is queued or the poll ends.
-                waited = !matches!(
-                    tokio::time::timeout_at(deadline, ticket.changed()).await,
-                    Ok(Ok(()))
-                ) || tokio::time::Instant::now() >= deadline;
-            }
+    let event = |e: &str| {
+        shared
+            .metrics
+            .rails_job_requests
+            .with_label_values(&[e])
+            .inc();
+    };
+    let queues = shared.state.queues();
+    let no_content = |value: &str| {
+        let mut r = empty(StatusCode::NO_CONTENT);
+        if let Ok(v) = HeaderValue::from_str(value) {
+            r.headers_mut().insert("x-gitlab-last-update", v);
+        }
+        r
+    };
+    if shared
+        .state
+        .runner_info(runner)
+        .is_some_and(|r| r.spec.paused)
+    {
+        event("inactive");
+        return no_content(&queues.ensure(&token));
+    }
+    let last_update = match params::string(&parsed.params, "last_update") {
+        Ok(Declared::Value(s)) => Some(s),
+        _ => None,
+    };
+    if queues.latest(&token, last_update.as_deref()) {
+        event("build_not_found_cached");
+        return no_content(last_update.as_deref().unwrap_or_default());
+    }
+    let new_update = queues.ensure(&token);
+    match shared.state.pick(runner) {
+        Pick::Job(job) => {
+            event("build_found");
+            shared.metrics.queued.set(shared.state.queued() as i64);
+            reply(StatusCode::CREATED, payload(shared, &job))
+        }
+        Pick::Conflict => {
+            event("build_invalid");
+            message(StatusCode::CONFLICT, "409 Conflict")
+        }
+        Pick::Empty => {
+            event("build_not_found");
+            no_content(&new_update)
         }
     }
 }
@@ -203,7 +224,9 @@ fn slug(s: &str) -> String {
     out.trim_matches('-').to_owned()
 }
 
-/// The job as `jobs/request` answers it.
+/// The job as `jobs/request` answers it. `job_info.project_id` and `CI_PROJECT_ID`
+/// name the job's project; every project of a Pod shares the Pod's one repository,
+/// so the project path, name and `git_info` are the same for all.
 pub(crate) fn payload(shared: &Shared, job: &Job) -> Value {
     let pod = shared.state.pod();
     let sha = shared
@@ -255,7 +278,7 @@ pub(crate) fn payload(shared: &Shared, job: &Job) -> Value {
             "id": job.id,
             "name": job.name,
             "stage": job.stage,
-            "project_id": project_id(shared),
+            "project_id": job.project,
             "project_name": format!("project-{pod}"),
             "time_in_queue_seconds": 0.1,
             "project_jobs_running_on_instance_runners_count": "+Inf",
@@ -287,10 +310,6 @@ pub(crate) fn payload(shared: &Shared, job: &Job) -> Value {
         "dependencies": deps,
         "features": { "trace_sections": true, "failure_reasons": ["script_failure"] },
     })
-}
-
-fn project_id(shared: &Shared) -> u64 {
-    super::super::kubernetes::project_id(shared.state.pod())
 }
 
 /// The predefined variables GitLab sends with every job, in GitLab's order
@@ -340,7 +359,7 @@ fn variables(shared: &Shared, job: &Job, sha: &str, repo_url: &str) -> Value {
         public("CI_SERVER_VERSION_PATCH", "0".into()),
         public("CI_SERVER_REVISION", "podsim".into()),
         public("GITLAB_FEATURES", String::new()),
-        public("CI_PROJECT_ID", project_id(shared).to_string()),
+        public("CI_PROJECT_ID", job.project.to_string()),
         public("CI_PROJECT_NAME", format!("project-{pod}")),
         public("CI_PROJECT_TITLE", format!("project-{pod}")),
         public("CI_PROJECT_DESCRIPTION", String::new()),

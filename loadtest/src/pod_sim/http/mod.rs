@@ -1,9 +1,11 @@
 //! The Pod's HTTP/1.1 surface (hyper): routing, replies, and the authentication
 //! helpers every endpoint shares. One module per endpoint family:
-//! [`runners`] (registration and friends), [`jobs`] (`jobs/request`, `PUT jobs/:id`,
-//! the job payload), [`trace`], [`artifacts`], [`git`] (smart HTTP through
-//! `git http-backend`), [`kubernetes`] (what kas asks for its Kubernetes API proxy)
-//! and [`control`] (`/-/podsim/…`, for tests and `podgate up`).
+//! [`runners`] (registration and friends), [`workhorse`] (Workhorse's
+//! `jobs/request` long poll), [`jobs`] (Rails' `jobs/request`, `PUT jobs/:id`, the
+//! job payload), [`trace`], [`artifacts`], [`git`] (smart HTTP through
+//! `git http-backend`), [`kubernetes`] (what kas asks for its Kubernetes API proxy),
+//! [`workspaces`] (the Workspaces internal API kas calls for agentk) and [`control`]
+//! (`/-/podsim/…`, for tests and `podgate up`).
 //!
 //! Paths are cleaned as Workhorse cleans them before Rails sees them
 //! (`CleanURIPath`: `//` squeezed, `.` and `..` resolved), and Grape's optional
@@ -13,6 +15,7 @@
 // does not travel far.
 #![allow(clippy::result_large_err)]
 
+mod agentw;
 mod artifacts;
 mod control;
 mod git;
@@ -20,6 +23,9 @@ mod jobs;
 mod kubernetes;
 mod runners;
 mod trace;
+mod users;
+mod workhorse;
+mod workspaces;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -169,7 +175,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> (&'static str, Respon
         (&M::POST, ["runners", "reset_authentication_token"]) => {
             ("runners_reset_token", runners::reset(shared, req).await)
         }
-        (&M::POST, ["jobs", "request"]) => ("jobs_request", jobs::request(shared, req).await),
+        (&M::POST, ["jobs", "request"]) => ("jobs_request", workhorse::register(shared, req).await),
         (&M::PUT, ["jobs", id]) => ("jobs_update", jobs::update(shared, req, id).await),
         (&M::PATCH, ["jobs", id, "trace"]) => ("jobs_trace", trace::patch(shared, req, id).await),
         (&M::POST, ["jobs", id, "artifacts"]) => (
@@ -184,6 +190,41 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> (&'static str, Respon
             "k8s_authorize_proxy_user",
             kubernetes::authorize_proxy_user(shared, req).await,
         ),
+        (
+            &M::POST,
+            [
+                "internal",
+                "kubernetes",
+                "modules",
+                "remote_development",
+                "reconcile",
+            ],
+        ) => ("ws_reconcile", workspaces::reconcile(shared, req).await),
+        (
+            &M::GET,
+            [
+                "internal",
+                "kubernetes",
+                "modules",
+                "remote_development",
+                "prerequisites",
+            ],
+        ) => (
+            "ws_prerequisites",
+            workspaces::prerequisites(shared, req).await,
+        ),
+        (&M::POST, ["internal", "kubernetes", "agent_configuration"]) => (
+            "k8s_agent_configuration",
+            workspaces::agent_configuration(shared, req).await,
+        ),
+        (&M::GET, ["internal", "agents", "agentw", "server_config"]) => {
+            ("agentw_server_config", agentw::server_config(shared, &req))
+        }
+        (&M::GET, ["internal", "agents", "agentw", "authorize_user_access"]) => (
+            "agentw_authorize_user_access",
+            agentw::authorize_user_access(shared, &req),
+        ),
+        (&M::GET, ["user"]) => ("user", users::current_user(shared, &req)),
         (&M::GET, ["job", "allowed_agents"]) => (
             "k8s_allowed_agents",
             kubernetes::allowed_agents(shared, req).await,
@@ -193,10 +234,11 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> (&'static str, Respon
 }
 
 /// Read the request's parameters (Grape/Rack rules); `Err` is the response to send.
-pub(crate) async fn read(
-    shared: &Shared,
-    req: Request<Incoming>,
-) -> Result<Parsed, Response<Body>> {
+pub(crate) async fn read<B>(shared: &Shared, req: Request<B>) -> Result<Parsed, Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let limits = params::Limits {
         max_body: MAX_BODY,
         max_file: shared.config.max_artifact_bytes,
@@ -317,10 +359,14 @@ pub(crate) fn misrouted(shared: &Shared, pod: podgate_tokens::PodId) -> Response
     )
 }
 
-/// The runner a request authenticates as, or the response to send.
+/// `authenticate_runner!`: the runner a request authenticates as (its
+/// `contacted_at` updated: `current_runner.heartbeat`), or the response to send.
 pub(crate) fn authenticate_runner(shared: &Shared, token: &str) -> Result<u64, Response<Body>> {
     match shared.state.runner(token) {
-        Owner::Ours(id) => Ok(id),
+        Owner::Ours(id) => {
+            shared.state.heartbeat(id);
+            Ok(id)
+        }
         Owner::Misrouted(pod) => Err(misrouted(shared, pod)),
         Owner::Unknown => Err(forbidden()),
     }

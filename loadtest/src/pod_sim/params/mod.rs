@@ -24,7 +24,6 @@ use bytes::Bytes;
 use futures_util::TryStreamExt;
 use http::{HeaderMap, Method, Request, Uri};
 use http_body_util::{BodyExt, BodyStream, Limited};
-use hyper::body::Incoming;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
@@ -101,8 +100,13 @@ fn has_body(headers: &HeaderMap) -> bool {
     len > 0 || chunked
 }
 
-/// Read a request's parameters as Grape and Rack would.
-pub(crate) async fn read(req: Request<Incoming>, limits: &Limits<'_>) -> Result<Parsed, Error> {
+/// Read a request's parameters as Grape and Rack would (from the connection, or
+/// from a body Workhorse already read).
+pub(crate) async fn read<B>(req: Request<B>, limits: &Limits<'_>) -> Result<Parsed, Error>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let (parts, body) = req.into_parts();
     let get = query(&parts.uri)?;
     let media = media_type(&parts.headers);
@@ -193,7 +197,11 @@ fn strip_nul(b: &[u8]) -> &[u8] {
     b.strip_suffix(b"\0").unwrap_or(b)
 }
 
-async fn collect(body: Incoming, max: usize) -> Result<Bytes, Error> {
+async fn collect<B>(body: B, max: usize) -> Result<Bytes, Error>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     match Limited::new(body, max).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::TooLarge),

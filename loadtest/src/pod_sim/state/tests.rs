@@ -16,7 +16,7 @@ fn tokens_route_here_and_foreign_ones_are_misroutes() {
     let (p2, p3) = (pod(2), pod(3));
     assert_eq!(
         p2.check_registration(p2.registration_token()),
-        Owner::Ours(())
+        Owner::Ours(RunnerType::Instance)
     );
     let (id, token) = p2.register().unwrap();
     assert_eq!(p2.runner(&token), Owner::Ours(id));
@@ -69,19 +69,31 @@ fn jwt_pods_issue_signed_tokens_routable_to_them() {
 }
 
 #[test]
-fn queue_tickets_conflicts_and_job_lifecycle() {
-    let p = pod(2);
-    let t0 = p.ticket();
-    assert!(matches!(p.pick(1), Pick::Empty));
+fn queue_keys_conflicts_and_job_lifecycle() {
+    let p = pod(2).with_job_tag_sets(vec![vec![]]).unwrap();
+    let (runner, token) = p.register().unwrap();
+    assert!(matches!(p.pick(runner), Pick::Empty));
+    // A runner's key is ticked when a job it can take is queued, once it has talked
+    // to Rails (`with_recent_runner_queue`).
+    let v0 = p.queues().ensure(&token);
     let first = p.enqueue().unwrap();
+    assert_eq!(
+        p.queues().get(&token),
+        Some(v0.clone()),
+        "never contacted: not ticked"
+    );
+    p.heartbeat(runner);
     for _ in 0..3 {
         p.enqueue().unwrap();
     }
-    assert_eq!(p.ticket(), t0 + 4);
+    let v1 = p.queues().get(&token).unwrap();
+    assert_ne!(v1, v0);
     // Every third pick is a simulated race; the job stays queued.
-    assert!(matches!(p.pick(1), Pick::Job(j) if j.id == first && j.state == JobState::Running));
-    assert!(matches!(p.pick(1), Pick::Job(_)));
-    assert!(matches!(p.pick(1), Pick::Conflict));
+    assert!(
+        matches!(p.pick(runner), Pick::Job(j) if j.id == first && j.state == JobState::Running)
+    );
+    assert!(matches!(p.pick(runner), Pick::Job(_)));
+    assert!(matches!(p.pick(runner), Pick::Conflict));
     assert_eq!(p.queued(), 2);
     let job = p.job(first).unwrap();
     assert_eq!(p.job_by_token(&job.token), Owner::Ours(first));
@@ -138,4 +150,101 @@ fn specs_name_their_dependencies_which_must_exist() {
     };
     assert!(p.enqueue_spec(missing).is_err());
     assert_eq!(p.queued(), 2, "a refused spec queues nothing");
+}
+
+#[test]
+fn runners_get_only_jobs_they_match_and_only_their_keys_tick() {
+    let p = pod(2);
+    let projects = p.project_ids();
+    assert_eq!(projects.len(), 2);
+    let tokens = p.project_registration_tokens();
+    assert_eq!(
+        p.check_registration(&tokens[1].1),
+        Owner::Ours(RunnerType::Project(projects[1]))
+    );
+    assert_eq!(
+        p.check_registration(p.registration_token()),
+        Owner::Ours(RunnerType::Instance)
+    );
+    let spec = |runner_type, tags: &[&str], run_untagged| RunnerSpec {
+        runner_type,
+        tags: tags.iter().map(|t| (*t).to_owned()).collect(),
+        run_untagged,
+        ..RunnerSpec::default()
+    };
+    // run_untagged false needs tags.
+    assert!(
+        p.register_runner(spec(RunnerType::Instance, &[], false))
+            .is_err()
+    );
+    let (untagged, ut) = p
+        .register_runner(spec(RunnerType::Instance, &[], true))
+        .unwrap();
+    let (docker, dt) = p
+        .register_runner(spec(RunnerType::Instance, &["docker", "linux"], false))
+        .unwrap();
+    let (proj, pt) = p
+        .register_runner(spec(RunnerType::Project(projects[1]), &["gpu"], true))
+        .unwrap();
+    let values = |p: &State| [&ut, &dt, &pt].map(|t| p.queues().ensure(t));
+    for id in [untagged, docker, proj] {
+        p.heartbeat(id);
+    }
+    let before = values(&p);
+    let gpu = p
+        .enqueue_spec(JobSpec {
+            tags: vec!["gpu".into()],
+            project: Some(projects[0]),
+            ..JobSpec::default()
+        })
+        .unwrap();
+    assert_eq!(values(&p), before, "nobody can take a gpu job of project 0");
+    let job = p
+        .enqueue_spec(JobSpec {
+            tags: vec!["gpu".into()],
+            project: Some(projects[1]),
+            ..JobSpec::default()
+        })
+        .unwrap();
+    let after = values(&p);
+    assert_eq!((after[0] == before[0], after[1] == before[1]), (true, true));
+    assert_ne!(after[2], before[2], "the project runner's key ticked");
+    assert!(matches!(p.pick(untagged), Pick::Empty));
+    assert!(matches!(p.pick(docker), Pick::Empty));
+    assert!(matches!(p.pick(proj), Pick::Job(j) if j.id == job && j.project == projects[1]));
+    assert_eq!(p.queued(), 1);
+    assert_eq!(p.job(gpu).unwrap().state, JobState::Pending);
+    let docker_job = p
+        .enqueue_spec(JobSpec {
+            tags: vec!["docker".into()],
+            ..JobSpec::default()
+        })
+        .unwrap();
+    assert!(matches!(p.pick(untagged), Pick::Empty));
+    assert!(matches!(p.pick(docker), Pick::Job(j) if j.id == docker_job));
+    assert!(
+        p.enqueue_spec(JobSpec {
+            project: Some(5),
+            ..JobSpec::default()
+        })
+        .is_err()
+    );
+    assert_eq!(p.tick_all(), 3);
+}
+
+#[test]
+fn generated_jobs_cycle_through_tag_sets_and_projects() {
+    let p = pod(3);
+    let projects = p.project_ids();
+    let got: Vec<(Vec<String>, u64)> = (0..8)
+        .map(|_| {
+            let j = p.job(p.enqueue().unwrap()).unwrap();
+            (j.tags, j.project)
+        })
+        .collect();
+    let sets = default_job_tag_sets();
+    for (i, (tags, project)) in got.iter().enumerate() {
+        assert_eq!(tags, &sets[i % 4], "job {i}");
+        assert_eq!(*project, projects[i / 4], "job {i}");
+    }
 }

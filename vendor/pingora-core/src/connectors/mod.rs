@@ -261,7 +261,7 @@ impl TransportConnector {
                         // test_reusable_stream: we assume server would never actively send data
                         // first on an idle stream.
                         #[cfg(unix)]
-                        if peer.matches_fd(stream.id())
+                        if stream_matches_peer(peer, &stream)
                             && test_reusable_stream(&mut stream, &self.unexpected_data_conn_count)
                         {
                             Some(stream)
@@ -470,6 +470,27 @@ impl PreferredHttpVersion {
 
 use futures::future::FutureExt;
 use tokio::io::AsyncReadExt;
+
+/// Whether a pooled `stream` is connected to `peer`, the check before a checkout hands it
+/// out (a guard against pool-key collisions).
+///
+/// A stream made by the L4 connector keeps the address it connected to in its socket
+/// digest (`connectors/l4.rs` sets it at connect), and a connection's peer never
+/// changes: peers that can judge from that address ([`Peer::matches_connected_addr`])
+/// spare a `getpeername(2)` per checkout. Other peers, and streams without a recorded
+/// address, are checked on the socket with [`Peer::matches_fd`] as before. A closed or
+/// reset connection is caught by [`test_reusable_stream`] either way.
+#[cfg(unix)]
+fn stream_matches_peer<P: Peer>(peer: &P, stream: &Stream) -> bool {
+    let digest = stream.get_socket_digest();
+    let connected_to = digest
+        .as_ref()
+        .and_then(|digest| digest.peer_addr.get())
+        .and_then(|addr| addr.as_ref());
+    connected_to
+        .and_then(|addr| peer.matches_connected_addr(addr))
+        .unwrap_or_else(|| peer.matches_fd(stream.id()))
+}
 
 /// Test whether a stream is already closed or not reusable (server sent unexpected data)
 fn test_reusable_stream(stream: &mut Stream, unexpected_data_conn_count: &AtomicU64) -> bool {
@@ -835,5 +856,107 @@ mod tests {
             1,
             "unexpected_data_connection_count should have incremented"
         );
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests_pooled_peer_match {
+    //! A checkout compares the address recorded at connect, not `getpeername(2)`.
+    use super::*;
+    use crate::protocols::l4::socket::SocketAddr as PeerAddr;
+    use crate::protocols::l4::stream::Stream as L4Stream;
+    use crate::protocols::SocketDigest;
+    use crate::upstreams::peer::BasicPeer;
+    use std::os::unix::io::AsRawFd;
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A connected loopback stream whose socket digest says it connected to `recorded`
+    /// (`None`: no address recorded), and the server's end, kept open.
+    async fn pooled_stream(recorded: Option<&str>) -> (Stream, TcpStream, String) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let actual = listener.local_addr().unwrap().to_string();
+        let tcp = TcpStream::connect(&actual).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut stream: L4Stream = tcp.into();
+        if let Some(recorded) = recorded {
+            let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
+            digest
+                .peer_addr
+                .set(Some(PeerAddr::Inet(recorded.parse().unwrap())))
+                .unwrap();
+            stream.set_socket_digest(digest);
+        }
+        (Box::new(stream), server, actual)
+    }
+
+    #[tokio::test]
+    async fn the_recorded_address_decides() {
+        // The socket leads to 127.0.0.1, the digest says 192.0.2.7: a checkout that
+        // asked the socket would refuse it.
+        let connector = TransportConnector::new(None);
+        let peer = BasicPeer::new("192.0.2.7:80");
+        let (stream, _server, _) = pooled_stream(Some("192.0.2.7:80")).await;
+        connector.release_stream(stream, peer.reuse_hash(), None);
+        assert!(connector.reused_stream(&peer).await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_stream_recorded_for_another_peer_is_refused() {
+        // filed under the other peer's key, as a pool-key collision would
+        let connector = TransportConnector::new(None);
+        let other = BasicPeer::new("192.0.2.8:80");
+        let (stream, _server, _) = pooled_stream(Some("192.0.2.7:80")).await;
+        connector.release_stream(stream, other.reuse_hash(), None);
+        assert!(connector.reused_stream(&other).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_peer_deciding_by_matches_fd_alone_still_decides() {
+        // A peer that does not judge by the recorded address keeps the last word through
+        // `matches_fd`, even when the recorded address is its own.
+        #[derive(Clone)]
+        struct SocketOnlyPeer(BasicPeer);
+        impl std::fmt::Display for SocketOnlyPeer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+        impl Peer for SocketOnlyPeer {
+            fn address(&self) -> &PeerAddr {
+                self.0.address()
+            }
+            fn tls(&self) -> bool {
+                false
+            }
+            fn sni(&self) -> &str {
+                ""
+            }
+            fn reuse_hash(&self) -> u64 {
+                self.0.reuse_hash()
+            }
+            fn matches_fd<V: AsRawFd>(&self, _fd: V) -> bool {
+                false
+            }
+        }
+
+        let connector = TransportConnector::new(None);
+        let peer = SocketOnlyPeer(BasicPeer::new("192.0.2.7:80"));
+        let (stream, _server, _) = pooled_stream(Some("192.0.2.7:80")).await;
+        connector.release_stream(stream, peer.reuse_hash(), None);
+        assert!(connector.reused_stream(&peer).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn without_a_recorded_address_the_socket_is_asked() {
+        let connector = TransportConnector::new(None);
+        let (stream, _server, actual) = pooled_stream(None).await;
+        let peer = BasicPeer::new(&actual);
+        connector.release_stream(stream, peer.reuse_hash(), None);
+        assert!(connector.reused_stream(&peer).await.is_some());
+
+        let other = BasicPeer::new("192.0.2.8:80");
+        let (stream, _server, _) = pooled_stream(None).await;
+        connector.release_stream(stream, other.reuse_hash(), None);
+        assert!(connector.reused_stream(&other).await.is_none());
     }
 }

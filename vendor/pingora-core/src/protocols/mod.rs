@@ -290,6 +290,23 @@ use std::{net::SocketAddr as InetSocketAddr, path::Path};
 
 use crate::protocols::tls::TlsRef;
 
+/// Whether a connection made to `connected_to` serves a peer at `expected`, with the
+/// exception [`ConnFdReusable`] makes for `0.0.0.0` (some systems map that destination
+/// to 127.0.0.1): for peers that check a pooled connection by the address recorded at
+/// connect instead of `getpeername(2)`.
+pub(crate) fn connected_addr_matches(expected: &SocketAddr, connected_to: &SocketAddr) -> bool {
+    const ZERO: IpAddr = IpAddr::V4(Ipv4Addr::new(0, 0, 0, 0));
+    if expected.as_inet().is_some_and(|addr| addr.ip() == ZERO) {
+        return true;
+    }
+    if expected == connected_to {
+        true
+    } else {
+        error!("Crit: connection to {connected_to} found for peer {expected}");
+        false
+    }
+}
+
 #[cfg(unix)]
 impl ConnFdReusable for SocketAddr {
     fn check_fd_match<V: AsRawFd>(&self, fd: V) -> bool {

@@ -23,6 +23,7 @@ use crate::protocols::tls::HandshakeCompleteHook;
 use crate::protocols::tls::PskType;
 #[cfg(unix)]
 use crate::protocols::ConnFdReusable;
+use crate::protocols::connected_addr_matches;
 use crate::protocols::TcpKeepalive;
 use crate::utils::tls::{get_organization_unit, CertKey};
 use ahash::AHasher;
@@ -261,6 +262,16 @@ pub trait Peer: Display + Clone {
         self.address().check_fd_match(fd)
     }
 
+    /// Whether a pooled connection recorded as connected to `connected_to` (the address
+    /// in its socket digest, set at connect) may serve this peer; `None` leaves the
+    /// decision to [`Self::matches_fd`], which asks the socket (`getpeername(2)`).
+    ///
+    /// The default is `None`. Peers whose `matches_fd` compares nothing but
+    /// [`Self::address`] answer from the record and spare that syscall on every checkout.
+    fn matches_connected_addr(&self, _connected_to: &SocketAddr) -> Option<bool> {
+        None
+    }
+
     #[cfg(windows)]
     fn matches_sock<V: AsRawSocket>(&self, sock: V) -> bool {
         use crate::protocols::ConnSockReusable;
@@ -372,6 +383,10 @@ impl Peer for BasicPeer {
 
     fn get_peer_options(&self) -> Option<&PeerOptions> {
         Some(&self.options)
+    }
+
+    fn matches_connected_addr(&self, connected_to: &SocketAddr) -> Option<bool> {
+        Some(connected_addr_matches(self.address(), connected_to))
     }
 }
 
@@ -852,6 +867,14 @@ impl Peer for HttpPeer {
             proxy.next_hop.check_fd_match(fd)
         } else {
             self.address().check_fd_match(fd)
+        }
+    }
+
+    fn matches_connected_addr(&self, connected_to: &SocketAddr) -> Option<bool> {
+        // through a CONNECT proxy the socket leads to the proxy: `matches_fd` checks that
+        match self.get_proxy() {
+            Some(_) => None,
+            None => Some(connected_addr_matches(self.address(), connected_to)),
         }
     }
 

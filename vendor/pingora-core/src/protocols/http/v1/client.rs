@@ -23,7 +23,7 @@ use pingora_timeout::timeout;
 use std::io::ErrorKind;
 use std::str;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::body::{BodyReader, BodyWriter};
 use super::common::*;
@@ -67,6 +67,9 @@ pub struct HttpSession {
     // If allowed, does not fail with error on invalid content-length
     // (treats as close-delimited response).
     allow_h1_response_invalid_content_length: bool,
+    // The request header queued by `queue_request_header()` and not written yet; empty
+    // when none is queued. Advanced as bytes are written, so a cancelled write resumes.
+    queued_header: Bytes,
 }
 
 /// HTTP 1.x client session
@@ -100,6 +103,7 @@ impl HttpSession {
             received_upgrade_req_body: false,
             close_delimited_resp: false,
             allow_h1_response_invalid_content_length: false,
+            queued_header: Bytes::new(),
         }
     }
 
@@ -119,15 +123,7 @@ impl HttpSession {
     /// sending request body if any.
     pub async fn write_request_header(&mut self, req: Box<RequestHeader>) -> Result<usize> {
         // TODO: make sure this can only be called once
-        // init body writer
-        self.init_req_body_writer(&req);
-
-        let to_wire = http_req_header_to_wire(&req).ok_or_else(|| {
-            Error::explain(
-                InvalidHTTPHeader,
-                "request-line contains forbidden delimiter bytes or unsupported HTTP version",
-            )
-        })?;
+        let to_wire = self.request_header_to_wire(&req)?;
         trace!("Writing request header: {to_wire:?}");
 
         let write_fut = self.underlying_stream.write_all(to_wire.as_ref());
@@ -155,11 +151,85 @@ impl HttpSession {
         Ok(to_wire.len())
     }
 
+    /// Queue the request header instead of writing it now: it leaves with the first
+    /// request body write, in the same (vectored) write, or before the response is read,
+    /// whichever comes first.
+    ///
+    /// For callers that already hold the start of the request body (read ahead, or kept
+    /// for a retry), header and body then reach the server in one write (one syscall,
+    /// usually one segment) instead of two. A caller that does not write the body next
+    /// loses nothing: reading the response, [`Self::finish_body()`] and any body write
+    /// send the queued header first, so the server always sees it before the client
+    /// waits for an answer (`Expect: 100-continue` included).
+    ///
+    /// Returns the size of the header, as [`Self::write_request_header()`] does; write
+    /// errors surface from the call that writes it.
+    pub fn queue_request_header(&mut self, req: Box<RequestHeader>) -> Result<usize> {
+        let to_wire = self.request_header_to_wire(&req)?;
+        trace!("Queueing request header: {to_wire:?}");
+        let len = to_wire.len();
+        self.queued_header = to_wire.freeze();
+        self.request_written = Some(req);
+        Ok(len)
+    }
+
+    // Init the body writer for `req` and serialize it.
+    fn request_header_to_wire(&mut self, req: &RequestHeader) -> Result<BytesMut> {
+        // init body writer
+        self.init_req_body_writer(req);
+
+        http_req_header_to_wire(req).ok_or_else(|| {
+            Error::explain(
+                InvalidHTTPHeader,
+                "request-line contains forbidden delimiter bytes or unsupported HTTP version",
+            )
+        })
+    }
+
+    /// Write the header queued by [`Self::queue_request_header()`], if any is left.
+    async fn write_queued_header(&mut self) -> Result<()> {
+        if self.queued_header.is_empty() {
+            return Ok(());
+        }
+        let write_timeout = self.write_timeout;
+        let write_fut = async {
+            self.underlying_stream
+                .write_all_buf(&mut self.queued_header)
+                .await?;
+            self.underlying_stream.flush().await
+        };
+        match write_timeout {
+            Some(t) => match timeout(t, write_fut).await {
+                Ok(res) => res,
+                Err(_) => Err(std::io::Error::from(ErrorKind::TimedOut)),
+            },
+            None => write_fut.await,
+        }
+        .map_err(|e| match e.kind() {
+            ErrorKind::TimedOut => {
+                Error::because(WriteTimedout, "while writing request headers (timeout)", e)
+            }
+            _ => Error::because(WriteError, "while writing request headers", e),
+        })
+    }
+
     async fn do_write_body(&mut self, buf: &[u8]) -> Result<Option<usize>> {
-        let written = self
-            .body_writer
-            .write_body(&mut self.underlying_stream, buf)
-            .await;
+        let written = if self.queued_header.is_empty() {
+            self.body_writer
+                .write_body(&mut self.underlying_stream, buf)
+                .await
+        } else {
+            let mut stream = QueuedHeaderWriter {
+                header: &mut self.queued_header,
+                stream: &mut self.underlying_stream,
+            };
+            let written = self.body_writer.write_body(&mut stream, buf).await;
+            // a body writer with nothing to write (no body) leaves the header queued
+            if written.is_ok() {
+                self.write_queued_header().await?;
+            }
+            written
+        };
 
         if let Ok(Some(num_bytes)) = written {
             self.bytes_sent += num_bytes;
@@ -191,7 +261,17 @@ impl HttpSession {
     /// Flush local buffer and notify the server by sending the last chunk if chunked encoding is
     /// used.
     pub async fn finish_body(&mut self) -> Result<Option<usize>> {
-        let res = self.body_writer.finish(&mut self.underlying_stream).await?;
+        let res = if self.queued_header.is_empty() {
+            self.body_writer.finish(&mut self.underlying_stream).await?
+        } else {
+            let mut stream = QueuedHeaderWriter {
+                header: &mut self.queued_header,
+                stream: &mut self.underlying_stream,
+            };
+            let res = self.body_writer.finish(&mut stream).await?;
+            self.write_queued_header().await?;
+            res
+        };
         self.underlying_stream
             .flush()
             .await
@@ -245,6 +325,9 @@ impl HttpSession {
     /// This function can be called multiple times, if the headers received are just informational
     /// headers.
     pub async fn read_response(&mut self) -> Result<usize> {
+        // the server answers only what it has received
+        self.write_queued_header().await?;
+
         let mut parse_existing_buffer = true;
 
         if self.response_header_read_buf.is_empty() {
@@ -658,7 +741,10 @@ impl HttpSession {
     /// If the connection cannot be reused, the underlying stream will be closed and `None` will be
     /// returned.
     pub async fn reuse(mut self) -> Option<Stream> {
-        if !self.body_reader.body_complete() || self.body_reader.has_bytes_overread() {
+        if !self.body_reader.body_complete()
+            || self.body_reader.has_bytes_overread()
+            || !self.queued_header.is_empty()
+        {
             self.set_keepalive(None);
         }
 
@@ -950,6 +1036,59 @@ pub fn http_req_header_to_wire(req: &RequestHeader) -> Option<BytesMut> {
 impl UniqueID for HttpSession {
     fn id(&self) -> UniqueIDType {
         self.underlying_stream.id()
+    }
+}
+
+/// Writes the queued request header ahead of the first bytes written through it, in the
+/// same vectored write (see [`HttpSession::queue_request_header()`]). Progress is kept in
+/// `header`, so a write cancelled half way resumes where it stopped.
+struct QueuedHeaderWriter<'a> {
+    header: &'a mut Bytes,
+    stream: &'a mut Stream,
+}
+
+impl AsyncWrite for QueuedHeaderWriter<'_> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use bytes::Buf;
+        use std::io::IoSlice;
+        use std::task::{ready, Poll};
+
+        let this = self.get_mut();
+        while !this.header.is_empty() {
+            let bufs = [IoSlice::new(this.header), IoSlice::new(buf)];
+            let n = ready!(std::pin::Pin::new(&mut *this.stream).poll_write_vectored(cx, &bufs))?;
+            if n == 0 {
+                return Poll::Ready(Err(ErrorKind::WriteZero.into()));
+            }
+            let header_len = this.header.len();
+            if n < header_len {
+                this.header.advance(n);
+            } else {
+                this.header.clear();
+                if n > header_len || buf.is_empty() {
+                    return Poll::Ready(Ok(n - header_len));
+                }
+            }
+        }
+        std::pin::Pin::new(&mut *this.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -2931,5 +3070,224 @@ mod test_sync {
         assert!(!request_target_has_forbidden_byte(b"/normal/path?a=b"));
         assert!(request_target_has_forbidden_byte(b"/x HTTP/1.1")); // SP
         assert!(request_target_has_forbidden_byte(b"/a\r\nb")); // CR/LF
+    }
+}
+
+#[cfg(test)]
+mod tests_queued_header {
+    //! `queue_request_header()`: the header leaves with the first body write.
+    use super::*;
+    use crate::protocols::raw_connect::ProxyDigest;
+    use crate::protocols::{
+        GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+        TimingDigest,
+    };
+    use async_trait::async_trait;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    #[derive(Debug, PartialEq)]
+    enum Event {
+        /// One write call (a vectored one counts once) and the bytes it took.
+        Write(Vec<u8>),
+        Read,
+    }
+
+    /// A connection that records each write call and read, takes at most `max_write`
+    /// bytes per write, and answers `response` to the first read.
+    #[derive(Debug)]
+    struct Recorder {
+        events: Arc<Mutex<Vec<Event>>>,
+        max_write: usize,
+        response: Vec<u8>,
+    }
+
+    impl Recorder {
+        fn new(max_write: usize, response: &[u8]) -> (Self, Arc<Mutex<Vec<Event>>>) {
+            let events = Arc::new(Mutex::new(Vec::new()));
+            let recorder = Recorder {
+                events: events.clone(),
+                max_write,
+                response: response.to_vec(),
+            };
+            (recorder, events)
+        }
+    }
+
+    impl AsyncRead for Recorder {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let this = self.get_mut();
+            this.events.lock().unwrap().push(Event::Read);
+            let n = this.response.len().min(buf.remaining());
+            buf.put_slice(&this.response[..n]);
+            this.response.drain(..n);
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.max_write);
+            let write = Event::Write(buf[..n].to_vec());
+            self.events.lock().unwrap().push(write);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let mut took = Vec::new();
+            for buf in bufs {
+                let n = buf.len().min(self.max_write - took.len());
+                took.extend_from_slice(&buf[..n]);
+            }
+            let n = took.len();
+            self.events.lock().unwrap().push(Event::Write(took));
+            Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[async_trait]
+    impl Shutdown for Recorder {
+        async fn shutdown(&mut self) {}
+    }
+    impl UniqueID for Recorder {
+        fn id(&self) -> UniqueIDType {
+            0
+        }
+    }
+    impl Ssl for Recorder {}
+    impl GetTimingDigest for Recorder {
+        fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+            vec![]
+        }
+    }
+    impl GetProxyDigest for Recorder {
+        fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+            None
+        }
+    }
+    impl GetSocketDigest for Recorder {
+        fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+            None
+        }
+    }
+    impl Peek for Recorder {}
+
+    const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+
+    fn post(body_len: usize) -> Box<RequestHeader> {
+        let mut req = RequestHeader::build("POST", b"/api/v4/jobs/request", None).unwrap();
+        req.insert_header("Content-Length", body_len.to_string())
+            .unwrap();
+        Box::new(req)
+    }
+
+    fn header_bytes(req: &RequestHeader) -> Vec<u8> {
+        http_req_header_to_wire(req).unwrap().to_vec()
+    }
+
+    fn writes(events: &Mutex<Vec<Event>>) -> Vec<Vec<u8>> {
+        let events = events.lock().unwrap();
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Write(bytes) => Some(bytes.clone()),
+                Event::Read => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn header_and_body_leave_in_one_write() {
+        let (io, events) = Recorder::new(usize::MAX, RESPONSE);
+        let mut session = HttpSession::new(Box::new(io));
+        let body = br#"{"token":"t"}"#;
+        let req = post(body.len());
+        let header = header_bytes(&req);
+
+        assert_eq!(session.queue_request_header(req).unwrap(), header.len());
+        assert!(writes(&events).is_empty(), "nothing written before the body");
+        assert_eq!(session.write_body(body).await.unwrap(), Some(body.len()));
+        session.finish_body().await.unwrap();
+
+        assert_eq!(writes(&events), vec![[header, body.to_vec()].concat()]);
+        assert_eq!(session.body_bytes_sent(), body.len());
+        session.read_response().await.unwrap();
+        assert_eq!(session.resp_header().unwrap().status, 200);
+    }
+
+    #[tokio::test]
+    async fn a_partial_write_resumes_and_keeps_the_byte_order() {
+        // every write takes 7 bytes: the header ends inside one of them
+        let (io, events) = Recorder::new(7, RESPONSE);
+        let mut session = HttpSession::new(Box::new(io));
+        let body = b"0123456789abcdef";
+        let req = post(body.len());
+        let header = header_bytes(&req);
+
+        session.queue_request_header(req).unwrap();
+        assert_eq!(session.write_body(body).await.unwrap(), Some(body.len()));
+        session.finish_body().await.unwrap();
+
+        assert_eq!(writes(&events).concat(), [header, body.to_vec()].concat());
+        assert_eq!(session.body_bytes_sent(), body.len());
+    }
+
+    #[tokio::test]
+    async fn reading_the_response_sends_the_queued_header_first() {
+        // e.g. `Expect: 100-continue`: the caller reads before it has body to write
+        let (io, events) = Recorder::new(usize::MAX, RESPONSE);
+        let mut session = HttpSession::new(Box::new(io));
+        let req = post(5);
+        let header = header_bytes(&req);
+
+        session.queue_request_header(req).unwrap();
+        session.read_response().await.unwrap();
+
+        let events = events.lock().unwrap();
+        assert_eq!(events.first(), Some(&Event::Write(header)));
+        assert!(events[1..].iter().all(|e| *e == Event::Read));
+    }
+
+    #[tokio::test]
+    async fn finishing_a_bodyless_request_sends_the_queued_header() {
+        let (io, events) = Recorder::new(usize::MAX, RESPONSE);
+        let mut session = HttpSession::new(Box::new(io));
+        let req = post(0);
+        let header = header_bytes(&req);
+
+        session.queue_request_header(req).unwrap();
+        assert_eq!(session.write_body(b"").await.unwrap(), None);
+        assert_eq!(writes(&events), vec![header]);
+        session.finish_body().await.unwrap();
+        assert_eq!(writes(&events).len(), 1);
     }
 }

@@ -1,0 +1,107 @@
+//! Go's `net/url` escaping and query handling, as GitLab's kas writes module
+//! request URLs.
+
+use std::collections::HashMap;
+
+use crate::proto::gitlab_access::Values;
+
+/// Escaping modes of Go's `net/url`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// `encodePath`: what `url.URL.String()` does to a path.
+    Path,
+    /// `encodePathSegment`: `url.PathEscape`.
+    PathSegment,
+    /// `encodeQueryComponent`: `url.QueryEscape` (space as `+`).
+    QueryComponent,
+}
+
+/// Go's `shouldEscape`.
+fn should_escape(c: u8, mode: Mode) -> bool {
+    if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'~') {
+        return false;
+    }
+    if matches!(
+        c,
+        b'$' | b'&' | b'+' | b',' | b'/' | b':' | b';' | b'=' | b'?' | b'@'
+    ) {
+        return match mode {
+            Mode::Path => c == b'?',
+            Mode::PathSegment => matches!(c, b'/' | b';' | b',' | b'?'),
+            Mode::QueryComponent => true,
+        };
+    }
+    true
+}
+
+/// Go's `escape`.
+pub(super) fn escape(s: &str, mode: Mode) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &c in s.as_bytes() {
+        if c == b' ' && mode == Mode::QueryComponent {
+            out.push('+');
+        } else if should_escape(c, mode) {
+            out.push_str(&format!("%{c:02X}"));
+        } else {
+            out.push(c as char);
+        }
+    }
+    out
+}
+
+/// Go's `url.PathEscape`.
+pub(crate) fn path_escape(s: &str) -> String {
+    escape(s, Mode::PathSegment)
+}
+
+/// Go's `url.Values.Encode`: keys sorted, values in order.
+pub(crate) fn encode_query(query: &HashMap<String, Values>) -> String {
+    let mut keys: Vec<&String> = query.keys().collect();
+    keys.sort();
+    let mut out = String::new();
+    for k in keys {
+        let key = escape(k, Mode::QueryComponent);
+        for v in &query[k].value {
+            if !out.is_empty() {
+                out.push('&');
+            }
+            out.push_str(&key);
+            out.push('=');
+            out.push_str(&escape(v, Mode::QueryComponent));
+        }
+    }
+    out
+}
+
+/// A query string (`a=1&b=x%20y`) into the protocol's map, decoded as Go's
+/// `url.ParseQuery` does (`+` is a space; pairs that do not decode are skipped).
+pub(crate) fn parse_query(query: &str) -> HashMap<String, Values> {
+    let mut out: HashMap<String, Values> = HashMap::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if let (Some(k), Some(v)) = (unescape_query(k), unescape_query(v)) {
+            out.entry(k).or_default().value.push(v);
+        }
+    }
+    out
+}
+
+/// Go's `url.QueryUnescape`.
+fn unescape_query(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = s.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}

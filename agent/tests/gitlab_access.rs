@@ -1,0 +1,833 @@
+//! kas's `GitlabAccess.MakeRequest` and agent configuration files, against a real
+//! kas, a real agentk (its `ModuleClient` and `Agentk::config`) and a small HTTP
+//! server standing for GitLab that records what it received and answers as told.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use http::Method;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::rt::TokioIo;
+use podgate_agent::agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
+use podgate_agent::kas::agent_config::AgentConfigSource;
+use podgate_agent::kas::{Kas, KasConfig};
+use podgate_agent::proto::GetConfigurationRequest;
+use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+use podgate_agent::proto::gitlab_access::gitlab_access_client::GitlabAccessClient;
+use podgate_agent::proto::gitlab_access::{
+    HeaderExtra, HttpRequest, Request, Values, request, response,
+};
+use podgate_agent::testing::fixtures::{
+    EXTERNAL_SECRET, agent_tokens, bearer, channel, configuration_stream, kas_config,
+    memory_registry,
+};
+use podgate_agent::testing::workspaces::agentk_config;
+use tokio::sync::mpsc;
+use tonic::Code;
+
+/// What the fake GitLab received.
+#[derive(Debug)]
+struct Seen {
+    method: String,
+    path: String,
+    query: Option<String>,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+/// A fake GitLab: records every request; answers `agent_configuration` posts with
+/// 204 and everything else with the status in `x-answer-status` (201 by default),
+/// a body of `x-answer-size` bytes (else `answer:<status>`) and `x-answered: yes`.
+struct FakeGitlab {
+    addr: SocketAddr,
+    seen: mpsc::UnboundedReceiver<Seen>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeGitlab {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `n` bytes of a pattern that shows misplaced chunks.
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i % 251) as u8 ^ seed ^ (i / 65_536) as u8)
+        .collect()
+}
+
+impl FakeGitlab {
+    async fn start() -> FakeGitlab {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, seen) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            let tx = tx.clone();
+                            async move {
+                                let (parts, body) = req.into_parts();
+                                let body = body.collect().await?.to_bytes();
+                                let header = |name: &str| {
+                                    parts
+                                        .headers
+                                        .get(name)
+                                        .and_then(|v| v.to_str().ok())
+                                        .map(str::to_owned)
+                                };
+                                let config = parts.uri.path()
+                                    == "/api/v4/internal/kubernetes/agent_configuration";
+                                let status: u16 = if config {
+                                    204
+                                } else {
+                                    header("x-answer-status").map_or(201, |s| s.parse().unwrap())
+                                };
+                                let answer = match header("x-answer-size") {
+                                    Some(n) => Bytes::from(pattern(n.parse().unwrap(), 7)),
+                                    None if status == 204 => Bytes::new(),
+                                    None => Bytes::from(format!("answer:{status}")),
+                                };
+                                let _ = tx.send(Seen {
+                                    method: parts.method.to_string(),
+                                    path: parts.uri.path().to_owned(),
+                                    query: parts.uri.query().map(str::to_owned),
+                                    headers: parts.headers,
+                                    body,
+                                });
+                                Ok::<_, hyper::Error>(
+                                    hyper::Response::builder()
+                                        .status(status)
+                                        .header("x-answered", "yes")
+                                        .header("content-type", "application/json")
+                                        .body(Full::new(answer))
+                                        .unwrap(),
+                                )
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        FakeGitlab { addr, seen, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The body of the next request, as JSON.
+    async fn next_json(&mut self) -> serde_json::Value {
+        serde_json::from_slice(&self.next().await.body).expect("a JSON body")
+    }
+
+    async fn next(&mut self) -> Seen {
+        tokio::time::timeout(Duration::from_secs(20), self.seen.recv())
+            .await
+            .expect("GitLab got no request in time")
+            .expect("the fake GitLab stopped")
+    }
+
+    /// The next request to a path other than `agent_configuration`'s.
+    async fn next_module(&mut self) -> Seen {
+        loop {
+            let s = self.next().await;
+            if !s.path.ends_with("/agent_configuration") {
+                return s;
+            }
+        }
+    }
+
+    /// Nothing received so far.
+    fn nothing(&mut self) -> bool {
+        self.seen.try_recv().is_err()
+    }
+}
+
+/// A handler for tunnelled calls that none of these tests make.
+struct NoCalls;
+
+impl Handler for NoCalls {
+    fn handle(&self, _method: String, _payload: Vec<u8>) -> Responses {
+        unary(async { Err(tonic::Status::unimplemented("not in this test")) })
+    }
+}
+
+async fn start_kas(
+    keys: podgate_tokens::KeySet,
+    gitlab: Option<String>,
+    agent_config: Option<AgentConfigSource>,
+) -> Kas {
+    let config = KasConfig {
+        gitlab_url: gitlab,
+        agent_config,
+        ..kas_config(keys, Duration::from_secs(10))
+    };
+    Kas::start(config, memory_registry().await).await.unwrap()
+}
+
+async fn start_agentk(kas: &Kas, token: String) -> Agentk {
+    let agentk = Agentk::start_with(
+        AgentkConfig {
+            pod_namespace: "gitlab-agent".into(),
+            ..agentk_config(kas, token, None)
+        },
+        Arc::new(NoCalls),
+    )
+    .await
+    .unwrap();
+    agentk.connected().await;
+    agentk
+}
+
+/// Check the `Gitlab-Kas-Api-Request` JWT as GitLab does: HS256 with the shared
+/// secret, issuer `gitlab-kas`, audience `gitlab`.
+fn assert_kas_jwt(headers: &http::HeaderMap) {
+    let jwt = headers
+        .get("gitlab-kas-api-request")
+        .expect("the kas JWT header")
+        .to_str()
+        .unwrap();
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
+    validation.set_issuer(&["gitlab-kas"]);
+    validation.set_audience(&["gitlab"]);
+    let claims = jsonwebtoken::decode::<serde_json::Value>(
+        jwt,
+        &jsonwebtoken::DecodingKey::from_secret(&EXTERNAL_SECRET),
+        &validation,
+    )
+    .expect("a valid kas JWT")
+    .claims;
+    assert_eq!(claims["iss"], "gitlab-kas");
+    assert_eq!(claims["aud"], "gitlab");
+}
+
+fn values(v: &[&str]) -> Values {
+    Values {
+        value: v.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
+/// A raw `MakeRequest`: header (with `headers`), `body` in `chunk`-byte pieces, a
+/// trailer.
+fn raw_request(
+    module: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    chunk: usize,
+) -> Vec<Request> {
+    let mut messages = vec![Request {
+        message: Some(request::Message::Header(request::Header {
+            request: Some(HttpRequest {
+                method: "POST".into(),
+                header: headers
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), values(&[v])))
+                    .collect(),
+                url_path: path.into(),
+                query: HashMap::new(),
+            }),
+            extra: Some(HeaderExtra {
+                module_name: module.into(),
+            }),
+            content_length: Some(body.len() as i64),
+        })),
+    }];
+    for c in body.chunks(chunk) {
+        messages.push(Request {
+            message: Some(request::Message::Data(request::Data { data: c.to_vec() })),
+        });
+    }
+    messages.push(Request {
+        message: Some(request::Message::Trailer(request::Trailer {})),
+    });
+    messages
+}
+
+/// Send `messages` with `token`; the response messages, or kas's status.
+async fn raw_call(
+    kas: &Kas,
+    token: &str,
+    messages: Vec<Request>,
+) -> Result<Vec<response::Message>, tonic::Status> {
+    let mut client = GitlabAccessClient::new(channel(kas.agent_addr()).await);
+    let mut stream = client
+        .make_request(bearer(
+            tonic::Request::new(tokio_stream::iter(messages)),
+            token,
+        ))
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = stream.next().await {
+        out.push(m?.message.expect("a message"));
+    }
+    Ok(out)
+}
+
+/// Replace `path`'s contents at once (kas never reads a half-written file).
+fn write(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn metric(kas: &Kas, line_prefix: &str) -> u64 {
+    kas.metrics()
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(line_prefix))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_requests_reach_gitlab_and_come_back_unchanged() {
+    let mut gitlab = FakeGitlab::start().await;
+    let (keys, mint) = agent_tokens();
+    let kas = start_kas(keys, Some(gitlab.url()), None).await;
+    let token = mint(Some(7));
+    let agentk = start_agentk(&kas, token.clone()).await;
+    let client = agentk.module_client();
+
+    // The path, the query (Go's encoding), both auth headers, the body.
+    let body = br#"{"update_type":"full","workspace_agent_infos":[]}"#.to_vec();
+    let answer = client
+        .request(
+            "remote_development",
+            Method::POST,
+            "/reconcile?b=2&a=x%20y&b=1",
+            Some(body.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    assert_eq!(answer.body, "answer:201");
+    assert_eq!(answer.headers["x-answered"], "yes");
+    assert_eq!(answer.headers["content-type"], "application/json");
+    let seen = gitlab.next_module().await;
+    assert_eq!(seen.method, "POST");
+    assert_eq!(
+        seen.path,
+        "/api/v4/internal/kubernetes/modules/remote_development/reconcile"
+    );
+    assert_eq!(seen.query.as_deref(), Some("a=x+y&b=2&b=1"));
+    assert_eq!(seen.headers["gitlab-agent-api-request"], token.as_str());
+    assert_kas_jwt(&seen.headers);
+    assert!(seen.headers.get("authorization").is_none());
+    assert_eq!(seen.headers["content-type"], "application/json");
+    assert_eq!(seen.body, body);
+
+    // GitLab's status and body come back unchanged, whatever they are.
+    for status in [400u16, 500, 201] {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-answer-status", status.to_string().parse().unwrap());
+        let answer = client
+            .request_with(
+                "remote_development",
+                Method::GET,
+                "/prerequisites",
+                headers,
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.status, status);
+        assert_eq!(answer.body, format!("answer:{status}"));
+        let seen = gitlab.next_module().await;
+        assert_eq!(seen.method, "GET");
+        assert!(seen.body.is_empty());
+    }
+
+    // Large bodies both ways (3 MiB up, 5 MiB down), intact.
+    let big = pattern(3 << 20, 1);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-answer-size", (5u32 << 20).to_string().parse().unwrap());
+    let answer = client
+        .request_with(
+            "remote_development",
+            Method::POST,
+            "/reconcile",
+            headers,
+            Some(Bytes::from(big.clone())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    assert!(
+        answer.body == pattern(5 << 20, 7),
+        "the large answer differs"
+    );
+    let seen = gitlab.next_module().await;
+    assert!(seen.body == big, "the large request body differs");
+    // Streamed: GitLab got it chunked, not collected and re-sent with a length.
+    assert_eq!(seen.headers["transfer-encoding"], "chunked");
+    assert!(seen.headers.get("content-length").is_none());
+
+    // Through the raw protocol: the answer arrives as a header, many data messages
+    // of at most 32 KiB each, and a trailer.
+    let messages = raw_call(
+        &kas,
+        &token,
+        raw_request(
+            "remote_development",
+            "/reconcile",
+            &[("X-Answer-Size", "2097152")],
+            &pattern(1 << 20, 3),
+            100_000,
+        ),
+    )
+    .await
+    .unwrap();
+    let response::Message::Header(h) = &messages[0] else {
+        panic!("the first message is not the header: {:?}", messages[0]);
+    };
+    let r = h.response.as_ref().unwrap();
+    assert_eq!((r.status_code, r.status.as_str()), (201, "201 Created"));
+    assert!(matches!(
+        messages.last(),
+        Some(response::Message::Trailer(_))
+    ));
+    let data: Vec<&Vec<u8>> = messages
+        .iter()
+        .filter_map(|m| match m {
+            response::Message::Data(d) => Some(&d.data),
+            _ => None,
+        })
+        .collect();
+    assert!(data.len() >= 64, "{} data messages", data.len());
+    assert!(data.iter().all(|d| d.len() <= 32 << 10));
+    assert_eq!(data.iter().map(|d| d.len()).sum::<usize>(), 2 << 20);
+    assert_eq!(gitlab.next_module().await.body, pattern(1 << 20, 3));
+
+    // Counted by module and status class.
+    let count = |status: &str| {
+        metric(
+            &kas,
+            &format!(
+                "podgate_kas_module_requests_total{{module=\"remote_development\",status=\"{status}\"}}"
+            ),
+        )
+    };
+    assert_eq!((count("2xx"), count("4xx"), count("5xx")), (4, 1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades_bad_tokens_and_bad_requests_are_refused_before_gitlab() {
+    let mut gitlab = FakeGitlab::start().await;
+    let (keys, mint) = agent_tokens();
+    let kas = start_kas(keys, Some(gitlab.url()), None).await;
+    let token = mint(Some(7));
+
+    for headers in [
+        &[("Upgrade", "websocket"), ("Connection", "Upgrade")][..],
+        &[("connection", "keep-alive, upgrade")][..],
+    ] {
+        let e = raw_call(
+            &kas,
+            &token,
+            raw_request("remote_development", "/x", headers, b"", 10),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert_eq!(e.message(), "connection upgrade is not supported");
+    }
+    let e = raw_call(&kas, &token, raw_request("", "/x", &[], b"", 10))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = raw_call(
+        &kas,
+        &token,
+        raw_request(
+            "remote_development",
+            "/../../agent_configuration",
+            &[],
+            b"",
+            10,
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+
+    // A token kas does not accept, and no token at all.
+    let (_, other_mint) = agent_tokens();
+    for bad in [other_mint(Some(7)), "glagent-not-a-real-token".into()] {
+        let e = raw_call(
+            &kas,
+            &bad,
+            raw_request("remote_development", "/x", &[], b"{}", 10),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    }
+    let mut client = GitlabAccessClient::new(channel(kas.agent_addr()).await);
+    let e = client
+        .make_request(tonic::Request::new(tokio_stream::iter(raw_request(
+            "remote_development",
+            "/x",
+            &[],
+            b"",
+            10,
+        ))))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+
+    // Data for a request announced without a body: refused, and GitLab's request
+    // is aborted rather than completed.
+    let mut messages = raw_request("remote_development", "/x", &[], b"", 10);
+    messages.insert(
+        1,
+        Request {
+            message: Some(request::Message::Data(request::Data {
+                data: b"surprise".to_vec(),
+            })),
+        },
+    );
+    let e = raw_call(&kas, &token, messages).await;
+    // GitLab may have answered the empty request before kas read the data (then the
+    // body it saw is empty, below); else the call ends with kas's error.
+    if let Err(e) = e {
+        assert_eq!(e.code(), Code::Internal, "{e:?}");
+        assert_eq!(e.message(), "unexpected HttpRequest_Data message received");
+    }
+    // A request whose first message is not a header.
+    let e = raw_call(
+        &kas,
+        &token,
+        vec![Request {
+            message: Some(request::Message::Trailer(request::Trailer {})),
+        }],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+
+    // Nothing refused reached GitLab; a good request still does.
+    let agentk = start_agentk(&kas, token).await;
+    agentk
+        .module_client()
+        .request("remote_development", Method::GET, "/ok", None)
+        .await
+        .unwrap();
+    loop {
+        let seen = gitlab.next().await;
+        if seen.path.ends_with("/ok") {
+            break;
+        }
+        assert_eq!(
+            seen.path, "/api/v4/internal/kubernetes/modules/remote_development/x",
+            "only the bodiless request may have reached GitLab"
+        );
+        assert!(seen.body.is_empty());
+    }
+    assert!(gitlab.nothing());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_names_are_escaped_as_gitlab_escapes_them() {
+    let mut gitlab = FakeGitlab::start().await;
+    let (keys, mint) = agent_tokens();
+    let kas = start_kas(keys, Some(gitlab.url()), None).await;
+    let agentk = start_agentk(&kas, mint(Some(7))).await;
+    let answer = agentk
+        .module_client()
+        .request("my module/v2", Method::PUT, "/a b/c", Some(b"{}".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201);
+    let seen = gitlab.next_module().await;
+    assert_eq!(seen.method, "PUT");
+    // url.PathEscape on the name, then url.URL.String() escapes the whole path
+    // (the name's % again), as GitLab's kas writes it.
+    assert_eq!(
+        seen.path,
+        "/api/v4/internal/kubernetes/modules/my%2520module%252Fv2/a%20b/c"
+    );
+    let e = agentk
+        .module_client()
+        .request("", Method::GET, "/x", None)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("empty module name"), "{e}");
+    // Names that are not GitLab's modules are counted as "other".
+    assert_eq!(
+        metric(
+            &kas,
+            "podgate_kas_module_requests_total{module=\"other\",status=\"2xx\"}"
+        ),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitlab_down_is_unavailable_and_no_gitlab_is_failed_precondition() {
+    // A port nothing listens on.
+    let closed = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let (keys, mint) = agent_tokens();
+    let kas = start_kas(keys.clone(), Some(format!("http://{closed}")), None).await;
+    let agentk = start_agentk(&kas, mint(Some(7))).await;
+    let e = agentk
+        .module_client()
+        .request(
+            "remote_development",
+            Method::POST,
+            "/reconcile",
+            Some(b"{}".to_vec()),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::Unavailable), "{e}");
+    assert_eq!(
+        metric(
+            &kas,
+            "podgate_kas_module_requests_total{module=\"remote_development\",status=\"unavailable\"}"
+        ),
+        1
+    );
+
+    let kas = start_kas(keys, None, None).await;
+    let agentk = start_agentk(&kas, mint(Some(7))).await;
+    let e = agentk
+        .module_client()
+        .request("remote_development", Method::POST, "/reconcile", None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_configuration_reaches_agentk_and_gitlab_on_start_and_on_change() {
+    let mut gitlab = FakeGitlab::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("7.yaml");
+    let v1 = "remote_development:\n  enabled: true\n  dns_zone: ws.example.com\n";
+    write(&file, v1);
+    let (keys, mint) = agent_tokens();
+    let kas = start_kas(
+        keys,
+        Some(gitlab.url()),
+        Some(AgentConfigSource {
+            dir: dir.path().to_owned(),
+            poll: Duration::from_millis(50),
+        }),
+    )
+    .await;
+
+    // First sight: agentk's first message carries the file; GitLab gets it as JSON.
+    let token = mint(Some(7));
+    let agentk = start_agentk(&kas, token.clone()).await;
+    let mut config = agentk.config();
+    let first = config
+        .wait_for(|c| c.is_some())
+        .await
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert_eq!((first.agent_id, first.project_id), (7, 42));
+    assert_eq!(first.config_yaml, v1);
+    let post = gitlab.next().await;
+    assert_eq!(
+        (post.method.as_str(), post.path.as_str()),
+        ("POST", "/api/v4/internal/kubernetes/agent_configuration")
+    );
+    assert_kas_jwt(&post.headers);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&post.body).unwrap(),
+        serde_json::json!({"agent_id": 7, "agent_config": {
+            "remote_development": {"enabled": true, "dns_zone": "ws.example.com"}}})
+    );
+
+    // A second replica of the agent: same configuration, not posted again.
+    let (_, mut raw) = configuration_stream(channel(kas.agent_addr()).await, &token)
+        .await
+        .unwrap();
+
+    // A change reaches both replicas and GitLab.
+    let v2 = "remote_development:\n  enabled: false\n";
+    write(&file, v2);
+    let changed = config
+        .wait_for(|c| c.as_ref().is_some_and(|c| c.config_yaml == v2))
+        .await
+        .unwrap()
+        .clone()
+        .unwrap();
+    assert_eq!(changed.connection_id, first.connection_id);
+    assert_eq!(raw.message().await.unwrap().unwrap().config_yaml, v2);
+    assert_eq!(
+        gitlab.next_json().await,
+        serde_json::json!({"agent_id": 7, "agent_config": {"remote_development": {"enabled": false}}}),
+        "the second replica must not have posted v1 again"
+    );
+
+    // A broken file is not sent, not posted; the replicas keep v2.
+    let rejected = |kas: &Kas| metric(kas, "podgate_kas_agent_config_rejected_total");
+    write(&file, "remote_development: [unclosed\n");
+    // Both streams report it once each.
+    podgate_registry::testing::eventually(
+        Duration::from_secs(20),
+        "both streams to see the broken file",
+        || async { (rejected(&kas) >= 2).then_some(()) },
+    )
+    .await;
+    assert_eq!(agentk.config().borrow().as_ref().unwrap().config_yaml, v2);
+    // The next change after it is what arrives next.
+    let v3 = "";
+    write(&file, v3);
+    assert_eq!(raw.message().await.unwrap().unwrap().config_yaml, v3);
+    config
+        .wait_for(|c| c.as_ref().is_some_and(|c| c.config_yaml.is_empty()))
+        .await
+        .unwrap();
+    assert_eq!(
+        gitlab.next_json().await,
+        serde_json::json!({"agent_id": 7, "agent_config": {}})
+    );
+    assert!(gitlab.nothing());
+
+    // A missing file is an empty configuration.
+    let (_, mut other) = configuration_stream(channel(kas.agent_addr()).await, &mint(Some(8)))
+        .await
+        .unwrap();
+    assert_eq!(
+        gitlab.next_json().await,
+        serde_json::json!({"agent_id": 8, "agent_config": {}})
+    );
+    write(&dir.path().join("8.yaml"), "flux: {}\n");
+    assert_eq!(
+        other.message().await.unwrap().unwrap().config_yaml,
+        "flux: {}\n"
+    );
+    assert_eq!(
+        gitlab.next_json().await,
+        serde_json::json!({"agent_id": 8, "agent_config": {"flux": {}}})
+    );
+
+    // A stream that starts on an unusable file: "" first, nothing posted; the
+    // file fixed, both follow.
+    write(&dir.path().join("9.yaml"), "- not a mapping\n");
+    let mut stream = AgentConfigurationServiceClient::new(channel(kas.agent_addr()).await)
+        .get_configuration(bearer(
+            tonic::Request::new(GetConfigurationRequest::default()),
+            &mint(Some(9)),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stream.message().await.unwrap().unwrap().config_yaml, "");
+    write(&dir.path().join("9.yaml"), "gitops: {}\n");
+    assert_eq!(
+        stream.message().await.unwrap().unwrap().config_yaml,
+        "gitops: {}\n"
+    );
+    assert_eq!(
+        gitlab.next_json().await,
+        serde_json::json!({"agent_id": 9, "agent_config": {"gitops": {}}})
+    );
+}
+
+/// The whole path against the real Pod simulator (GitLab's side): the agent's
+/// configuration file reaches GitLab through kas's `agent_configuration` post, and
+/// agentk's module requests through kas are authenticated by GitLab with both
+/// headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_the_pod_simulator() {
+    use podgate_agent::testing::workspaces::pod_sim_config;
+    use podgate_loadtest::pod_sim::PodSim;
+    let tokens = podgate_agent::testing::fixtures::AgentTokens::new(1);
+    let sim = PodSim::start(pod_sim_config(1, &[7], &tokens))
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("7.yaml"),
+        "remote_development:\n  enabled: true\n  dns_zone: workspaces.example.dev\n",
+    );
+    let kas = start_kas(
+        tokens.keys(),
+        Some(format!("http://{}", sim.addr())),
+        Some(AgentConfigSource {
+            dir: dir.path().to_owned(),
+            poll: Duration::from_millis(50),
+        }),
+    )
+    .await;
+    let agentk = start_agentk(&kas, tokens.mint(Some(7))).await;
+    // GitLab answered kas's post (204).
+    podgate_registry::testing::eventually(
+        Duration::from_secs(20),
+        "kas to post the agent configuration",
+        || async {
+            (metric(&kas, "podgate_kas_agent_config_posts_total{result=\"ok\"}") >= 1).then_some(())
+        },
+    )
+    .await;
+    let client = agentk.module_client();
+    let answer = client
+        .request("remote_development", Method::GET, "/prerequisites", None)
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&answer.body).unwrap(),
+        serde_json::json!({"shared_namespace": ""})
+    );
+    let answer = client
+        .request(
+            "remote_development",
+            Method::POST,
+            "/reconcile",
+            Some(br#"{"update_type":"full","workspace_agent_infos":[]}"#.to_vec()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 201, "{:?}", answer.body);
+    let payload: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(payload["workspace_rails_infos"], serde_json::json!([]));
+    assert!(payload["settings"].is_object(), "{payload}");
+    // GitLab's 400 comes back as GitLab wrote it.
+    let answer = client
+        .request(
+            "remote_development",
+            Method::POST,
+            "/reconcile",
+            Some(br#"{"update_type":"sometimes"}"#.to_vec()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 400);
+    let text = String::from_utf8_lossy(&answer.body);
+    assert!(
+        text.contains("Workspace reconcile params validation failed"),
+        "{text}"
+    );
+    // An agent kas accepts but GitLab does not know: GitLab's 401, unchanged.
+    let stranger = start_agentk(&kas, tokens.mint(Some(99))).await;
+    let answer = stranger
+        .module_client()
+        .request("remote_development", Method::GET, "/prerequisites", None)
+        .await
+        .unwrap();
+    assert_eq!(answer.status, 401);
+}

@@ -1,0 +1,419 @@
+//! Long polls held at the edge: `jobs/request` polls of a Pod that opts in
+//! (`runner_queue_redis` on its [`Pod`](podgate_registry::Pod)) wait **in the proxy**,
+//! with no upstream connection, exactly as the Pod's Workhorse would hold them.
+//!
+//! GitLab keeps one queue key per runner in the Pod's Redis,
+//! `runner:build_queue:<runner token>`, and announces every new value on
+//! `workhorse:notifications:runner:build_queue:<runner token>`
+//! (`Gitlab::Workhorse.set_key_and_notify`). Workhorse holds a poll while the key
+//! still equals the runner's `last_update` (`workhorse/internal/builds/register.go`
+//! `RegisterHandler`, `workhorse/internal/redis/keywatcher.go` `WatchKey`). The proxy
+//! does the same for every opted-in Pod ([`PodPolls::hold`]), in keywatcher order:
+//!
+//! 1. eligible like Workhorse ([`RunnerRequest::read`]: JSON, ≤ 32 KiB, non-empty
+//!    `token` and `last_update`), else forwarded (`ineligible`);
+//! 2. the waiter is registered on the Pod's watch ([`watcher`]), then the key is read
+//!    with `GET`; no live watch, or the `GET` fails: forwarded (`fail_open`);
+//! 3. the key differs from `last_update` (or is missing): forwarded at once
+//!    (`stale`, Workhorse's `already-changed`: Rails answers);
+//! 4. else held up to `edge_poll_hold_secs` (GitLab.com's `apiCiLongPollingDuration`,
+//!    50 s):
+//!    - a notification with another value: **forwarded** at once (`changed`). Here
+//!      the edge departs from Workhorse, which answers `seen-change` with a 204 and
+//!      lets the runner ask again: the forwarded poll reaches the Pod's Workhorse
+//!      with the old `last_update`, which sees `already-changed` and passes it to
+//!      Rails, so the runner gets its job one round trip sooner;
+//!    - a notification with the same value: 204 at once (`no_change`, as Workhorse);
+//!    - the hold ends: the proxy answers **204** itself, with
+//!      `X-GitLab-Last-Update: <last_update>` and `Gitlab-Ci-Builds-Polling: yes`
+//!      (`timeout`);
+//!    - the Pod's Redis goes away during the hold: forwarded (`fail_open`), never
+//!      stuck;
+//!    - the client goes away: its waiter is released (`client_gone`);
+//!    - the proxy shuts down: 204 at once (Workhorse's `kw.shutdown`, counted as
+//!      `no_change`).
+//!
+//! [`EdgePolls`] keeps one watch per opted-in Pod, following the topology as the
+//! upstream pools do ([`EdgePollsService`]). Metrics: `podgate_proxy_edge_polls_held`,
+//! `podgate_proxy_edge_polls_total{result}`, `podgate_proxy_edge_poll_redis_up`,
+//! `podgate_proxy_edge_poll_redis_errors_total`, all per Pod. Logs name a runner by
+//! its token's fingerprint only.
+
+pub mod request;
+pub mod watcher;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::ServiceReadyNotifier;
+use pingora::services::background::BackgroundService;
+use podgate_registry::Topology;
+use podgate_tokens::PodId;
+use prometheus::{IntCounter, IntGauge};
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::metrics::METRICS;
+use crate::server::RegistryHandle;
+pub use request::RunnerRequest;
+use watcher::{Wake, Watcher};
+
+/// The queue key prefix (Workhorse's `runnerBuildQueue`).
+pub const KEY_PREFIX: &str = "runner:build_queue:";
+/// The notification channel prefix (Workhorse's `channelPrefix`).
+pub const CHANNEL_PREFIX: &str = "workhorse:notifications:";
+/// The rule whose polls are held (the built-in `POST /api/v4/jobs/request` rule;
+/// a custom rule set gets edge holds by naming its rule so).
+pub const JOBS_REQUEST_RULE: &str = "jobs-request";
+/// `edge_poll_hold_secs` by default: GitLab.com's `apiCiLongPollingDuration`.
+pub const DEFAULT_HOLD_SECS: u64 = 50;
+
+/// Why a Pod's runner queue Redis could not be watched. Never fatal: that Pod's
+/// polls are forwarded meanwhile.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Redis refused or failed a command, or the connection failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// No answer in time.
+    #[error("{0}: no answer in time")]
+    Timeout(&'static str),
+    /// The pub/sub connection closed.
+    #[error("the pub/sub connection closed")]
+    Closed,
+}
+
+/// How one poll ended, as counted in `podgate_proxy_edge_polls_total{result}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollResult {
+    /// Held until the hold ended: 204 from the proxy.
+    Timeout,
+    /// Woken by a new value: forwarded.
+    Changed,
+    /// A notification with the same value, or shutdown: 204 from the proxy.
+    NoChange,
+    /// The key already differed: forwarded at once.
+    Stale,
+    /// No live watch, a failed `GET`, or the connection broke during the hold:
+    /// forwarded.
+    FailOpen,
+    /// Not a poll Workhorse would hold: forwarded.
+    Ineligible,
+    /// The client went away during the hold.
+    ClientGone,
+}
+
+impl PollResult {
+    /// Every result, in label order.
+    pub const ALL: [PollResult; 7] = [
+        PollResult::Timeout,
+        PollResult::Changed,
+        PollResult::NoChange,
+        PollResult::Stale,
+        PollResult::FailOpen,
+        PollResult::Ineligible,
+        PollResult::ClientGone,
+    ];
+
+    /// The `result` label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PollResult::Timeout => "timeout",
+            PollResult::Changed => "changed",
+            PollResult::NoChange => "no_change",
+            PollResult::Stale => "stale",
+            PollResult::FailOpen => "fail_open",
+            PollResult::Ineligible => "ineligible",
+            PollResult::ClientGone => "client_gone",
+        }
+    }
+}
+
+/// What to do with a poll.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Forward it to the Pod.
+    Forward(PollResult),
+    /// Answer 204 with `X-GitLab-Last-Update: <last_update>`.
+    NoContent(PollResult, String),
+    /// The client went away: nothing to answer.
+    ClientGone,
+}
+
+/// One Pod's metric children, looked up once.
+#[derive(Clone)]
+pub(crate) struct PodMetrics {
+    held: IntGauge,
+    pub(crate) up: IntGauge,
+    pub(crate) errors: IntCounter,
+    results: [IntCounter; 7],
+}
+
+impl PodMetrics {
+    fn new(pod: PodId) -> Self {
+        let pod = pod.to_string();
+        PodMetrics {
+            held: METRICS.edge_polls_held.with_label_values(&[pod.as_str()]),
+            up: METRICS
+                .edge_poll_redis_up
+                .with_label_values(&[pod.as_str()]),
+            errors: METRICS
+                .edge_poll_redis_errors
+                .with_label_values(&[pod.as_str()]),
+            results: PollResult::ALL.map(|r| {
+                METRICS
+                    .edge_polls
+                    .with_label_values(&[pod.as_str(), r.as_str()])
+            }),
+        }
+    }
+
+    fn count(&self, r: PollResult) {
+        self.results[r as usize].inc();
+    }
+
+    fn forget(pod: PodId) {
+        let pod = pod.to_string();
+        let _ = METRICS
+            .edge_poll_redis_up
+            .remove_label_values(&[pod.as_str()]);
+        let _ = METRICS.edge_polls_held.remove_label_values(&[pod.as_str()]);
+    }
+}
+
+/// `podgate_proxy_edge_polls_held{pod}` for as long as it lives.
+struct Held(IntGauge);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Every opted-in Pod's watch.
+pub struct EdgePolls {
+    hold: Duration,
+    watchers: ArcSwap<HashMap<PodId, Arc<Watcher>>>,
+    shutting_down: AtomicBool,
+}
+
+/// One opted-in Pod, for one poll.
+pub struct PodPolls {
+    hold: Duration,
+    watcher: Arc<Watcher>,
+}
+
+impl EdgePolls {
+    /// No Pod watched yet; polls are held up to `hold` ([`EdgePolls::apply`] starts
+    /// the watches).
+    pub fn new(hold: Duration) -> Self {
+        EdgePolls {
+            hold,
+            watchers: ArcSwap::default(),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    /// The opted-in Pod `pod` (`None`: its polls are not touched at all).
+    pub fn pod(&self, pod: PodId) -> Option<PodPolls> {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.watchers.load().get(&pod).map(|w| PodPolls {
+            hold: self.hold,
+            watcher: w.clone(),
+        })
+    }
+
+    /// Watch the Pods of `topology` that set `runner_queue_redis`: a Pod whose URL is
+    /// unchanged keeps its watch; a new or changed one gets a new watch (spawned on
+    /// the current runtime); a Pod gone, or no longer opted in, stops its watch and
+    /// its held polls are forwarded.
+    pub fn apply(&self, topology: &Topology) {
+        if self.shutting_down.load(Ordering::Relaxed) {
+            return;
+        }
+        let old = self.watchers.load_full();
+        let mut next = HashMap::new();
+        for pod in topology.pods.values() {
+            let Some(url) = &pod.runner_queue_redis else {
+                continue;
+            };
+            let w = match old.get(&pod.id) {
+                Some(w) if &w.url == url => w.clone(),
+                _ => Arc::new(Watcher::start(pod.id, url, PodMetrics::new(pod.id))),
+            };
+            next.insert(pod.id, w);
+        }
+        self.watchers.store(Arc::new(next.clone()));
+        // Requests in flight may still hold a replaced watch: stop it explicitly so
+        // its held polls are forwarded now.
+        for (id, w) in old.iter() {
+            match next.get(id) {
+                Some(n) if Arc::ptr_eq(n, w) => {}
+                Some(_) => w.stop(&Wake::Broken),
+                None => {
+                    w.stop(&Wake::Broken);
+                    PodMetrics::forget(*id);
+                }
+            }
+        }
+    }
+
+    /// Stop every watch: held polls are answered 204 now, new ones are forwarded.
+    pub fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+        let old = self.watchers.swap(Arc::default());
+        for w in old.values() {
+            w.stop(&Wake::Shutdown);
+        }
+    }
+
+    /// Follow `topologies` until `shutdown`, then [`EdgePolls::shutdown`].
+    pub async fn run(
+        &self,
+        mut topologies: watch::Receiver<Arc<Topology>>,
+        mut shutdown: ShutdownWatch,
+    ) {
+        let first = topologies.borrow_and_update().clone();
+        self.apply(&first);
+        loop {
+            tokio::select! {
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+                r = topologies.changed() => {
+                    if r.is_err() {
+                        break;
+                    }
+                    let t = topologies.borrow_and_update().clone();
+                    self.apply(&t);
+                }
+            }
+        }
+        self.shutdown();
+    }
+}
+
+impl PodPolls {
+    /// Decide one `jobs/request` poll of this Pod (`request`: what
+    /// [`RunnerRequest::read`] found, `None` when Workhorse would not watch it),
+    /// holding it if its ticket is current. `client_gone` completes when the client
+    /// closes its connection. Counts the result.
+    pub async fn hold<F: Future<Output = ()>>(
+        &self,
+        request: Option<RunnerRequest>,
+        client_gone: F,
+    ) -> Verdict {
+        let verdict = self.decide(request, client_gone).await;
+        let metrics = &self.watcher.shared.metrics;
+        match &verdict {
+            Verdict::Forward(r) | Verdict::NoContent(r, _) => metrics.count(*r),
+            Verdict::ClientGone => metrics.count(PollResult::ClientGone),
+        }
+        verdict
+    }
+
+    async fn decide<F: Future<Output = ()>>(
+        &self,
+        request: Option<RunnerRequest>,
+        client_gone: F,
+    ) -> Verdict {
+        let shared = &self.watcher.shared;
+        let Some(request) = request else {
+            return Verdict::Forward(PollResult::Ineligible);
+        };
+        // `WatchKey`: subscribe first, then read the key, so no change between the
+        // two is missed.
+        let Some((mut registration, mut conn)) = shared.register(&request.token) else {
+            return Verdict::Forward(PollResult::FailOpen);
+        };
+        let key = format!("{KEY_PREFIX}{}", request.token);
+        let current = tokio::time::timeout(
+            watcher::RESPONSE_TIMEOUT,
+            redis::cmd("GET")
+                .arg(&key)
+                .query_async::<Option<Vec<u8>>>(&mut conn),
+        )
+        .await;
+        let current = match current {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                return self.get_failed(&request, &e.to_string());
+            }
+            Err(_) => return self.get_failed(&request, "no answer in time"),
+        };
+        // A missing key reads as "" (which `last_update` never is).
+        if current.as_deref().unwrap_or_default() != request.last_update.as_bytes() {
+            return Verdict::Forward(PollResult::Stale);
+        }
+        shared.metrics.held.inc();
+        let _held = Held(shared.metrics.held.clone());
+        tokio::select! {
+            woken = &mut registration.rx => match woken {
+                Ok(Wake::Value(v)) if v == request.last_update.as_bytes() => {
+                    Verdict::NoContent(PollResult::NoChange, request.last_update)
+                }
+                Ok(Wake::Value(_)) => Verdict::Forward(PollResult::Changed),
+                Ok(Wake::Shutdown) => Verdict::NoContent(PollResult::NoChange, request.last_update),
+                Ok(Wake::Broken) | Err(_) => Verdict::Forward(PollResult::FailOpen),
+            },
+            () = tokio::time::sleep(self.hold) => {
+                Verdict::NoContent(PollResult::Timeout, request.last_update)
+            }
+            () = client_gone => Verdict::ClientGone,
+        }
+    }
+
+    fn get_failed(&self, request: &RunnerRequest, error: &str) -> Verdict {
+        let shared = &self.watcher.shared;
+        shared.metrics.errors.inc();
+        shared.suspect();
+        tracing::warn!(
+            pod = %shared.pod,
+            runner = %podgate_tokens::fingerprint(&request.token),
+            error,
+            "edge polls: GET of the runner's queue key failed; forwarded"
+        );
+        Verdict::Forward(PollResult::FailOpen)
+    }
+}
+
+/// [`EdgePolls::run`] as a pingora background service, on the registry that
+/// `server`'s registry service opens. Its watches live on this service's runtime.
+pub struct EdgePollsService {
+    polls: Arc<EdgePolls>,
+    registry: RegistryHandle,
+}
+
+impl EdgePollsService {
+    /// Follow `registry`'s topology (once it is open) with `polls`.
+    pub fn new(polls: Arc<EdgePolls>, registry: RegistryHandle) -> Self {
+        EdgePollsService { polls, registry }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for EdgePollsService {
+    async fn start_with_ready_notifier(
+        &self,
+        shutdown: ShutdownWatch,
+        ready: ServiceReadyNotifier,
+    ) {
+        let registry = self.registry.wait().await;
+        // Ready at once: a Pod whose watch is not up yet has its polls forwarded.
+        ready.notify_ready();
+        self.polls.run(registry.watch_topology(), shutdown).await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

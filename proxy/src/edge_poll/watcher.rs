@@ -1,0 +1,357 @@
+//! One Pod's watch on its runners' queue keys, as Workhorse's `KeyWatcher`
+//! (`workhorse/internal/redis/keywatcher.go`) keeps it, for every runner at once:
+//!
+//! - **one pub/sub connection** with one `PSUBSCRIBE
+//!   workhorse:notifications:runner:build_queue:*` (Workhorse subscribes per key on its
+//!   one connection; a pattern covers every runner of the Pod without a subscription
+//!   per poll), and a multiplexed connection for `GET`;
+//! - a **waiter map** keyed by runner token: a notification wakes every poll held on
+//!   that token with the published value (`notifySubscribers`); one nobody waits on is
+//!   dropped (`drop-message`);
+//! - **fail open**: no connection → no waiter can register (`addSubscription`'s "no
+//!   redis connection"); when the connection breaks every held waiter is woken with
+//!   `Wake::Broken` (`receivePubSubStream` closing its channels) and the poll is
+//!   forwarded. A `PING` every [`PING_EVERY`] (and after a failed `GET`) notices a
+//!   connection that died without closing;
+//! - **reconnect** with back-off, 100 ms doubling to [`BACKOFF_MAX`] with jitter
+//!   (`reconnectBackoff`), the pattern subscribed before any waiter may register.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt;
+use podgate_tokens::PodId;
+use redis::aio::MultiplexedConnection;
+use tokio::sync::{Notify, oneshot};
+
+use super::{CHANNEL_PREFIX, Error, KEY_PREFIX, PodMetrics};
+
+/// The pattern every queue key's notifications match.
+pub const PATTERN: &str = "workhorse:notifications:runner:build_queue:*";
+/// Connecting (each connection) may take this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A `GET` (or `PING`) may take this long; then the poll is forwarded.
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often both connections are pinged.
+pub const PING_EVERY: Duration = Duration::from_secs(5);
+/// First pause before reconnecting (Workhorse: 100 ms).
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest pause before reconnecting (Workhorse: 60 s; shorter here, since every poll
+/// is forwarded meanwhile).
+pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// Why a held poll was woken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// A notification on its key carried this value.
+    Value(Vec<u8>),
+    /// The connection broke (or the Pod's watch was stopped): forward.
+    Broken,
+    /// The proxy is shutting down: answer now (Workhorse's `kw.shutdown`).
+    Shutdown,
+}
+
+struct Slot {
+    id: u64,
+    tx: oneshot::Sender<Wake>,
+}
+
+#[derive(Default)]
+struct State {
+    /// `Some` while the subscription is live: waiters may register.
+    conn: Option<MultiplexedConnection>,
+    /// Held polls by runner token.
+    waiters: HashMap<String, Vec<Slot>>,
+    next_id: u64,
+    /// No more waiters, ever.
+    stopped: bool,
+}
+
+impl State {
+    /// Wake every waiter with `why` and forget them all.
+    fn wake_all(&mut self, why: &Wake) {
+        for (_, slots) in self.waiters.drain() {
+            for s in slots {
+                let _ = s.tx.send(why.clone());
+            }
+        }
+    }
+}
+
+/// What the watch task and the request path share.
+pub(crate) struct Shared {
+    pub(crate) pod: PodId,
+    state: Mutex<State>,
+    /// Ping now (a `GET` failed).
+    suspect: Notify,
+    pub(crate) metrics: PodMetrics,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `addSubscription`: register a waiter on `token`'s key, and a connection for
+    /// its `GET`. `None`: no live subscription (forward).
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        token: &str,
+    ) -> Option<(Registration, MultiplexedConnection)> {
+        let mut st = self.lock();
+        let conn = st.conn.clone()?;
+        let id = st.next_id;
+        st.next_id += 1;
+        let (tx, rx) = oneshot::channel();
+        st.waiters
+            .entry(token.to_owned())
+            .or_default()
+            .push(Slot { id, tx });
+        drop(st);
+        Some((
+            Registration {
+                shared: self.clone(),
+                token: token.to_owned(),
+                id,
+                rx,
+            },
+            conn,
+        ))
+    }
+
+    /// A `GET` failed: check the connections now.
+    pub(crate) fn suspect(&self) {
+        self.suspect.notify_one();
+    }
+
+    /// `notifySubscribers`: wake the waiters on `token` with `value`.
+    fn notify(&self, token: &str, value: &[u8]) {
+        let slots = self.lock().waiters.remove(token);
+        for s in slots.into_iter().flatten() {
+            let _ = s.tx.send(Wake::Value(value.to_vec()));
+        }
+    }
+
+    /// The subscription is live: waiters may register.
+    fn up(&self, conn: MultiplexedConnection) {
+        let mut st = self.lock();
+        if !st.stopped {
+            st.conn = Some(conn);
+            self.metrics.up.set(1);
+        }
+    }
+
+    /// The subscription is gone: forward every held poll, register none.
+    fn down(&self) {
+        let mut st = self.lock();
+        st.conn = None;
+        st.wake_all(&Wake::Broken);
+        self.metrics.up.set(0);
+    }
+
+    /// No more waiters; wake the held ones with `why`.
+    pub(crate) fn stop(&self, why: &Wake) {
+        let mut st = self.lock();
+        st.stopped = true;
+        st.conn = None;
+        st.wake_all(why);
+    }
+
+    /// Polls held now.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.lock().waiters.values().map(Vec::len).sum()
+    }
+}
+
+/// A registered waiter; dropping it unregisters it (`delSubscription`).
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    token: String,
+    id: u64,
+    /// Woken once.
+    pub(crate) rx: oneshot::Receiver<Wake>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        if let Some(slots) = st.waiters.get_mut(&self.token) {
+            slots.retain(|s| s.id != self.id);
+            if slots.is_empty() {
+                st.waiters.remove(&self.token);
+            }
+        }
+    }
+}
+
+/// A Pod's watch: its shared state and the task keeping the subscription. Dropping
+/// it stops the task and forwards the polls it held.
+pub(crate) struct Watcher {
+    /// The Redis URL watched.
+    pub(crate) url: String,
+    pub(crate) shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watcher {
+    /// Start watching `url` for Pod `pod` (on the current tokio runtime).
+    pub(crate) fn start(pod: PodId, url: &str, metrics: PodMetrics) -> Watcher {
+        metrics.up.set(0);
+        let shared = Arc::new(Shared {
+            pod,
+            state: Mutex::default(),
+            suspect: Notify::new(),
+            metrics,
+        });
+        let task = tokio::spawn(run(url.to_owned(), shared.clone()));
+        Watcher {
+            url: url.to_owned(),
+            shared,
+            task,
+        }
+    }
+}
+
+impl Watcher {
+    /// Stop the task; held polls are woken with `why`, none register any more.
+    pub(crate) fn stop(&self, why: &Wake) {
+        self.task.abort();
+        self.shared.stop(why);
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop(&Wake::Broken);
+    }
+}
+
+/// A pause of about `base`, ±25 %, so Pods whose Redis came back together do not
+/// reconnect in step.
+fn jittered(base: Duration) -> Duration {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let quarter = base / 4;
+    let spread = u32::try_from(quarter.as_micros())
+        .unwrap_or(u32::MAX)
+        .max(1);
+    base - quarter + Duration::from_micros(u64::from(nanos % (2 * spread)))
+}
+
+async fn connect(
+    client: &redis::Client,
+) -> Result<(redis::aio::PubSub, MultiplexedConnection), Error> {
+    let timed = |what: &'static str| move |_| Error::Timeout(what);
+    let mut pubsub = tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub())
+        .await
+        .map_err(timed("connect (pub/sub)"))??;
+    tokio::time::timeout(RESPONSE_TIMEOUT, pubsub.psubscribe(PATTERN))
+        .await
+        .map_err(timed("PSUBSCRIBE"))??;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT));
+    let conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    Ok((pubsub, conn))
+}
+
+/// `PING` both connections.
+async fn ping(
+    sink: &mut redis::aio::PubSubSink,
+    conn: &mut MultiplexedConnection,
+) -> Result<(), Error> {
+    tokio::time::timeout(RESPONSE_TIMEOUT, sink.ping::<redis::Value>())
+        .await
+        .map_err(|_| Error::Timeout("PING (pub/sub)"))??;
+    redis::cmd("PING").query_async::<redis::Value>(conn).await?;
+    Ok(())
+}
+
+/// `Process`: keep the subscription, deliver notifications, reconnect.
+async fn run(url: String, shared: Arc<Shared>) {
+    let pod = shared.pod;
+    let client = match redis::Client::open(url.as_str()) {
+        Ok(c) => c,
+        Err(e) => {
+            shared.metrics.errors.inc();
+            tracing::error!(%pod, error = %e, "edge polls: runner_queue_redis cannot be used; this Pod's polls are forwarded");
+            return;
+        }
+    };
+    let mut backoff = BACKOFF_MIN;
+    let mut failing = false;
+    loop {
+        let (pubsub, mut conn) = match connect(&client).await {
+            Ok(c) => c,
+            Err(e) => {
+                shared.metrics.errors.inc();
+                if failing {
+                    tracing::debug!(%pod, error = %e, retry_in = ?backoff, "edge polls: runner queue Redis still unreachable");
+                } else {
+                    tracing::warn!(%pod, error = %e, retry_in = ?backoff, "edge polls: runner queue Redis unreachable; this Pod's polls are forwarded");
+                }
+                failing = true;
+                tokio::time::sleep(jittered(backoff)).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        let (mut sink, mut stream) = pubsub.split();
+        shared.up(conn.clone());
+        backoff = BACKOFF_MIN;
+        failing = false;
+        tracing::info!(%pod, "edge polls: watching the Pod's runner queue keys");
+        let mut tick = tokio::time::interval(PING_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.reset();
+        let broken = loop {
+            tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(msg) => {
+                        if let Some(token) = msg.get_channel_name().strip_prefix(CHANNEL_PREFIX).and_then(|k| k.strip_prefix(KEY_PREFIX)) {
+                            shared.notify(token, msg.get_payload_bytes());
+                        }
+                    }
+                    None => break Error::Closed,
+                },
+                _ = tick.tick() => {
+                    if let Err(e) = ping(&mut sink, &mut conn).await {
+                        break e;
+                    }
+                }
+                () = shared.suspect.notified() => {
+                    if let Err(e) = ping(&mut sink, &mut conn).await {
+                        break e;
+                    }
+                }
+            }
+        };
+        shared.down();
+        shared.metrics.errors.inc();
+        tracing::warn!(%pod, error = %broken, retry_in = ?backoff, "edge polls: runner queue Redis connection lost; held polls forwarded");
+        drop((sink, stream, conn));
+        tokio::time::sleep(jittered(backoff)).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_a_quarter() {
+        for base in [BACKOFF_MIN, Duration::from_secs(1), BACKOFF_MAX] {
+            let d = jittered(base);
+            assert!(
+                d >= base - base / 4 && d <= base + base / 4,
+                "{base:?}: {d:?}"
+            );
+        }
+    }
+}
