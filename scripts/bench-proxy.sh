@@ -22,6 +22,10 @@
 # prints them with the ratios against HAProxy as the headline, and writes all of it,
 # every sample included, to JSON (default target/bench-proxy.json).
 #
+# podgate runs twice: as configured by default (`podgate`: runner requests on the HTTP/1
+# fast path) and with `fast_path = false` (`pingora`: every request through
+# pingora-proxy), so the two paths are compared in the same run (PINGORA=0 skips it).
+#
 # Three request shapes (TOKENS): the token in the JSON body as a JWT (`jwt`) and as a
 # GitLab v1 token (`v1`), as old runners send it, and a new runner's `RUNNER-TOKEN`
 # header with the same token in the body (`hdr`: the proxy reads the body too, to check
@@ -78,6 +82,8 @@ wait_port() {
   return 1
 }
 UP=$(port); PG=$(port); HA=$(port); NX=$(port); ADMIN=$(port); PB=$(port); ADMIN_B=$(port)
+PP=$(port); ADMIN_P=$(port)
+PINGORA=${PINGORA:-1}
 
 # The upstream: nginx answering like a Pod's Workhorse, 200 with a small JSON body.
 cat > "$W/upstream.conf" <<EOF
@@ -150,11 +156,18 @@ web = ["127.0.0.1:$UP"]
 EOF
 $PODGATE proxy --config "$W/proxy.toml" & PIDS+=($!); PID_podgate=$!
 TARGETS="direct:$UP podgate:$PG haproxy:$HA nginx:$NX"
+if [ "$PINGORA" = 1 ]; then
+  { echo "fast_path = false"
+    sed -e "s/127.0.0.1:$PG/127.0.0.1:$PP/" -e "s/127.0.0.1:$ADMIN/127.0.0.1:$ADMIN_P/" "$W/proxy.toml"
+  } > "$W/pingora.toml"
+  $PODGATE proxy --config "$W/pingora.toml" & PIDS+=($!); PID_pingora=$!
+  TARGETS="direct:$UP pingora:$PP podgate:$PG haproxy:$HA nginx:$NX"
+fi
 if [ -n "$BASELINE" ]; then
   sed -e "s/127.0.0.1:$PG/127.0.0.1:$PB/" -e "s/127.0.0.1:$ADMIN/127.0.0.1:$ADMIN_B/" \
     "$W/proxy.toml" > "$W/baseline.toml"
   "$BASELINE" proxy --config "$W/baseline.toml" & PIDS+=($!); PID_before=$!
-  TARGETS="direct:$UP before:$PB podgate:$PG haproxy:$HA nginx:$NX"
+  TARGETS="direct:$UP before:$PB ${TARGETS#direct:$UP }"
 fi
 
 for t in $TARGETS; do wait_port "${t##*:}"; done

@@ -195,6 +195,12 @@ pub struct ProxyConfig {
     /// however steadily it trickles in; then the connection is closed (default 30000).
     #[serde(default = "default_head_timeout")]
     pub head_timeout_ms: u64,
+    /// Serve runner and job requests on the plaintext listener with the HTTP/1 fast
+    /// path ([`crate::fast`]), which routes exactly as pingora-proxy's service and
+    /// hands it everything else (default true). `false`: every request through
+    /// pingora-proxy.
+    #[serde(default = "default_true")]
+    pub fast_path: bool,
     /// An HTTPS listener.
     #[serde(default)]
     pub tls: Option<TlsConfig>,

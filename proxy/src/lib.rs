@@ -17,6 +17,9 @@
 //! - [`decision`]: tokens + topology → forward, 400, 401 or 503. Pure and tested.
 //! - [`service`]: [`service::PodGate`], the pingora `ProxyHttp` implementation;
 //!   [`body`]: the body prefix it reads before routing.
+//! - [`fast`]: the HTTP/1 fast path for runner and job endpoints, a pingora
+//!   `ServerApp` in front of that service that routes with the same `PodGate` and
+//!   hands every other request to it.
 //! - [`config`] and [`server`]: `proxy.toml` and `podgate proxy`.
 //!
 //! ## The routing contract
@@ -61,10 +64,12 @@
 //!   binary started with `--upgrade`.
 
 pub mod admin;
+mod answer;
 pub mod body;
 pub mod config;
 pub mod decision;
 pub mod edge_poll;
+pub mod fast;
 pub mod health;
 pub mod metrics;
 pub mod params;

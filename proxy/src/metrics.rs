@@ -55,6 +55,10 @@ pub struct Metrics {
     /// `podgate_proxy_edge_poll_redis_errors_total{pod}`: failed connections,
     /// commands and lost subscriptions to a Pod's runner queue Redis.
     pub edge_poll_redis_errors: IntCounterVec,
+    /// `podgate_proxy_fast_path_requests_total{result}`: HTTP/1 requests the fast
+    /// path ([`crate::fast`]) served (`served`), or handed to pingora-proxy, by why
+    /// (`tls`, `head`, `framing`, `rule`, `body`, `upgrade`, …).
+    pub fast_path: IntCounterVec,
 }
 
 impl Metrics {
@@ -140,6 +144,13 @@ impl Metrics {
                 ),
                 &["pod"],
             )?,
+            fast_path: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_fast_path_requests_total",
+                    "HTTP/1 requests served by the fast path, or handed to pingora-proxy (by reason).",
+                ),
+                &["result"],
+            )?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.duration.clone()))?;
@@ -153,6 +164,7 @@ impl Metrics {
         registry.register(Box::new(m.edge_polls.clone()))?;
         registry.register(Box::new(m.edge_poll_redis_up.clone()))?;
         registry.register(Box::new(m.edge_poll_redis_errors.clone()))?;
+        registry.register(Box::new(m.fast_path.clone()))?;
         Ok(m)
     }
 

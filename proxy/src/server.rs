@@ -33,6 +33,7 @@ use tokio::sync::Notify;
 use crate::admin::Admin;
 use crate::config::{Error, ProxyConfig};
 use crate::edge_poll::{EdgePolls, EdgePollsService};
+use crate::fast::FastPath;
 use crate::rules;
 use crate::service::PodGate;
 use crate::upstreams::discovery::SystemResolver;
@@ -167,7 +168,7 @@ pub struct RunOptions {
 /// - SIGINT: exit now.
 ///
 /// Returns only on a start-up error.
-pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
+pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
     check_registry(&config)?;
     let keys = if config.keys.is_empty() {
         KeySet::new()
@@ -217,7 +218,7 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         ..ServerConf::default()
     };
     let opt = Opt {
-        upgrade: options.upgrade,
+        upgrade: run_options.upgrade,
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
@@ -247,16 +248,20 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         server.add_service(background_service(&format!("{pool} health checks"), health));
     }
 
-    let mut service = pingora::proxy::http_proxy_service(&server.configuration, pod_gate);
-    if let Some(app) = service.app_logic_mut() {
-        let mut options = HttpServerOptions::default();
-        options.h2c = config.h2c;
-        // A request head must be complete within `head_timeout_ms` of its first byte
-        // (a pingora patch, vendor/README.md): a head trickled in one line at a time
-        // would otherwise hold its connection forever.
-        options.h1_header_deadline = Some(std::time::Duration::from_millis(config.head_timeout_ms));
-        app.server_options = Some(options);
-    }
+    let mut proxy = pingora::proxy::http_proxy(&server.configuration, pod_gate.clone());
+    let mut options = HttpServerOptions::default();
+    options.h2c = config.h2c;
+    // A request head must be complete within `head_timeout_ms` of its first byte
+    // (a pingora patch, vendor/README.md): a head trickled in one line at a time
+    // would otherwise hold its connection forever.
+    let head_timeout = std::time::Duration::from_millis(config.head_timeout_ms);
+    options.h1_header_deadline = Some(head_timeout);
+    proxy.server_options = Some(options);
+    // Runner and job requests on the HTTP/1 fast path, the rest handed to
+    // pingora-proxy on the same connection (`crate::fast`); with `fast_path = false`
+    // every connection goes straight to pingora-proxy.
+    let fast = FastPath::new(pod_gate, proxy, head_timeout).enabled(config.fast_path);
+    let mut service = Service::new("podgate proxy".into(), fast);
     // Per-connection read buffer: pingora's default is 64 KiB, held for as long as the
     // connection lives (a long poll: minutes); see `read_buffer_bytes`.
     service.add_listener(ListenerConfig::tcp(config.listen.as_str()).l4_buffer(
@@ -287,7 +292,7 @@ pub fn run(config: ProxyConfig, options: RunOptions) -> Result<(), Error> {
         listen = %config.listen,
         tls = config.tls.as_ref().map_or("off", |t| t.listen.as_str()),
         admin = %config.admin_listen,
-        upgrade = options.upgrade,
+        upgrade = run_options.upgrade,
         "podgate proxy serving"
     );
     server.run_forever()

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use podgate_registry::Pod;
 use podgate_tokens::Classifier;
 
+use crate::answer::Answer;
 use crate::body::{DEFAULT_BODY_LOOKAHEAD, read_body, too_large};
 use crate::decision::{self, Decision, OnInvalid, Outcome, Refusal};
 use crate::edge_poll::{self, EdgePolls, PollResult, RunnerRequest, Verdict};
@@ -33,23 +33,23 @@ use crate::upstreams::Upstreams;
 /// Per-request state.
 #[derive(Debug, Default)]
 pub struct Ctx {
-    rule: Option<usize>,
-    outcome: Option<Outcome>,
+    pub(crate) rule: Option<usize>,
+    pub(crate) outcome: Option<Outcome>,
     /// The token routed by and where it was, for the log line's fingerprint (the
     /// token itself is never logged) and the source label.
-    token: Option<Candidate>,
+    pub(crate) token: Option<Candidate>,
     /// The upstream addresses tried so far (a retry takes another of the Pod's).
-    tried: Vec<SocketAddr>,
+    pub(crate) tried: Vec<SocketAddr>,
     /// `X-Request-Id`: the client's if it sent a sane one, else generated.
-    request_id: String,
-    started: Option<Instant>,
+    pub(crate) request_id: String,
+    pub(crate) started: Option<Instant>,
     /// How an edge hold ended, if the poll went through one.
-    edge: Option<PollResult>,
+    pub(crate) edge: Option<PollResult>,
 }
 
 impl Ctx {
     /// The Pod the request is forwarded to, once decided.
-    fn forwarded(&self) -> Option<&Arc<Pod>> {
+    pub(crate) fn forwarded(&self) -> Option<&Arc<Pod>> {
         match &self.outcome {
             Some(Outcome::Forward { pod, .. }) => Some(pod),
             _ => None,
@@ -57,22 +57,28 @@ impl Ctx {
     }
 }
 
-/// The router.
+/// Per rule, per source: each place's metric label.
+type SourceLabels = Vec<Vec<Vec<(Place, String)>>>;
+
+/// The router. Cheap to clone: the HTTP/1 fast path ([`crate::fast`]) shares it with
+/// pingora-proxy's service, so both paths route with the same rules, classifier,
+/// topology, pools and metrics.
+#[derive(Clone)]
 pub struct PodGate {
-    rules: Arc<Vec<Rule>>,
-    classifier: Arc<Classifier>,
-    registry: RegistryHandle,
-    on_invalid: OnInvalid,
-    upstreams: Arc<Upstreams>,
-    ids: RequestIds,
+    pub(crate) rules: Arc<Vec<Rule>>,
+    pub(crate) classifier: Arc<Classifier>,
+    pub(crate) registry: RegistryHandle,
+    pub(crate) on_invalid: OnInvalid,
+    pub(crate) upstreams: Arc<Upstreams>,
+    ids: Arc<RequestIds>,
     /// `source_labels[rule][source]`: the metric label per place, rendered once.
-    source_labels: Vec<Vec<Vec<(Place, String)>>>,
+    source_labels: Arc<SourceLabels>,
     /// Most body bytes read before routing (`body_lookahead_bytes`).
-    body_lookahead: usize,
+    pub(crate) body_lookahead: usize,
     /// Per rule, the histogram children, looked up once rather than per request.
-    histograms: Vec<metrics::RuleHistograms>,
+    histograms: Arc<Vec<metrics::RuleHistograms>>,
     /// Long polls held at the edge (`None`: `edge_poll_hold_secs = 0`).
-    edge_polls: Option<Arc<EdgePolls>>,
+    pub(crate) edge_polls: Option<Arc<EdgePolls>>,
 }
 
 impl PodGate {
@@ -94,15 +100,15 @@ impl PodGate {
             .map(|r| metrics::RuleHistograms::new(&r.name))
             .collect();
         PodGate {
-            histograms,
-            source_labels,
+            histograms: Arc::new(histograms),
+            source_labels: Arc::new(source_labels),
             body_lookahead: DEFAULT_BODY_LOOKAHEAD,
             rules: Arc::new(rules),
             classifier,
             registry,
             on_invalid,
             upstreams,
-            ids: RequestIds::new(),
+            ids: Arc::new(RequestIds::new()),
             edge_polls: None,
         }
     }
@@ -187,13 +193,7 @@ impl PodGate {
             }),
             hop_by_hop: &hop_by_hop,
         };
-        let decision = decision::route_by_token(
-            rule,
-            &request,
-            &self.registry.topology(),
-            &self.classifier,
-            self.on_invalid,
-        );
+        let decision = self.token_decision(rule, &request);
         let whole = body.filter(|b| b.complete).map(|b| b.bytes);
         Ok((decision, whole))
     }
@@ -229,7 +229,7 @@ impl PodGate {
             }
             Verdict::NoContent(r, last_update) => {
                 ctx.edge = Some(r);
-                respond_edge_no_content(session, ctx, &last_update).await?;
+                respond(session, ctx, &Answer::edge_no_content(&last_update)).await?;
                 Ok(true)
             }
             Verdict::ClientGone => {
@@ -268,99 +268,169 @@ impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for Lazy<F> {
     }
 }
 
-fn json_message(message: &str) -> Bytes {
-    Bytes::from(serde_json::json!({ "message": message }).to_string())
-}
-
-/// Answer from the proxy itself: a GitLab-style `{"message": …}` body.
-async fn respond(
-    session: &mut Session,
-    ctx: &Ctx,
-    status: u16,
-    message: &str,
-    retry_after: bool,
-) -> Result<()> {
-    let body = json_message(message);
-    let mut resp = ResponseHeader::build(status, Some(5))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    resp.insert_header("x-request-id", ctx.request_id.as_str())?;
-    if retry_after {
-        resp.insert_header("retry-after", "5")?;
+/// Write an answer of the proxy's own through pingora's session.
+async fn respond(session: &mut Session, ctx: &Ctx, answer: &Answer) -> Result<()> {
+    let resp = answer.response_header(&ctx.request_id)?;
+    let body = answer.body.clone();
+    session
+        .write_response_header(Box::new(resp), body.is_none())
+        .await?;
+    if let Some(body) = body {
+        session.write_response_body(Some(body), true).await?;
     }
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await?;
     Ok(())
 }
 
-/// The end of a long poll held at the edge, as Workhorse ends one and Rails tells
-/// the ticket: 204, `X-GitLab-Last-Update` (the runner's own, still current),
-/// `Gitlab-Ci-Builds-Polling: yes` (`workhorse/internal/builds/register.go`).
-async fn respond_edge_no_content(
-    session: &mut Session,
-    ctx: &Ctx,
-    last_update: &str,
-) -> Result<()> {
-    let mut resp = ResponseHeader::build(204, Some(3))?;
-    resp.insert_header("x-gitlab-last-update", last_update)?;
-    resp.insert_header("gitlab-ci-builds-polling", "yes")?;
-    resp.insert_header("x-request-id", ctx.request_id.as_str())?;
-    session.write_response_header(Box::new(resp), true).await?;
-    Ok(())
-}
+/// What both paths share: the steps of a request that do not depend on how it was
+/// read or is written.
+impl PodGate {
+    /// `X-Request-Id`: the client's if it sent a sane one, else a new one.
+    pub(crate) fn request_id(&self, headers: &http::HeaderMap) -> String {
+        match headers.get("x-request-id") {
+            Some(v) if sane_request_id(v.as_bytes()) => {
+                String::from_utf8_lossy(v.as_bytes()).into_owned()
+            }
+            _ => self.ids.generate(),
+        }
+    }
 
-/// A 401 on kas's Kubernetes API proxy, as kas answers it
-/// (`internal/module/kubernetes_api/server/proxy.go`): a Kubernetes `Status` and
-/// `Gitlab-Unauthorized: true`, so kubectl, glab and GitLab's UI tell GitLab's
-/// refusal from the cluster's.
-async fn respond_kas_unauthorized(session: &mut Session, ctx: &Ctx, reason: &str) -> Result<()> {
-    let body = Bytes::from(
-        serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": format!("GitLab Agent Server: Unauthorized: {reason}"),
-            "reason": "Unauthorized",
-            "code": 401,
-        })
-        .to_string(),
-    );
-    let mut resp = ResponseHeader::build(401, Some(5))?;
-    resp.insert_header("content-type", "application/json")?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    resp.insert_header("gitlab-unauthorized", "true")?;
-    resp.insert_header("x-request-id", ctx.request_id.as_str())?;
-    session.write_response_header(Box::new(resp), false).await?;
-    session.write_response_body(Some(body), true).await?;
-    Ok(())
-}
+    /// The first rule matching the request. Rules match the path GitLab would serve
+    /// ([`crate::path::normalize`]); the request is forwarded as received.
+    pub(crate) fn rule_for(
+        &self,
+        method: &http::Method,
+        path: &str,
+        headers: &http::HeaderMap,
+        host: Option<&str>,
+    ) -> Option<usize> {
+        let path = crate::path::normalize(path);
+        self.rules
+            .iter()
+            .position(|r| r.matches_host(method, &path, headers, host))
+    }
 
-/// Answer a refusal: its pingora error's status, and `{"message": "<status> <reason>:
-/// <code>: <detail>"}`.
-async fn respond_refusal(session: &mut Session, ctx: &Ctx, refusal: &Refusal) -> Result<()> {
-    let error = refusal.to_error();
-    let status = match error.etype() {
-        ErrorType::HTTPStatus(code) => *code,
-        _ => 400,
-    };
-    let reason = http::StatusCode::from_u16(status)
-        .ok()
-        .and_then(|s| s.canonical_reason())
-        .unwrap_or("Error");
-    let context = error
-        .context
-        .as_ref()
-        .map(ToString::to_string)
-        .unwrap_or_default();
-    respond(
-        session,
-        ctx,
-        status,
-        &format!("{status} {reason}: {context}"),
-        false,
-    )
-    .await
+    /// Where a rule that does not route by token sends the request.
+    pub(crate) fn fixed_outcome(&self, rule: &Rule, headers: &http::HeaderMap) -> Outcome {
+        let topology = self.registry.topology();
+        match rule.action {
+            ActionKind::RouteToPod => match rule.pod {
+                Some(p) => decision::to_pod(&topology, p, "pinned"),
+                None => decision::to_legacy(&topology, "default"),
+            },
+            ActionKind::SessionPrefix => {
+                match rules::cookie(headers, "_gitlab_session")
+                    .and_then(|v| topology.pod_for_session(v))
+                {
+                    Some(p) => decision::to_pod(&topology, p.id, "session"),
+                    None => decision::to_legacy(&topology, "default"),
+                }
+            }
+            ActionKind::RouteByToken | ActionKind::Default => {
+                decision::to_legacy(&topology, "default")
+            }
+        }
+    }
+
+    /// Route by the tokens in what was read of the request
+    /// ([`decision::route_by_token`] on the current topology).
+    pub(crate) fn token_decision(&self, rule: &Rule, request: &decision::Request<'_>) -> Decision {
+        decision::route_by_token(
+            rule,
+            request,
+            &self.registry.topology(),
+            &self.classifier,
+            self.on_invalid,
+        )
+    }
+
+    /// The outcome as decided, except that a Pod with no address to try (none
+    /// listed, none resolved, every one failing its health check) is a 503 now,
+    /// rather than a connection attempt bound to fail. Observes the decision time.
+    pub(crate) fn settle(&self, rule: usize, outcome: Outcome, started: Instant) -> Outcome {
+        let outcome = match outcome {
+            Outcome::Forward { pod, why } => {
+                match self
+                    .upstreams
+                    .availability(pod.id, self.rules[rule].pool)
+                    .reason()
+                {
+                    Some(reason) => Outcome::Unavailable(reason),
+                    None => Outcome::Forward { pod, why },
+                }
+            }
+            o => o,
+        };
+        self.histograms[rule]
+            .decision
+            .observe(started.elapsed().as_secs_f64());
+        outcome
+    }
+
+    /// Count and log a finished request (both paths): one line per request with a
+    /// token fingerprint only. Failures from the Pod or from us are warnings; a
+    /// client that went away (a runner abandoning a long poll) is routine: debug.
+    pub(crate) fn log_request(
+        &self,
+        method: &str,
+        path: &str,
+        status: u16,
+        ctx: &Ctx,
+        e: Option<&Error>,
+        via: &'static str,
+    ) {
+        let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
+        let outcome = match (&ctx.edge, &ctx.outcome) {
+            // Answered at the edge, the Pod never saw it.
+            (Some(PollResult::Timeout | PollResult::NoChange), _) => "edge_held",
+            (_, o) => o.as_ref().map_or("-", Outcome::label),
+        };
+        let pod = ctx.forwarded().map_or(0, |p| p.id.get());
+        let source_label = match (ctx.rule, &ctx.token) {
+            (Some(r), Some(t)) => self.source_label(r, t),
+            _ => "none",
+        };
+        let mut pod_buf = itoa_buf::Buf::default();
+        let mut status_buf = itoa_buf::Buf::default();
+        METRICS
+            .requests
+            .with_label_values(&[
+                rule,
+                pod_buf.format(pod),
+                status_buf.format(u64::from(status)),
+                source_label,
+                outcome,
+            ])
+            .inc();
+        let elapsed = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        if let Some(h) = ctx.rule.and_then(|i| self.histograms.get(i)) {
+            h.duration[metrics::status_class_index(status)].observe(elapsed);
+        }
+        let request_id = ctx.request_id.as_str();
+        // Formatted only when the line is emitted: nothing is hashed or rendered on
+        // a request whose log level is off.
+        let source = source_label;
+        let token = Lazy(|f: &mut fmt::Formatter<'_>| match &ctx.token {
+            Some(t) => f.write_str(&podgate_tokens::fingerprint(&t.token)),
+            None => f.write_str("-"),
+        });
+        match e {
+            None => match &ctx.outcome {
+                // Refused here: say why, so a client's mistake is visible in the log.
+                Some(Outcome::Refused(r)) => tracing::info!(
+                    method, path, status, rule, outcome, source, token = %token, request_id, elapsed, via, refusal = %r.detail, "refused"
+                ),
+                _ => tracing::info!(
+                    method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, via, edge = ctx.edge.map_or("-", PollResult::as_str), "request"
+                ),
+            },
+            Some(e) if *e.esource() == ErrorSource::Downstream => {
+                tracing::debug!(method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, via, error = %e, "client went away")
+            }
+            Some(e) => {
+                tracing::warn!(method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, via, error = %e, "request failed")
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -376,18 +446,13 @@ impl ProxyHttp for PodGate {
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let started = Instant::now();
         ctx.started = Some(started);
+        ctx.request_id = self.request_id(&session.req_header().headers);
         let head = session.req_header();
-        ctx.request_id = match head.headers.get("x-request-id") {
-            Some(v) if sane_request_id(v.as_bytes()) => {
-                String::from_utf8_lossy(v.as_bytes()).into_owned()
-            }
-            _ => self.ids.generate(),
-        };
         // RFC 9112 §3.2: an HTTP/1 request without Host is a 400, HTTP/1.0 included
         // (HTTP/2 carries `:authority` instead).
         if !session.is_http2() && !head.headers.contains_key(http::header::HOST) {
             let refusal = Refusal::bad_request("missing_host", "the request has no Host header");
-            respond_refusal(session, ctx, &refusal).await?;
+            respond(session, ctx, &Answer::refusal(&refusal)).await?;
             ctx.outcome = Some(Outcome::Refused(refusal));
             return Ok(true);
         }
@@ -405,25 +470,19 @@ impl ProxyHttp for PodGate {
             session.set_keepalive(None);
         }
         let head = session.req_header();
-        // Rules match the path GitLab would serve; the request is forwarded as received.
-        let path = crate::path::normalize(head.uri.path());
         // HTTP/1 names the host in `Host`; HTTP/2 in `:authority` (the URI's).
         let host = head
             .headers
             .get(http::header::HOST)
             .and_then(|v| v.to_str().ok())
             .or_else(|| head.uri.authority().map(|a| a.as_str()));
-        let Some(idx) = self
-            .rules
-            .iter()
-            .position(|r| r.matches_host(&head.method, &path, &head.headers, host))
-        else {
-            respond(session, ctx, 404, "404 Not Found: no routing rule", false).await?;
+        let Some(idx) = self.rule_for(&head.method, head.uri.path(), &head.headers, host) else {
+            let answer = Answer::message(404, "404 Not Found: no routing rule", false);
+            respond(session, ctx, &answer).await?;
             return Ok(true);
         };
         ctx.rule = Some(idx);
         let rule = &self.rules[idx];
-        let topology = self.registry.topology();
         let mut body = None;
         let outcome = match rule.action {
             ActionKind::RouteByToken => {
@@ -432,56 +491,17 @@ impl ProxyHttp for PodGate {
                 ctx.token = decision.token;
                 decision.outcome
             }
-            ActionKind::RouteToPod => match rule.pod {
-                Some(p) => decision::to_pod(&topology, p, "pinned"),
-                None => decision::to_legacy(&topology, "default"),
-            },
-            ActionKind::SessionPrefix => {
-                match rules::cookie(&session.req_header().headers, "_gitlab_session")
-                    .and_then(|v| topology.pod_for_session(v))
-                {
-                    Some(p) => decision::to_pod(&topology, p.id, "session"),
-                    None => decision::to_legacy(&topology, "default"),
-                }
-            }
-            ActionKind::Default => decision::to_legacy(&topology, "default"),
+            _ => self.fixed_outcome(rule, &session.req_header().headers),
         };
-        // A Pod with no address to try (none listed, none resolved, every one
-        // failing its health check): 503 now, rather than a connection attempt bound
-        // to fail.
-        let outcome = match outcome {
-            Outcome::Forward { pod, why } => {
-                match self.upstreams.availability(pod.id, rule.pool).reason() {
-                    Some(reason) => Outcome::Unavailable(reason),
-                    None => Outcome::Forward { pod, why },
-                }
-            }
-            o => o,
-        };
-        self.histograms[idx]
-            .decision
-            .observe(started.elapsed().as_secs_f64());
+        let outcome = self.settle(idx, outcome, started);
+        let answer = Answer::for_outcome(rule.pool, &outcome);
         ctx.outcome = Some(outcome);
-        match &ctx.outcome {
-            Some(Outcome::Unauthorized(reason)) if rule.pool == Pool::KasK8sProxy => {
-                respond_kas_unauthorized(session, ctx, reason).await?;
+        match answer {
+            Some(answer) => {
+                respond(session, ctx, &answer).await?;
                 Ok(true)
             }
-            Some(Outcome::Unauthorized(reason)) => {
-                let message = format!("401 Unauthorized: {reason}");
-                respond(session, ctx, 401, &message, false).await?;
-                Ok(true)
-            }
-            Some(Outcome::Refused(refusal)) => {
-                respond_refusal(session, ctx, refusal).await?;
-                Ok(true)
-            }
-            Some(Outcome::Unavailable(why)) => {
-                let message = format!("503 Service Unavailable: {why}");
-                respond(session, ctx, 503, &message, true).await?;
-                Ok(true)
-            }
-            _ => self.edge_hold(session, ctx, rule, body).await,
+            None => self.edge_hold(session, ctx, rule, body).await,
         }
     }
 
@@ -539,42 +559,11 @@ impl ProxyHttp for PodGate {
     /// 503 + `Retry-After` (the runner retries); upstream timeout → 504; other
     /// upstream failures → 502. Nothing is written once a response has started.
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        let (code, message, retry_after) = match (e.esource(), e.etype()) {
-            (_, ErrorType::HTTPStatus(code)) => (
-                *code,
-                http::StatusCode::from_u16(*code)
-                    .ok()
-                    .and_then(|s| s.canonical_reason())
-                    .unwrap_or("error"),
-                false,
-            ),
-            (
-                ErrorSource::Upstream | ErrorSource::Internal,
-                ErrorType::ConnectTimedout
-                | ErrorType::ConnectRefused
-                | ErrorType::ConnectNoRoute
-                | ErrorType::ConnectError
-                | ErrorType::TLSHandshakeFailure,
-            ) => (
-                503,
-                "503 Service Unavailable: no upstream of the Pod is reachable",
-                true,
-            ),
-            (ErrorSource::Upstream, ErrorType::ReadTimedout) => (
-                504,
-                "504 Gateway Timeout: the Pod did not answer in time",
-                false,
-            ),
-            (ErrorSource::Upstream, _) => (502, "502 Bad Gateway: the Pod failed", false),
-            (
-                ErrorSource::Downstream,
-                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
-            ) => (0, "", false),
-            (ErrorSource::Downstream, _) => (400, "400 Bad Request", false),
-            _ => (500, "500 Internal Server Error", false),
-        };
-        if code > 0 && session.response_written().is_none() {
-            let _ = respond(session, ctx, code, message, retry_after).await;
+        let (code, answer) = Answer::for_error(e);
+        if let Some(answer) = answer
+            && session.response_written().is_none()
+        {
+            let _ = respond(session, ctx, &answer).await;
         }
         FailToProxy {
             error_code: code,
@@ -615,64 +604,18 @@ impl ProxyHttp for PodGate {
         Ok(())
     }
 
-    /// One line per request. Failures from the Pod or from us are warnings; a client
-    /// that went away (a runner abandoning a long poll) is routine: debug.
+    /// One line per request ([`PodGate::log_request`]).
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
-        let outcome = match (&ctx.edge, &ctx.outcome) {
-            // Answered at the edge, the Pod never saw it.
-            (Some(PollResult::Timeout | PollResult::NoChange), _) => "edge_held",
-            (_, o) => o.as_ref().map_or("-", Outcome::label),
-        };
-        let pod = ctx.forwarded().map_or(0, |p| p.id.get());
-        let source_label = match (ctx.rule, &ctx.token) {
-            (Some(r), Some(t)) => self.source_label(r, t),
-            _ => "none",
-        };
-        let mut pod_buf = itoa_buf::Buf::default();
-        let mut status_buf = itoa_buf::Buf::default();
-        METRICS
-            .requests
-            .with_label_values(&[
-                rule,
-                pod_buf.format(pod),
-                status_buf.format(u64::from(status)),
-                source_label,
-                outcome,
-            ])
-            .inc();
-        let elapsed = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
-        if let Some(h) = ctx.rule.and_then(|i| self.histograms.get(i)) {
-            h.duration[metrics::status_class_index(status)].observe(elapsed);
-        }
-        let request_id = ctx.request_id.as_str();
         let head = session.req_header();
-        let (method, path) = (head.method.as_str(), head.uri.path());
-        // Formatted only when the line is emitted: nothing is hashed or rendered on
-        // a request whose log level is off.
-        let source = source_label;
-        let token = Lazy(|f: &mut fmt::Formatter<'_>| match &ctx.token {
-            Some(t) => f.write_str(&podgate_tokens::fingerprint(&t.token)),
-            None => f.write_str("-"),
-        });
-        match e {
-            None => match &ctx.outcome {
-                // Refused here: say why, so a client's mistake is visible in the log.
-                Some(Outcome::Refused(r)) => tracing::info!(
-                    method, path, status, rule, outcome, source, token = %token, request_id, elapsed, refusal = %r.detail, "refused"
-                ),
-                _ => tracing::info!(
-                    method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, edge = ctx.edge.map_or("-", PollResult::as_str), "request"
-                ),
-            },
-            Some(e) if *e.esource() == ErrorSource::Downstream => {
-                tracing::debug!(method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, error = %e, "client went away")
-            }
-            Some(e) => {
-                tracing::warn!(method, path, status, rule, outcome, pod, source, token = %token, request_id, elapsed, error = %e, "request failed")
-            }
-        }
+        self.log_request(
+            head.method.as_str(),
+            head.uri.path(),
+            status,
+            ctx,
+            e,
+            "pingora",
+        );
     }
 }
 

@@ -253,7 +253,7 @@ def main():
     ap.add_argument("--dir", required=True, help="raw files written by bench-proxy.sh")
     ap.add_argument("--json", required=True, help="where to write the JSON report")
     ap.add_argument("--against", default="haproxy", help="the target ratios are taken against")
-    ap.add_argument("--order", default="direct,before,podgate,haproxy,nginx")
+    ap.add_argument("--order", default="direct,before,pingora,podgate,haproxy,nginx")
     ap.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                     help="bench settings recorded in the JSON")
     args = ap.parse_args()
@@ -270,6 +270,11 @@ def main():
         print()
         print_ratios("podgate against the baseline build (same run, medians)", before, order,
                      only="podgate")
+    pingora = ratios(summary, "pingora")
+    if pingora:
+        print()
+        print_ratios("podgate (fast path) against podgate with fast_path = false (same run, medians)",
+                     pingora, order, only="podgate")
 
     report = {
         "config": dict(kv.split("=", 1) for kv in args.config),
@@ -277,6 +282,7 @@ def main():
         "medians": summary,
         "ratios": rat,
         "ratios_against_before": ratios(summary, "before"),
+        "ratios_against_pingora": ratios(summary, "pingora"),
         "samples": samples,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -34,6 +34,7 @@ mod hop_by_hop;
 mod http_edges;
 mod params;
 mod paths;
+mod smuggling;
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -984,6 +985,8 @@ async fn three_stubs() -> [Stub; 3] {
     ]
 }
 
+/// Every case, with the HTTP/1 fast path serving what it takes (the default) and
+/// pingora-proxy the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_reaches_the_pod_of_the_token_gitlab_authenticates() {
     let stubs = three_stubs().await;
@@ -992,6 +995,45 @@ async fn every_request_reaches_the_pod_of_the_token_gitlab_authenticates() {
     let cases = all_cases();
     eprintln!("{} GitLab-fidelity cases", cases.len());
     harness::run_all(proxy.port, &stubs, cases, 0).await;
+    // Both paths were exercised: runner and job requests on the fast path, the
+    // rest (and every unusual framing) handed to pingora-proxy.
+    let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
+    let served = smuggling::metric_value(
+        &metrics,
+        "podgate_proxy_fast_path_requests_total{result=\"served\"}",
+    );
+    let handed: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("podgate_proxy_fast_path_requests_total{") && !l.contains("served")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    eprintln!("fast path: {served} served, {handed} handed to pingora-proxy");
+    assert!(served >= 20.0, "the fast path served only {served} cases");
+    assert!(
+        handed >= 20.0,
+        "only {handed} cases were handed to pingora-proxy"
+    );
+}
+
+/// Every case again with `fast_path = false`: pingora-proxy serves everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_reaches_the_pod_of_the_token_gitlab_authenticates_through_pingora_only() {
+    let stubs = three_stubs().await;
+    let config = three_pods(&stubs[0], &stubs[1], &stubs[2], "fast_path = false");
+    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    harness::run_all(proxy.port, &stubs, all_cases(), 0).await;
+    let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
+    let counted: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("podgate_proxy_fast_path_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        counted, 0.0,
+        "fast_path = false, yet the fast path counted requests"
+    );
 }
 
 /// `body_lookahead_bytes` bounds how far into a body the proxy looks for a token.

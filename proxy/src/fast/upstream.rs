@@ -1,0 +1,163 @@
+//! Connections to the Pods' upstreams for the fast path: a pool of idle HTTP/1
+//! connections per address, checked out with no system call (an idle connection
+//! the Pod closed has reported readable to tokio's reactor: it is dropped), and
+//! connected with pingora's connect timeout when none is idle.
+//!
+//! A request that fails on a reused connection before any byte of the response
+//! arrived is sent again on a new one, as pingora retries `ReusedOnly` errors
+//! (`pingora-core/src/protocols/http/v1/client.rs`): the Pod closed an idle
+//! connection as the request went out.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// pingora's default connect timeout for the proxy's upstreams
+/// ([`crate::service`] sets 2 s on every peer).
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Most idle connections kept per upstream address (pingora's pool default).
+const MAX_IDLE_PER_ADDR: usize = 128;
+
+/// Idle upstream connections by address.
+#[derive(Debug, Default)]
+pub(crate) struct Pool {
+    idle: Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
+}
+
+/// Why no connection could be had.
+#[derive(Debug)]
+pub(crate) enum ConnectError {
+    /// Refused, unreachable, …
+    Failed(std::io::Error),
+    /// Not within [`CONNECT_TIMEOUT`].
+    TimedOut,
+}
+
+impl Pool {
+    /// An idle connection to `addr` the Pod has not closed, else a new one.
+    /// `true` with a reused connection.
+    pub(crate) async fn checkout(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<(TcpStream, bool), ConnectError> {
+        while let Some(conn) = self.take_idle(addr) {
+            if still_idle(&conn) {
+                return Ok((conn, true));
+            }
+        }
+        Ok((connect(addr).await?, false))
+    }
+
+    fn take_idle(&self, addr: SocketAddr) -> Option<TcpStream> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.get_mut(&addr)?.pop()
+    }
+
+    /// Keep `conn`, whose response was read to its end, for the next request to
+    /// `addr`.
+    pub(crate) fn put_back(&self, addr: SocketAddr, conn: TcpStream) {
+        // The reactor's readable flag still stands from the response just read (it
+        // clears only on a read that would block): clear it without asking the
+        // socket, so that only a later event — the Pod closing the idle connection —
+        // sets it again. A close that came with the response's last bytes is missed
+        // here and caught as a reused connection failing before any byte (retried).
+        let _ = conn.try_io(Interest::READABLE, || {
+            Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+        });
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(addr).or_default();
+        if list.len() < MAX_IDLE_PER_ADDR {
+            list.push(conn);
+        }
+    }
+
+    /// Idle connections held now (tests).
+    #[cfg(test)]
+    pub(crate) fn idle_count(&self) -> usize {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.values().map(Vec::len).sum()
+    }
+}
+
+/// A new connection to `addr`, Nagle off (a request leaves in one write).
+pub(crate) async fn connect(addr: SocketAddr) -> Result<TcpStream, ConnectError> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+        Err(_) => Err(ConnectError::TimedOut),
+        Ok(Err(e)) => Err(ConnectError::Failed(e)),
+        Ok(Ok(conn)) => {
+            let _ = conn.set_nodelay(true);
+            Ok(conn)
+        }
+    }
+}
+
+/// Whether an idle connection is still open and silent: the reactor has not
+/// reported it readable (a close, a reset, or bytes an idle connection must not
+/// carry). Asks tokio's readiness, not the socket: no system call.
+fn still_idle(conn: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    matches!(conn.poll_read_ready(&mut cx), Poll::Pending)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    #[tokio::test]
+    async fn a_connection_the_pod_closed_is_not_checked_out_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pool = Pool::default();
+        let (mut conn, reused) = pool.checkout(addr).await.unwrap();
+        assert!(!reused);
+        let (mut server_side, _) = listener.accept().await.unwrap();
+        // A response read to its end leaves the reactor's readable flag set: the
+        // connection is still reused.
+        server_side.write_all(b"response").await.unwrap();
+        let mut got = [0u8; 8];
+        conn.read_exact(&mut got).await.unwrap();
+        pool.put_back(addr, conn);
+        assert_eq!(pool.idle_count(), 1);
+        let (conn, reused) = pool.checkout(addr).await.unwrap();
+        assert!(
+            reused,
+            "an idle connection with its response read was not reused"
+        );
+        pool.put_back(addr, conn);
+        // The Pod closes it while it is idle: once the reactor has delivered the
+        // close (awaited here as the event it is), it is never checked out again.
+        server_side.shutdown().await.unwrap();
+        drop(server_side);
+        let idle = pool.take_idle(addr).unwrap();
+        idle.readable().await.unwrap();
+        pool.idle
+            .lock()
+            .unwrap()
+            .entry(addr)
+            .or_default()
+            .push(idle);
+        let (conn, reused) = pool.checkout(addr).await.unwrap();
+        assert!(!reused, "a closed idle connection was reused");
+        drop(conn);
+        assert_eq!(pool.idle_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_an_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        assert!(matches!(
+            Pool::default().checkout(addr).await,
+            Err(ConnectError::Failed(_))
+        ));
+    }
+}
