@@ -14,7 +14,8 @@
 //! ```text
 //! ./scripts/measure-held-polls.sh             # 10,000 forwarded polls (raises the fd limit)
 //! EDGE=1 ./scripts/measure-held-polls.sh      # as many edge-held polls as the fd limit allows
-//! cargo bench --bench held_polls -- --polls 2000 [--edge]
+//! cargo bench --bench held_polls -- --polls 2000 [--edge] [--pingora]
+//! # --pingora: `fast_path = false`, the polls through pingora-proxy (PINGORA=1 in the script)
 //! # where the heap goes (glibc's malloc, so heaptrack sees it):
 //! PODGATE_BENCH_PROXY_WRAPPER="heaptrack -o /tmp/held" \
 //!   cargo bench --features system-alloc --bench held_polls -- --polls 2000 --edge
@@ -208,13 +209,17 @@ async fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(if bench { 10_000 } else { 200 });
-    // The proxy's `read_buffer_bytes` (its default when not given).
-    let read_buffer = args
+    // The proxy's `read_buffer_bytes` (its default when not given); `--pingora`:
+    // `fast_path = false`, every poll through pingora-proxy.
+    let mut read_buffer = args
         .iter()
         .position(|a| a == "--read-buffer")
         .and_then(|i| args.get(i + 1))
         .map(|v| format!("read_buffer_bytes = {v}\n"))
         .unwrap_or_default();
+    if args.iter().any(|a| a == "--pingora") {
+        read_buffer.push_str("fast_path = false\n");
+    }
 
     if bench {
         run(polls, args.iter().any(|a| a == "--edge"), &read_buffer).await;

@@ -8,6 +8,7 @@
 #   ./scripts/measure-held-polls.sh
 #   POLLS=20000 ./scripts/measure-held-polls.sh
 #   EDGE=1 ./scripts/measure-held-polls.sh     # as many edge-held polls as fit
+#   PINGORA=1 ./scripts/measure-held-polls.sh  # with fast_path = false (pingora-proxy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
@@ -19,6 +20,7 @@ podgate_ensure_system_packages
 # edge-held one costs each 1 (the wake-up forwards them in waves of 500).
 per=2 edge=()
 if [ -n "${EDGE:-}" ]; then per=1 edge=(--edge); fi
+if [ -n "${PINGORA:-}" ]; then edge+=(--pingora); fi
 hard=$(ulimit -Hn)
 if [ "$hard" != unlimited ]; then
   fit=$(( (hard - 2048) / per ))

@@ -260,13 +260,14 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
     // Runner and job requests on the HTTP/1 fast path, the rest handed to
     // pingora-proxy on the same connection (`crate::fast`); with `fast_path = false`
     // every connection goes straight to pingora-proxy.
-    let fast = FastPath::new(pod_gate, proxy, head_timeout).enabled(config.fast_path);
-    let mut service = Service::new("podgate proxy".into(), fast);
     // Per-connection read buffer: pingora's default is 64 KiB, held for as long as the
     // connection lives (a long poll: minutes); see `read_buffer_bytes`.
-    service.add_listener(ListenerConfig::tcp(config.listen.as_str()).l4_buffer(
-        L4BufferSettings::new(config.read_buffer_bytes, DEFAULT_L4_WRITE_BUFFER_SIZE),
-    ));
+    let buffers = L4BufferSettings::new(config.read_buffer_bytes, DEFAULT_L4_WRITE_BUFFER_SIZE);
+    let fast = FastPath::new(pod_gate, proxy, head_timeout)
+        .enabled(config.fast_path)
+        .listener_buffers(buffers);
+    let mut service = Service::new("podgate proxy".into(), fast);
+    service.add_listener(ListenerConfig::tcp(config.listen.as_str()).l4_buffer(buffers));
     if let Some(tls) = &config.tls {
         let tls_error = |e: Box<pingora::Error>| Error::Invalid {
             origin: "tls".into(),

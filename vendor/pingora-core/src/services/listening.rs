@@ -231,7 +231,10 @@ impl<A: ServerApp + Send + Sync + 'static> Service<A> {
                     let shutdown = shutdown.clone();
                     current_handle().spawn(async move {
                         let peer_addr = io.peer_addr();
-                        match timeout(Duration::from_secs(60), io.handshake()).await {
+                        // Boxed: the handshake (a TLS one is large) is over before the
+                        // connection is served, so its state should not stay in the
+                        // task for as long as the connection lives.
+                        match timeout(Duration::from_secs(60), Box::pin(io.handshake())).await {
                             Ok(handshake) => {
                                 match handshake {
                                     Ok(io) => Self::handle_event(io, app, shutdown).await,

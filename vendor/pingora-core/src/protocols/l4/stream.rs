@@ -625,7 +625,14 @@ impl Stream {
 
     /// Set the read and write buffer sizes
     /// It is only set later because of the malloc overhead in critical accept() path
-    pub(crate) fn set_buffer(&mut self, buffer: L4BufferSettings) {
+    ///
+    /// Public so that an application owning a connection (a [`crate::apps::ServerApp`]
+    /// that writes whole responses itself, or holds many idle connections) can drop
+    /// the buffers it does not need, and give them back before handing the stream on.
+    /// The buffers are replaced, not resized: bytes still in them are lost, so call it
+    /// only when none are (before the first read, or after a flush with nothing read
+    /// ahead).
+    pub fn set_buffer(&mut self, buffer: L4BufferSettings) {
         use std::mem;
         // Since the buffers can't be resized in place,
         // we take the raw stream out of them and put it in new buffers with the size we want
