@@ -604,7 +604,7 @@ impl ProxyHttp for PodGate {
         Ok(())
     }
 
-    /// One line per request ([`PodGate::log_request`]).
+    /// One line per request (`PodGate::log_request`, shared with the fast path).
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let head = session.req_header();
