@@ -361,3 +361,85 @@ async fn a_binary_upgrade_drops_no_request() {
     );
     assert!(legacy.seen().is_empty());
 }
+
+/// Whether process `pid` has accepted the connection from `client_port` to its
+/// `port`: the kernel gives the server side of a connection an inode
+/// (`/proc/net/tcp`) when it is accepted, and the process then holds it.
+fn accepted(pid: u32, port: u16, client_port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    let inode = table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 9 && port_of(f[1]) == Some(port) && port_of(f[2]) == Some(client_port))
+            .then(|| f[9].to_owned())
+    });
+    let Some(inode) = inode.filter(|i| i != "0") else {
+        return false;
+    };
+    let target = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == target))
+    })
+}
+
+/// A connection the proxy accepted before SIGTERM is served even when its request
+/// comes after the listener closed (within the grace period): the fast path reads the
+/// first request of every accepted connection, and answers it `Connection: close`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_accepted_before_sigterm_is_served_after_it() {
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
+    let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 2");
+    let mut proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let port = proxy.port;
+    let pid = proxy.child.id();
+    let conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let client_port = conn.local_addr().unwrap().port();
+    let mut conn = conn;
+    eventually(Duration::from_secs(10), "the proxy to accept", || async {
+        accepted(pid, port, client_port).then_some(())
+    })
+    .await;
+    signal(&proxy.child, "-TERM");
+    eventually(Duration::from_secs(10), "the listener to close", || async {
+        TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    let body = b"{}";
+    let request = format!(
+        "POST /api/v4/jobs/request HTTP/1.1\r\nhost: gitlab.example.com\r\nrunner-token: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        v1(2),
+        body.len()
+    );
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.write_all(request.as_bytes()).await.unwrap();
+    conn.write_all(body).await.unwrap();
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .await
+        .expect("the accepted connection is answered, not reset");
+    let reply = common::parse_reply(&raw);
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(reply.body, br#"{"pod":2}"#);
+    assert_eq!(
+        reply.headers.get("connection").map(String::as_str),
+        Some("close")
+    );
+    let exit = tokio::task::spawn_blocking(move || proxy.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+}

@@ -195,12 +195,14 @@ impl Failed {
 impl FastPath {
     /// Serve requests on `conn` until it closes or one is for pingora-proxy.
     async fn serve(&self, conn: &mut Conn, shutdown: &ShutdownWatch) -> Next {
+        let mut first = true;
         loop {
-            let head = match self.read_head(conn, shutdown).await {
+            let head = match self.read_head(conn, shutdown, first).await {
                 Ok(Some(head)) => head,
                 Ok(None) => return Next::Close,
                 Err(why) => return Next::HandOff(why),
             };
+            first = false;
             match self.request(conn, head, shutdown).await {
                 Ok(true) => {}
                 Ok(false) => return Next::Close,
@@ -210,11 +212,15 @@ impl FastPath {
     }
 
     /// Read until the buffer starts with a whole head. `Ok(None)`: the connection
-    /// closed, idled out, or the server is shutting down between requests.
+    /// closed, idled out, or the server is shutting down while it idles between
+    /// requests. As pingora, the `first` request of a connection is read and served
+    /// even during shutdown (it was accepted; its answer says `Connection: close`):
+    /// only a keep-alive wait is cut short.
     async fn read_head(
         &self,
         conn: &mut Conn,
         shutdown: &ShutdownWatch,
+        first: bool,
     ) -> Result<Option<Head>, &'static str> {
         let mut deadline = None;
         loop {
@@ -227,16 +233,16 @@ impl FastPath {
                 deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.head_timeout);
             }
             let read = match deadline {
+                None if first => tokio::time::timeout(KEEPALIVE, read_more(conn)).await,
                 None => {
-                    // Idle between requests: nothing is held but the socket.
+                    // Idle between requests: nothing is held but the socket. A
+                    // request already arrived is read before shutdown is looked at.
                     conn.buf = Vec::new();
                     let mut shutdown = shutdown.clone();
-                    if *shutdown.borrow() {
-                        return Ok(None);
-                    }
                     tokio::select! {
+                        biased;
                         r = tokio::time::timeout(KEEPALIVE, read_more(conn)) => r,
-                        _ = shutdown.changed() => return Ok(None),
+                        _ = shutdown.wait_for(|down| *down) => return Ok(None),
                     }
                 }
                 Some(d) => tokio::time::timeout_at(d, read_more(conn)).await,
