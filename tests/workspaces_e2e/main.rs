@@ -336,6 +336,9 @@ async fn faults() {
     let leader = c.leader(STEP).await;
     let before = c.recorder.len();
     c.kill_agentk(&leader).await;
+    // The old leader is dead: a request of its that was on its way is answered
+    // (and logged) after this, but arrived before it.
+    let killed = c.recorder.arrivals();
     let successor = podgate_registry::testing::eventually(STEP, "another leader", || async {
         let h = c.lease_holder().await;
         (!h.is_empty() && h != leader).then_some(h)
@@ -345,7 +348,9 @@ async fn faults() {
     // Every reconcile since the kill came from the successor.
     let (_, first) = c
         .recorder
-        .next_after(before, STEP, "from the new leader", |e| e.status == 201)
+        .next_after(before, STEP, "from the new leader", |e| {
+            e.status == 201 && e.arrival >= killed
+        })
         .await;
     assert_eq!(
         first.update_type(),

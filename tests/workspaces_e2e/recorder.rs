@@ -35,6 +35,9 @@ pub struct Exchange {
     pub response: Value,
     /// Request headers (lower-case names).
     pub headers: Vec<(String, String)>,
+    /// In which order the request arrived (0 for the first): the log is in the order
+    /// of the answers, and a request sent before an event can be answered after it.
+    pub arrival: usize,
 }
 
 impl Exchange {
@@ -76,6 +79,8 @@ fn names(list: &Value) -> Vec<String> {
 struct Inner {
     log: Vec<Exchange>,
     fail: Option<u16>,
+    /// Reconcile requests arrived so far.
+    arrived: usize,
 }
 
 /// The recorder; cheap to clone.
@@ -135,7 +140,14 @@ impl Recorder {
             .iter()
             .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
             .collect();
-        let fail = self.inner.lock().unwrap().fail;
+        let (fail, arrival) = {
+            let mut inner = self.inner.lock().unwrap();
+            let arrival = inner.arrived;
+            if reconcile {
+                inner.arrived += 1;
+            }
+            (inner.fail, arrival)
+        };
         let (status, answer) = match fail {
             Some(code) if reconcile => (
                 code,
@@ -170,6 +182,7 @@ impl Recorder {
                 status,
                 response: serde_json::from_slice(&answer).unwrap_or(Value::Null),
                 headers,
+                arrival,
             };
             let n = {
                 let mut inner = self.inner.lock().unwrap();
@@ -189,6 +202,11 @@ impl Recorder {
     /// Every reconcile so far.
     pub fn log(&self) -> Vec<Exchange> {
         self.inner.lock().unwrap().log.clone()
+    }
+
+    /// How many reconcile requests have arrived so far (answered or not).
+    pub fn arrivals(&self) -> usize {
+        self.inner.lock().unwrap().arrived
     }
 
     /// How many reconciles so far.
