@@ -247,7 +247,7 @@ mod proxy {
     const DASHBOARD: &str = include_str!("../proxy/dashboards/podgate-proxy.json");
 
     /// Every metric the proxy defines in `metrics.rs`.
-    const EXPECTED: [&str; 8] = [
+    const EXPECTED: [&str; 9] = [
         "podgate_proxy_requests_total",
         "podgate_proxy_request_duration_seconds",
         "podgate_proxy_decision_duration_seconds",
@@ -256,6 +256,7 @@ mod proxy {
         "podgate_proxy_upstream_connect_failures_total",
         "podgate_classifier_cache_hits_total",
         "podgate_classifier_cache_misses_total",
+        "podgate_proxy_fast_path_requests_total",
     ];
 
     fn dashboard() -> Value {
@@ -282,6 +283,7 @@ mod proxy {
             .with_label_values(&["1", "127.0.0.1:1"])
             .inc();
         m.connect_failures.with_label_values(&["1"]).inc();
+        m.fast_path.with_label_values(&["served"]).inc();
         m.set_cache(1, 1);
         // `render` is the whole default registry, which also holds the presence
         // registry's process-wide `podgate_registry_*` families once anything in
