@@ -30,7 +30,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use podgate_registry::testing::RedisServer;
+use podgate_registry::testing::{RedisServer, eventually};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
@@ -74,20 +74,6 @@ async fn metric(admin: u16, sample: &str) -> usize {
         .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
-}
-
-/// Until `done()` holds, checking every 10 ms (the proxy is another process: there
-/// is no event to await), or panic with `what` after `within`.
-async fn wait_until<F: std::future::Future<Output = bool>>(
-    within: Duration,
-    what: &str,
-    mut done: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + within;
-    while !done().await {
-        assert!(Instant::now() < deadline, "{what} within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -304,15 +290,16 @@ async fn run(polls: usize, edge: bool, read_buffer: &str) {
             .unwrap(),
         wrapped: !wrapper.is_empty(),
     };
-    wait_until(Duration::from_secs(30), "the proxy starts", || async {
-        TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+    // Another process: polled (`eventually`), there is no event to await.
+    eventually(Duration::from_secs(30), "the proxy starts", || async {
+        TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop)
     })
     .await;
     let pid = podgate_pid(proxy.child.id());
     if edge {
         // Until its watch on the Pod's Redis is up, polls would be forwarded.
-        wait_until(Duration::from_secs(30), "the edge watch is up", || async {
-            metric(admin, r#"podgate_proxy_edge_poll_redis_up{pod="1"}"#).await == 1
+        eventually(Duration::from_secs(30), "the edge watch is up", || async {
+            (metric(admin, r#"podgate_proxy_edge_poll_redis_up{pod="1"}"#).await == 1).then_some(())
         })
         .await;
     }
@@ -352,8 +339,9 @@ async fn run(polls: usize, edge: bool, read_buffer: &str) {
         let mut pod = held.subscribe();
         async move {
             if edge {
-                wait_until(within, "the polls are held at the edge", || async {
-                    metric(admin, r#"podgate_proxy_edge_polls_held{pod="1"}"#).await >= want
+                eventually(within, "the polls are held at the edge", || async {
+                    (metric(admin, r#"podgate_proxy_edge_polls_held{pod="1"}"#).await >= want)
+                        .then_some(())
                 })
                 .await;
             } else {

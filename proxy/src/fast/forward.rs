@@ -18,7 +18,6 @@ use super::{Conn, Failed, FastPath, MAX_ATTEMPTS, RELAY_CHUNK, write_all};
 use crate::metrics::METRICS;
 use crate::rules::Rule;
 use crate::service::Ctx;
-use crate::sources;
 
 impl FastPath {
     /// Send the request to the decided Pod and relay its response. `Ok((status,
@@ -381,7 +380,6 @@ fn upstream_request(
     request_id: &str,
 ) -> Vec<u8> {
     use std::io::Write as _;
-    let hop_by_hop = sources::connection_listed(&head.headers);
     let mut out = Vec::with_capacity(total + 96 + rule.name.len());
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
@@ -393,7 +391,8 @@ fn upstream_request(
             .iter()
             .any(|o| n.eq_ignore_ascii_case(o));
         if ours
-            || hop_by_hop
+            || head
+                .hop_by_hop
                 .iter()
                 .any(|h| n.eq_ignore_ascii_case(h.as_str().as_bytes()))
         {

@@ -34,6 +34,9 @@ pub(crate) struct Head {
     /// Whether the connection may serve another request (no `close` in any
     /// `Connection` line, RFC 9112 §9.6).
     pub(crate) keepalive: bool,
+    /// The headers the request lists in `Connection:` (never routed by, not
+    /// forwarded).
+    pub(crate) hop_by_hop: Vec<HeaderName>,
 }
 
 impl Head {
@@ -140,6 +143,7 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     Parsed::Head(Head {
         method,
         target,
+        hop_by_hop: crate::sources::connection_listed(&headers),
         headers,
         lines,
         len,

@@ -52,7 +52,7 @@ use crate::metrics::METRICS;
 use crate::params::BodyKind;
 use crate::rules::{ActionKind, Pool, Rule};
 use crate::service::{Ctx, PodGate};
-use crate::sources::{self, Body, TokenSource};
+use crate::sources::{Body, TokenSource};
 
 use head::{Head, Parsed};
 
@@ -315,7 +315,6 @@ impl FastPath {
         };
         let body = &conn.buf[head.len..total];
         let whole = kind.as_ref().filter(|_| !body.is_empty());
-        let hop_by_hop = sources::connection_listed(&head.headers);
         let request = decision::Request {
             headers: &head.headers,
             query: head.query(&conn.buf),
@@ -328,7 +327,7 @@ impl FastPath {
                     },
                 )
             }),
-            hop_by_hop: &hop_by_hop,
+            hop_by_hop: &head.hop_by_hop,
         };
         let decision = gate.token_decision(rule, &request);
         ctx.token = decision.token;
