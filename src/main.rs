@@ -78,7 +78,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing(&args.log, args.log_json);
+    if let Err(e) = init_tracing(&args.log, args.log_json) {
+        eprintln!("podgate: --log {:?} (or PODGATE_LOG): {e}", args.log);
+        return ExitCode::from(cli::EXIT_USAGE);
+    }
     let result = match args.command {
         Command::Token(cmd) => cli::token::run(cmd),
         Command::Registry(args) => cli::registry::run(args),
@@ -101,14 +104,15 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("podgate: {e:#}");
-            ExitCode::from(cli::EXIT_USAGE)
+            ExitCode::from(cli::exit_code(&e))
         }
     }
 }
 
-fn init_tracing(filter: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+/// Start logging with `filter` (tracing's `EnvFilter` syntax); a filter that does not
+/// parse is an error, not a quiet fallback.
+fn init_tracing(filter: &str, json: bool) -> Result<(), tracing_subscriber::filter::ParseError> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -117,4 +121,5 @@ fn init_tracing(filter: &str, json: bool) {
     } else {
         builder.init();
     }
+    Ok(())
 }

@@ -71,8 +71,9 @@ fn pods_add_drain_list_rm_through_redis() {
     let t = ok_json(r(&["pods", "rm", "2"]));
     assert_eq!(t["pods"].as_array().unwrap().len(), 1);
 
+    // Not there: a failure (1), not a usage error.
     let o = r(&["pods", "rm", "2"]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no Pod with id 2"));
     let o = r(&["pods", "add", "--id", "3", "--name", "x", "--web", "nope"]);
     assert_eq!(o.status.code(), Some(2));
@@ -169,7 +170,8 @@ fn topology_file_is_read_only_and_errors_are_clear() {
         "pods",
         "list",
     ]);
-    assert_eq!(o.status.code(), Some(2));
+    // Redis unreachable is a run-time failure (1): the command was right.
+    assert_eq!(o.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("registry backend error"),
         "{}",

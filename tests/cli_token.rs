@@ -212,3 +212,86 @@ fn demo_runs() {
     let out = stdout(&o);
     assert!(out.contains("4 of 7 tokens routable"), "{out}");
 }
+
+/// A `--log` filter that does not parse is a usage error naming the flag, not a quiet
+/// fall-back to `warn`; `PODGATE_LOG` is checked the same way.
+#[test]
+fn a_bad_log_filter_is_a_usage_error() {
+    let o = podgate(&["--log", "podgate=[", "token", "inspect", VECTOR]);
+    assert_eq!(o.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("--log \"podgate=[\""), "{stderr}");
+    assert!(o.stdout.is_empty(), "the command did not run");
+    let o = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["token", "inspect", VECTOR])
+        .env("PODGATE_LOG", "warn,=bogus=")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("PODGATE_LOG"));
+    // A good one runs the command.
+    assert_eq!(
+        podgate(&["--log", "podgate=debug,warn", "token", "inspect", VECTOR])
+            .status
+            .code(),
+        Some(0)
+    );
+}
+
+/// `podgate proxy`: a configuration it cannot use exits 2 naming the field; one it
+/// can use but cannot run (its address is taken) exits 1.
+#[test]
+fn proxy_configuration_errors_exit_2_and_run_failures_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("proxy.toml");
+    // An inline topology and a Redis registry both say where Pods are.
+    std::fs::write(
+        &file,
+        r#"
+        listen = "127.0.0.1:0"
+        admin_listen = "127.0.0.1:0"
+        [registry.backend]
+        kind = "redis"
+        url = "redis://127.0.0.1:6379"
+        [topology]
+        default_pod = 1
+        [[topology.pods]]
+        id = 1
+        name = "legacy"
+        web = ["127.0.0.1:9001"]
+        "#,
+    )
+    .unwrap();
+    let o = podgate(&["proxy", "--config", file.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("topology: an inline [topology] and a Redis registry.backend"),
+        "{stderr}"
+    );
+
+    // Valid, but its Redis Cluster cannot be reached: a run-time failure.
+    let port = podgate_registry::testing::free_port();
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+            listen = "127.0.0.1:0"
+            admin_listen = "127.0.0.1:0"
+            [registry.backend]
+            kind = "redis-cluster"
+            nodes = ["redis://127.0.0.1:{port}"]
+            "#
+        ),
+    )
+    .unwrap();
+    let o = podgate(&["proxy", "--config", file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("opening the registry"), "{stderr}");
+}

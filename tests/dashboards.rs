@@ -285,10 +285,9 @@ mod proxy {
         m.connect_failures.with_label_values(&["1"]).inc();
         m.fast_path.with_label_values(&["served"]).inc();
         m.set_cache(1, 1);
-        // `render` is the whole default registry, which also holds the presence
-        // registry's process-wide `podgate_registry_*` families once anything in
-        // the process touched a `Registry` (the kas tests below do, in parallel):
-        // those are charted on the kas dashboard, so they are left out here.
+        // `render` is the whole default registry. A running proxy also serves its
+        // presence registry's `podgate_registry_*` families there (charted on the
+        // kas dashboard): left out here.
         super::exposed(&render(), &["podgate_"])
             .into_iter()
             .filter(|n| !n.starts_with("podgate_registry_"))
@@ -339,7 +338,7 @@ mod kas {
     /// Every metric kas (`agent/src/kas/metrics.rs`, `agent_auth.rs`), the presence
     /// registry it serves beside them (`pod-registry/src/metrics.rs`) and agentk
     /// (`agent/src/agentk/metrics.rs`) define.
-    const EXPECTED: [&str; 32] = [
+    const EXPECTED: [&str; 34] = [
         "podgate_kas_connected_agents",
         "podgate_kas_tunnels",
         "podgate_kas_routing_duration_seconds",
@@ -350,6 +349,8 @@ mod kas {
         "podgate_kas_routed_total",
         "podgate_kas_registry_errors_total",
         "podgate_kas_agent_info_lookups_total",
+        "podgate_kas_auth_failures_total",
+        "podgate_kas_tunnels_refused_total",
         "podgate_registry_backend_up",
         "podgate_registry_backend_errors_total",
         "podgate_registry_corrupt_values_total",
@@ -397,9 +398,15 @@ mod kas {
             kas.routed("GetPods", outcome, 0.001);
         }
         kas.registry_error("dashboard-test");
+        kas.auth_failure(
+            "external",
+            podgate_agent::auth::Refusal::Signature,
+            &tonic::metadata::MetadataMap::new(),
+        );
         agent_info_lookup(&kas).await;
-        touch_memory_registry().await;
-        touch_redis_registry().await;
+        // Each registry has its own metrics (a kas serves its registry's).
+        let mut families = touch_memory_registry().await;
+        families.extend(touch_redis_registry().await);
 
         let agentk = AgentkMetrics::new();
         agentk.connect("ok");
@@ -407,6 +414,13 @@ mod kas {
 
         let mut names = super::exposed(&kas.render(), &PREFIXES);
         names.extend(super::exposed(&agentk.render(), &PREFIXES));
+        let mut text = Vec::new();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &families, &mut text)
+            .expect("encodes");
+        names.extend(super::exposed(
+            &String::from_utf8(text).expect("utf-8"),
+            &PREFIXES,
+        ));
         names
     }
 
@@ -440,7 +454,7 @@ mod kas {
 
     /// An in-memory registry through a topology change, one agent connection's life,
     /// a refresh and a GC.
-    async fn touch_memory_registry() {
+    async fn touch_memory_registry() -> Vec<prometheus::proto::MetricFamily> {
         let registry = Registry::with_memory(
             MemoryBackend::new(Topology::default()),
             RegistryConfig::default(),
@@ -478,11 +492,12 @@ mod kas {
         registry.unregister_agent(7, 1).await.expect("unregister");
         registry.gc().await.expect("gc");
         registry.shutdown().await.expect("shutdown");
+        registry.metrics().gather()
     }
 
     /// `podgate_registry_corrupt_values_total` and `..._backend_errors_total` only
     /// move on the Redis backend: read an undecodable value, then call a dead server.
-    async fn touch_redis_registry() {
+    async fn touch_redis_registry() -> Vec<prometheus::proto::MetricFamily> {
         let mut redis = tokio::task::spawn_blocking(RedisServer::start)
             .await
             .expect("redis-server starts");
@@ -497,6 +512,7 @@ mod kas {
         assert!(instances.is_empty(), "{instances:?}");
         redis.kill();
         registry.kas_instances().await.expect_err("Redis is gone");
+        registry.metrics().gather()
     }
 
     #[test]

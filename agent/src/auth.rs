@@ -119,18 +119,69 @@ impl JwtAuth {
         })
     }
 
-    /// Check `authorization: Bearer <jwt>`.
+    /// Check `authorization: Bearer <jwt>`: the same bare `Unauthenticated` for
+    /// every failure.
     pub fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
-        let denied = || Status::unauthenticated("unauthenticated");
-        let token = bearer(metadata).ok_or_else(denied)?;
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
-            .map_err(|_| denied())?;
+        self.verify(metadata)
+            .map_err(|_| Status::unauthenticated("unauthenticated"))
+    }
+
+    /// Check `authorization: Bearer <jwt>`, saying why it failed (for the kas's own
+    /// logs and metrics, never for the caller).
+    pub fn verify(&self, metadata: &MetadataMap) -> Result<(), Refusal> {
+        use jsonwebtoken::errors::ErrorKind;
+        let token = bearer(metadata).ok_or(Refusal::Missing)?;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
+            |e| match e.kind() {
+                ErrorKind::InvalidSignature => Refusal::Signature,
+                ErrorKind::ExpiredSignature | ErrorKind::ImmatureSignature => Refusal::Expired,
+                ErrorKind::InvalidIssuer
+                | ErrorKind::InvalidAudience
+                | ErrorKind::MissingRequiredClaim(_)
+                | ErrorKind::InvalidAlgorithm => Refusal::Claims,
+                _ => Refusal::Malformed,
+            },
+        )?;
         if let Some(max) = self.max_ttl
             && data.claims.exp.saturating_sub(data.claims.iat) > max
         {
-            return Err(denied());
+            return Err(Refusal::Lifetime);
         }
         Ok(())
+    }
+}
+
+/// Why a bearer token was refused: a metric label, from a small fixed set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `authorization: Bearer` header.
+    Missing,
+    /// Not a token this endpoint can read (not a JWT, bad encoding).
+    Malformed,
+    /// Signed with another secret (a mismatched secret shows up here).
+    Signature,
+    /// Expired, or not valid yet (clock skew).
+    Expired,
+    /// Issuer, audience, algorithm or a required claim is wrong.
+    Claims,
+    /// Valid for longer than this endpoint allows.
+    Lifetime,
+    /// Not an agent token this kas knows (agent listener).
+    Unknown,
+}
+
+impl Refusal {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Missing => "missing",
+            Refusal::Malformed => "malformed",
+            Refusal::Signature => "signature",
+            Refusal::Expired => "expired",
+            Refusal::Claims => "claims",
+            Refusal::Lifetime => "lifetime",
+            Refusal::Unknown => "unknown",
+        }
     }
 }
 

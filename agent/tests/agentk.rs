@@ -323,3 +323,98 @@ async fn opaque_agent_tokens_are_asked_of_gitlab_and_the_answers_cached() {
         assert!(metrics.contains(line), "{line}\n{metrics}");
     }
 }
+
+/// Concurrent callers with the same uncached opaque token share one `agent_info`
+/// call: GitLab's answer is held back until every other caller is waiting for it,
+/// and it is asked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_lookups_of_one_token_ask_gitlab_once() {
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use podgate_agent::kas::agent_auth::AgentAuth;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gitlab = listener.local_addr().unwrap();
+    let (c, r) = (calls.clone(), release.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (calls, release) = (c.clone(), r.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req: hyper::Request<hyper::body::Incoming>| {
+                    let (calls, release) = (calls.clone(), release.clone());
+                    async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        release.acquire().await.unwrap().forget();
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            bytes::Bytes::from(r#"{"agent_id":7,"project_id":70}"#),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let metrics = prometheus::Registry::new();
+    let auth = Arc::new(AgentAuth::new(
+        Arc::new(podgate_tokens::Classifier::with_keys(
+            podgate_tokens::KeySet::new(),
+        )),
+        Some(AgentInfoConfig {
+            url: format!("http://{gitlab}"),
+            secret: EXTERNAL.to_vec(),
+            positive_ttl: std::time::Duration::from_secs(300),
+            negative_ttl: std::time::Duration::from_secs(60),
+            timeout: std::time::Duration::from_secs(30),
+        }),
+        &metrics,
+    ));
+    let count = |result: &str| {
+        metrics
+            .gather()
+            .iter()
+            .flat_map(|f| f.get_metric().to_vec())
+            .filter(|m| m.get_label().iter().any(|l| l.value() == result))
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum::<u64>()
+    };
+    let callers: Vec<_> = (0..20)
+        .map(|_| {
+            let auth = auth.clone();
+            tokio::spawn(async move {
+                let mut md = tonic::metadata::MetadataMap::new();
+                md.insert(
+                    "authorization",
+                    "Bearer glagent-shared-0123456789abcdefgh".parse().unwrap(),
+                );
+                auth.authenticate(&md).await
+            })
+        })
+        .collect();
+    podgate_registry::testing::eventually(
+        std::time::Duration::from_secs(20),
+        "the first lookup to reach GitLab",
+        || async { (calls.load(Ordering::SeqCst) >= 1).then_some(()) },
+    )
+    .await;
+    // Let the other callers arrive while GitLab holds its answer.
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    release.add_permits(1000);
+    for c in callers {
+        let who = c.await.unwrap().unwrap();
+        assert_eq!((who.agent_id, who.project_id), (7, 70));
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "GitLab was asked more than once"
+    );
+    assert_eq!(count("yes"), 1);
+    // Those that came while it was asked waited for it; any later read the cache.
+    assert_eq!(count("joined") + count("cached_yes"), 19);
+}

@@ -380,3 +380,217 @@ async fn make_request_reaches_kube_sim_through_two_kas() {
     .await;
     tunnels.abort();
 }
+
+/// kas2 answers kas1's `KasInternal.Call` for a replica connected to it from its own
+/// state: with Redis down it still takes the call (and waits for a tunnel) instead of
+/// reading the failed lookup as "not mine" and sending kas1 elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ownership_is_answered_from_the_kas_own_state_while_redis_is_down() {
+    let mut redis = podgate_registry::testing::RedisServer::start();
+    let registry = Registry::connect(RegistryConfig {
+        backend: podgate_registry::BackendConfig::Redis { url: redis.url() },
+        ..RegistryConfig::default()
+    })
+    .await
+    .unwrap();
+    let (keys, mint) = agent_tokens();
+    let kas2 = Kas::start(kas_config(keys, Duration::from_secs(30)), registry)
+        .await
+        .unwrap();
+    // Agent 4's replica is connected to kas2 but serves no tunnels yet.
+    let (conn, _presence) = configuration_stream(channel(kas2.agent_addr()).await, &mint(Some(4)))
+        .await
+        .unwrap();
+    redis.kill();
+    let token = podgate_agent::auth::mint_internal(&INTERNAL_SECRET, 30).unwrap();
+    let mut internal = KasInternalClient::new(channel(kas2.internal_addr()).await);
+    let mut request = bearer(
+        tonic::Request::new(TunnelCallRequest {
+            agent_id: 4,
+            connection_id: conn,
+            method: "Count".into(),
+            payload: Vec::new(),
+        }),
+        &token,
+    );
+    request
+        .metadata_mut()
+        .insert(HOP_WAIT_KEY, "200".parse().unwrap());
+    let mut stream = internal
+        .call(request)
+        .await
+        .expect("accepted: the replica is connected here, whatever Redis says")
+        .into_inner();
+    // No tunnel came within the caller's wait: now it is "no tunnel".
+    let e = stream.message().await.err().unwrap();
+    assert!(e.metadata().get(NO_TUNNEL_KEY).is_some(), "{e:?}");
+}
+
+/// A call waiting for its agent is woken by that agent's events only: other agents
+/// connecting and disconnecting anywhere make it re-run no lookup and call no kas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrelated_agents_events_wake_no_waiting_call() {
+    let registry = podgate_agent::testing::fixtures::memory_registry().await;
+    let (keys, mint) = agent_tokens();
+    let kas1 = Kas::start(kas_config(keys, Duration::from_secs(60)), registry.clone())
+        .await
+        .unwrap();
+    // Agent 7 is registered to a kas that refuses connections: every look at it is
+    // one re-route.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    put(&registry, 7, 71, &closed_addr).await;
+    let router = kas1.router();
+    let call = tokio::spawn(async move { router.open(7, 0, "Count", Vec::new()).await });
+    podgate_registry::testing::eventually(Duration::from_secs(20), "a first re-route", || async {
+        (kas1.metrics().reroutes.get() >= 1).then_some(())
+    })
+    .await;
+    let before = kas1.metrics().reroutes.get();
+    for round in 0..10 {
+        put(&registry, 8, 800 + round, "127.0.0.1:1").await;
+        assert!(registry.unregister_agent(8, 800 + round).await.unwrap());
+    }
+    // Then agent 7 connects here (its events come after agent 8's): the call is
+    // served by it.
+    let stopped = Arc::new(tokio::sync::Notify::new());
+    let (_conn, _stream, _tunnels) =
+        replica(&kas1, mint(Some(7)), 7, Arc::new(Test(stopped))).await;
+    let routed = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("served once agent 7 connected")
+        .unwrap()
+        .expect("a response");
+    drop(routed);
+    let extra = kas1.metrics().reroutes.get() - before;
+    // At most one more look at the refusing kas (agent 7's connect may wake the
+    // call before its tunnels are in); 20 events of agent 8 would have made 20.
+    assert!(extra <= 1, "{extra} re-routes after unrelated events");
+}
+
+/// A waiter for one agent's tunnels is not woken when another agent's arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_arriving_wakes_only_its_agents_waiters() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Counting(AtomicUsize);
+    impl Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let (keys, mint) = agent_tokens();
+    let kas = Kas::start(
+        kas_config(keys, Duration::from_secs(5)),
+        podgate_agent::testing::fixtures::memory_registry().await,
+    )
+    .await
+    .unwrap();
+    let wakes = Arc::new(Counting(AtomicUsize::new(0)));
+    let waker = Waker::from(wakes.clone());
+    let mut waiting_for_5 = Box::pin(kas.tunnels().wait_idle(5, 0, 1));
+    assert!(matches!(
+        waiting_for_5
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker)),
+        Poll::Pending
+    ));
+    assert_eq!(kas.tunnels().agents_waited_for(), 1);
+    // Agent 6's replica brings two tunnels.
+    let stopped = Arc::new(tokio::sync::Notify::new());
+    let _six = replica(&kas, mint(Some(6)), 6, Arc::new(Test(stopped.clone()))).await;
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        0,
+        "agent 6's tunnels woke agent 5's waiter"
+    );
+    // Agent 5's do.
+    let _five = replica(&kas, mint(Some(5)), 5, Arc::new(Test(stopped))).await;
+    assert!(wakes.0.load(Ordering::SeqCst) >= 1);
+    assert!(matches!(
+        waiting_for_5
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker)),
+        Poll::Ready(())
+    ));
+    drop(waiting_for_5);
+    assert_eq!(
+        kas.tunnels().agents_waited_for(),
+        0,
+        "the waiter's entry stays"
+    );
+}
+
+/// kas holds at most `max_idle_tunnels_per_agent` idle tunnels per agent and refuses
+/// the rest (counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tunnels_per_agent_are_capped() {
+    let (keys, mint) = agent_tokens();
+    let kas = Kas::start(
+        podgate_agent::kas::KasConfig {
+            max_idle_tunnels_per_agent: 2,
+            ..kas_config(keys, Duration::from_secs(5))
+        },
+        podgate_agent::testing::fixtures::memory_registry().await,
+    )
+    .await
+    .unwrap();
+    let token = mint(Some(9));
+    let ch = channel(kas.agent_addr()).await;
+    let (conn, _stream) = configuration_stream(ch.clone(), &token).await.unwrap();
+    let stopped = Arc::new(tokio::sync::Notify::new());
+    let _tunnels = tokio::spawn(serve_tunnels(
+        ch,
+        token,
+        conn,
+        TunnelPool::new(5),
+        Arc::new(Test(stopped)),
+    ));
+    podgate_registry::testing::eventually(Duration::from_secs(20), "tunnels refused", || async {
+        (kas.metrics().tunnels_refused.get() >= 3).then_some(())
+    })
+    .await;
+    assert_eq!(kas.tunnels().idle(9, 0), 2);
+    assert_eq!(kas.metrics().tunnels_idle.get(), 2);
+}
+
+/// Refused credentials on the GitLab → kas, kas → kas and agent listeners are
+/// counted by listener and reason (and logged with a fingerprint).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_are_counted_by_listener_and_reason() {
+    use podgate_agent::proto::kas_api_client::KasApiClient;
+    let (kas1, _kas2, _keys, _mint) = two_kas(Duration::from_secs(5)).await;
+    // GitLab → kas with a token signed by another secret (a mismatched secret).
+    let wrong = podgate_agent::auth::mint_external(&[7u8; 32], "gitlab", 60).unwrap();
+    let mut api = KasApiClient::new(channel(kas1.external_addr()).await);
+    let e = api
+        .get_pods(podgate_agent::testing::fixtures::get_pods(1, 0, &wrong))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    // kas → kas with no token at all.
+    let mut internal = KasInternalClient::new(channel(kas1.internal_addr()).await);
+    let e = internal
+        .call(TunnelCallRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    // An agent with a token no kas key signed.
+    let (_, stranger) = agent_tokens();
+    let e = configuration_stream(channel(kas1.agent_addr()).await, &stranger(Some(3)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    let m = kas1.metrics();
+    assert_eq!(m.auth_failures("external"), 1);
+    assert_eq!(m.auth_failures("internal"), 1);
+    assert_eq!(m.auth_failures("agent"), 1);
+    let text = m.render();
+    for line in [
+        r#"podgate_kas_auth_failures_total{listener="external",reason="signature"} 1"#,
+        r#"podgate_kas_auth_failures_total{listener="internal",reason="missing"} 1"#,
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+}

@@ -35,6 +35,15 @@ pub enum Error {
         /// Each problem, naming its field.
         problems: Vec<String>,
     },
+    /// Other processes changed the same shared state (the topology) every time this
+    /// one tried. Transient: try again.
+    #[error("{what}: changed concurrently {attempts} times in a row; try again")]
+    Contention {
+        /// What was being changed.
+        what: &'static str,
+        /// How many times the change was re-read and re-applied.
+        attempts: u32,
+    },
     /// A file could not be read.
     #[error("reading {path}: {source}")]
     Io {
@@ -69,7 +78,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Backend { .. } | Error::AgentNotConnected { .. }
+            Error::Backend { .. } | Error::AgentNotConnected { .. } | Error::Contention { .. }
         )
     }
 }

@@ -59,7 +59,8 @@
 //!
 //! Redis down: calls return [`Error::Backend`] (transient); the registry logs once
 //! when the backend goes away and once when it returns, counts every failure in
-//! `podgate_registry_backend_errors_total{op}`, keeps the last good topology, and
+//! `podgate_registry_backend_errors_total{op}` (each registry has its own metrics,
+//! which its process serves through [`Registry::register_metrics`]), keeps the last good topology, and
 //! reconnects with back-off. Redis restarted empty: the pub/sub subscription
 //! reconnects, which triggers an immediate refresh of everything owned; the
 //! periodic refresh does the same at the latest one `refresh_interval` later.
@@ -78,6 +79,7 @@ pub use backend::TopologyChange;
 pub use backend::memory::MemoryBackend;
 pub use backend::redis::RedisTarget;
 pub use error::{Error, Result};
+pub use metrics::RegistryMetrics;
 pub use presence::{AgentConnection, AgentEvent, KasAddress, KasInstance};
 pub use registry::{BackendConfig, Registry, RegistryConfig};
 pub use topology::{Pod, PodState, Topology, TopologyFile};

@@ -120,10 +120,20 @@ impl OwnedConn {
     }
 }
 
-/// Now as Unix milliseconds.
+/// Now as Unix milliseconds: the wall clock, moved by however far tokio's clock is
+/// from the monotonic one. In a running process the two agree and this is the wall
+/// clock; under `tokio::time::pause` expiries follow the paused clock, so tests of
+/// TTLs advance time instead of waiting for it.
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
+    let wall = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+        .map_or(0, |d| d.as_micros() as i128);
+    let tokio_now = tokio::time::Instant::now().into_std();
+    let std_now = std::time::Instant::now();
+    let offset = if tokio_now >= std_now {
+        tokio_now.duration_since(std_now).as_micros() as i128
+    } else {
+        -(std_now.duration_since(tokio_now).as_micros() as i128)
+    };
+    ((wall + offset) / 1000).max(0) as u64
 }

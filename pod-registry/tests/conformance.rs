@@ -52,6 +52,44 @@ impl Env {
     async fn registry(&self) -> Registry {
         self.registry_with(self.config()).await
     }
+
+    /// For tests on tokio's paused clock: Redis calls never time out (the clock may
+    /// jump while a reply is on its way); TTLs, refreshes and GC follow the clock.
+    fn paused_config(&self) -> RegistryConfig {
+        RegistryConfig {
+            response_timeout: Duration::from_secs(3600),
+            connect_timeout: Duration::from_secs(3600),
+            ..self.config()
+        }
+    }
+}
+
+/// On Redis, keeps tokio's paused clock moving in 10 ms steps while the runtime
+/// waits: the clock jumps to the next timer whenever nothing is ready, and without
+/// this a wait for a Redis reply could jump a whole refresh interval. A test still
+/// goes through minutes of TTL in a second or two. In memory nothing waits on I/O.
+struct Ticker(Option<tokio::task::JoinHandle<()>>);
+
+impl Ticker {
+    fn start(env: &Env) -> Ticker {
+        if matches!(env, Env::Memory(_)) {
+            return Ticker(None);
+        }
+        Ticker(Some(tokio::spawn(async {
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            loop {
+                tick.tick().await;
+            }
+        })))
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
+        }
+    }
 }
 
 fn pod(n: u64) -> PodId {
@@ -218,10 +256,12 @@ async fn presence_register_lookup_unregister(env: Env) {
 }
 
 async fn ttl_expiry_when_refresh_stops(env: Env) {
+    let _ticker = Ticker::start(&env);
+    let ttl = Duration::from_secs(60);
     let short = RegistryConfig {
-        ttl: Duration::from_millis(1200),
-        refresh_interval: Duration::from_millis(300),
-        ..env.config()
+        ttl,
+        refresh_interval: Duration::from_secs(20),
+        ..env.paused_config()
     };
     let alive = env.registry_with(short.clone()).await;
     let doomed = env.registry_with(short).await;
@@ -229,10 +269,13 @@ async fn ttl_expiry_when_refresh_stops(env: Env) {
         .register_agent(conn(1, 1, 1, "grpc://alive:1"))
         .await
         .unwrap();
+    let registering = tokio::time::Instant::now();
     doomed
         .register_agent(conn(2, 2, 1, "grpc://doomed:1"))
         .await
         .unwrap();
+    // Its expiry was set between these two instants.
+    let registered = tokio::time::Instant::now();
     // The doomed process dies without cleanup: its refresh stops.
     drop(doomed);
     assert_eq!(
@@ -240,21 +283,17 @@ async fn ttl_expiry_when_refresh_stops(env: Env) {
         1,
         "still within ttl"
     );
-    let started = tokio::time::Instant::now();
-    eventually(
-        Duration::from_secs(10),
-        "the unrefreshed entry to expire",
-        || async {
-            alive
-                .connections_by_agent(2)
-                .await
-                .unwrap()
-                .is_empty()
-                .then_some(())
-        },
-    )
-    .await;
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        registering.elapsed() < ttl,
+        "the lookup above ran before the ttl passed"
+    );
+    // Once the ttl has passed (expiries are stored in milliseconds), whatever the
+    // lookup's own duration, it is gone.
+    tokio::time::sleep_until(registered + ttl + Duration::from_millis(2)).await;
+    assert!(
+        alive.connections_by_agent(2).await.unwrap().is_empty(),
+        "the unrefreshed entry outlived its ttl"
+    );
     assert!(alive.kas_for_agent(2).await.unwrap().is_empty());
     assert!(
         alive
@@ -264,25 +303,27 @@ async fn ttl_expiry_when_refresh_stops(env: Env) {
             .iter()
             .all(|c| c.agent_id == 1)
     );
-    // The refreshed entry outlived several ttls.
-    eventually(Duration::from_secs(10), "two ttls to pass", || async {
-        (started.elapsed() > Duration::from_millis(2500)).then_some(())
-    })
-    .await;
+    // The refreshed entry outlives several ttls.
+    tokio::time::sleep(3 * ttl).await;
     assert_eq!(
         alive.connections_by_agent(1).await.unwrap().len(),
         1,
         "refreshed entry lives"
     );
+    assert!(alive.metrics().gather().iter().any(|f| {
+        f.name() == "podgate_registry_refresh_duration_seconds"
+            && f.get_metric()[0].get_histogram().get_sample_count() >= 9
+    }));
 }
 
 async fn gc_removes_expired_entries(env: Env) {
+    let _ticker = Ticker::start(&env);
     let short = RegistryConfig {
-        ttl: Duration::from_millis(800),
-        refresh_interval: Duration::from_millis(200),
+        ttl: Duration::from_secs(60),
+        refresh_interval: Duration::from_secs(20),
         // GC only when asked, so the test sees the count.
-        gc_interval: Duration::from_secs(3600),
-        ..env.config()
+        gc_interval: Duration::from_secs(24 * 3600),
+        ..env.paused_config()
     };
     let survivor = env.registry_with(short.clone()).await;
     let dead = env.registry_with(short).await;
@@ -296,7 +337,7 @@ async fn gc_removes_expired_entries(env: Env) {
         .unwrap();
     drop(dead);
     eventually(
-        Duration::from_secs(10),
+        Duration::from_secs(120),
         "the dead entry to expire",
         || async { (survivor.connections_by_agent(8).await.unwrap().len() == 1).then_some(()) },
     )
@@ -388,14 +429,15 @@ async fn events_reach_other_registries(env: Env) {
 }
 
 async fn wait_for_agent_wakes_on_the_event(env: Env) {
+    let _ticker = Ticker::start(&env);
     let waiting = env
         .registry_with(RegistryConfig {
             // The safety re-check would take an hour: only the event can wake us.
             wait_recheck_interval: Duration::from_secs(3600),
-            ..env.config()
+            ..env.paused_config()
         })
         .await;
-    let connecting = env.registry().await;
+    let connecting = env.registry_with(env.paused_config()).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let w = waiting.clone();
     let mut waiter = tokio::spawn(async move { w.wait_for_agent(77, deadline).await });
@@ -443,11 +485,13 @@ macro_rules! conformance {
             async fn presence_register_lookup_unregister() {
                 super::presence_register_lookup_unregister($env).await;
             }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            // On tokio's paused clock: TTLs pass without waiting for them.
+            #[tokio::test(flavor = "current_thread", start_paused = true)]
             async fn ttl_expiry_when_refresh_stops() {
                 super::ttl_expiry_when_refresh_stops($env).await;
             }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            // On tokio's paused clock: TTLs pass without waiting for them.
+            #[tokio::test(flavor = "current_thread", start_paused = true)]
             async fn gc_removes_expired_entries() {
                 super::gc_removes_expired_entries($env).await;
             }
@@ -459,7 +503,8 @@ macro_rules! conformance {
             async fn events_reach_other_registries() {
                 super::events_reach_other_registries($env).await;
             }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            // On tokio's paused clock: TTLs pass without waiting for them.
+            #[tokio::test(flavor = "current_thread", start_paused = true)]
             async fn wait_for_agent_wakes_on_the_event() {
                 super::wait_for_agent_wakes_on_the_event($env).await;
             }
@@ -470,3 +515,31 @@ macro_rules! conformance {
 conformance!(memory, Env::memory());
 conformance!(redis_standalone, Env::redis());
 conformance!(redis_cluster, Env::cluster());
+
+/// Two registries in one process (a kas and a proxy in a test, two kas in `podgate
+/// up`) keep their own metrics: neither overwrites the other's gauges.
+#[tokio::test]
+async fn each_registry_has_its_own_metrics() {
+    let env = Env::memory();
+    let a = env.registry().await;
+    let b = env.registry().await;
+    a.register_agent(conn(1, 1, 1, "grpc://a:1")).await.unwrap();
+    a.register_agent(conn(2, 2, 1, "grpc://a:1")).await.unwrap();
+    b.register_agent(conn(3, 3, 1, "grpc://b:1")).await.unwrap();
+    assert_eq!(a.metrics().owned_connections(), 2);
+    assert_eq!(b.metrics().owned_connections(), 1);
+    b.put_pod(Pod::new(pod(1), "one", "127.0.0.1:1")).await.unwrap();
+    let version = |r: &Registry| {
+        r.metrics()
+            .gather()
+            .iter()
+            .find(|f| f.name() == "podgate_registry_topology_version")
+            .map(|f| f.get_metric()[0].get_gauge().get_value())
+    };
+    assert_eq!(version(&b), Some(1.0));
+    // Both can be served from one process's Prometheus registry only if they are
+    // told apart there: a second registration of the same names is refused.
+    let served = prometheus::Registry::new();
+    a.register_metrics(&served).unwrap();
+    assert!(b.register_metrics(&served).is_err());
+}

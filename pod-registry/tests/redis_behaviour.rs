@@ -197,19 +197,6 @@ impl Write for Captured {
     }
 }
 
-fn backend_errors_total() -> f64 {
-    prometheus::gather()
-        .iter()
-        .filter(|f| f.name() == "podgate_registry_backend_errors_total")
-        .flat_map(|f| {
-            f.get_metric()
-                .iter()
-                .map(|m| m.get_counter().get_value())
-                .collect::<Vec<_>>()
-        })
-        .sum()
-}
-
 // One thread, so every task's log line lands in the captured buffer.
 #[tokio::test(flavor = "current_thread")]
 async fn redis_restarting_empty_gets_everything_back_within_one_refresh_period() {
@@ -250,7 +237,7 @@ async fn redis_restarting_empty_gets_everything_back_within_one_refresh_period()
         kas.register_agent(conn(agent)).await.unwrap();
     }
     let topology = kas.topology();
-    let errors_before = backend_errors_total();
+    let errors_before = kas.metrics().backend_errors_total();
 
     server.kill();
     // While Redis is down: typed, transient errors; the topology snapshot stays.
@@ -264,7 +251,7 @@ async fn redis_restarting_empty_gets_everything_back_within_one_refresh_period()
     assert_eq!(kas.topology(), topology);
     assert!(!kas.backend_up());
     assert!(
-        backend_errors_total() >= errors_before + 20.0,
+        kas.metrics().backend_errors_total() >= errors_before + 20,
         "failures are counted"
     );
 
@@ -356,4 +343,121 @@ async fn refresh_repairs_keys_lost_without_a_reconnect() {
             vec![conn(agent)]
         );
     }
+}
+
+/// A registration whose write fails is not owned: nothing refreshes it into Redis
+/// later, where it would be a connection no stream stands behind (a ghost that
+/// `GetPods` is routed to). The caller got the error and dropped the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_registration_is_not_owned_and_never_published() {
+    let mut server = RedisServer::start();
+    let registry = Registry::connect(RegistryConfig {
+        backend: BackendConfig::Redis { url: server.url() },
+        ..RegistryConfig::default()
+    })
+    .await
+    .unwrap();
+    registry.register_agent(conn(1)).await.unwrap();
+    server.kill();
+    let err = registry.register_agent(conn(2)).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert_eq!(registry.owned_connections(), 1, "only the registered one");
+    assert_eq!(registry.owned_by_agent(1).len(), 1);
+    assert!(registry.owned_by_agent(2).is_empty());
+    assert_eq!(registry.metrics().owned_connections(), 1);
+    server.restart_empty();
+    eventually(Duration::from_secs(10), "a refresh to succeed", || async {
+        registry.refresh().await.ok()
+    })
+    .await;
+    assert_eq!(registry.connections_by_agent(1).await.unwrap().len(), 1);
+    assert!(
+        registry.connections_by_agent(2).await.unwrap().is_empty(),
+        "the failed registration was published by a refresh"
+    );
+}
+
+/// A registration cancelled mid-write (the gRPC handler's future dropped: agentk
+/// went away, kas is stopping) is not owned either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_cancelled_mid_write_is_not_owned() {
+    use futures_util::FutureExt as _;
+    let server = RedisServer::start();
+    let registry = Registry::connect(RegistryConfig {
+        backend: BackendConfig::Redis { url: server.url() },
+        ..RegistryConfig::default()
+    })
+    .await
+    .unwrap();
+    // Writes are held by the server, so the registration cannot complete.
+    assert_eq!(
+        server.cli(&["CLIENT", "PAUSE", "60000", "WRITE"]).trim(),
+        "OK"
+    );
+    // One poll: the write is sent and the future waits for Redis; then dropped.
+    assert!(registry.register_agent(conn(3)).now_or_never().is_none());
+    assert_eq!(
+        registry.owned_connections(),
+        0,
+        "a cancelled registration stays owned"
+    );
+    assert_eq!(registry.metrics().owned_connections(), 0);
+    assert_eq!(server.cli(&["CLIENT", "UNPAUSE"]).trim(), "OK");
+    // A later registration of the same replica is owned as usual.
+    registry.register_agent(conn(3)).await.unwrap();
+    assert_eq!(registry.owned_by_agent(3)[0].connection_id, 30);
+    registry.refresh().await.unwrap();
+    assert_eq!(registry.connections_by_agent(3).await.unwrap().len(), 1);
+}
+
+/// Topology changes racing from many processes either land or fail with the
+/// transient `Contention` error, never a configuration error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_topology_changes_land_or_fail_as_contention() {
+    let server = RedisServer::start();
+    let config = RegistryConfig {
+        backend: BackendConfig::Redis { url: server.url() },
+        ..RegistryConfig::default()
+    };
+    let mut writers = Vec::new();
+    for w in 0..8u64 {
+        let registry = Registry::connect(config.clone()).await.unwrap();
+        writers.push(tokio::spawn(async move {
+            let mut results = Vec::new();
+            for i in 0..25u64 {
+                let pod = Pod::new(
+                    PodId::new(1 + (w * 25 + i) % 50).unwrap(),
+                    format!("pod-{w}-{i}"),
+                    format!("pod-{w}-{i}:8080"),
+                );
+                results.push(registry.put_pod(pod).await.map(|t| t.version));
+            }
+            results
+        }));
+    }
+    let mut versions = Vec::new();
+    for w in writers {
+        for r in w.await.unwrap() {
+            match r {
+                Ok(v) => versions.push(v),
+                Err(e @ Error::Contention { .. }) => assert!(e.is_transient()),
+                Err(e) => panic!("not a contention error: {e:?}"),
+            }
+        }
+    }
+    let n = versions.len();
+    versions.sort_unstable();
+    versions.dedup();
+    assert_eq!(versions.len(), n, "two changes got the same version");
+    assert!(n > 0);
+}
+
+#[test]
+fn contention_is_transient_and_says_so() {
+    let e = Error::Contention {
+        what: "the topology",
+        attempts: 16,
+    };
+    assert!(e.is_transient());
+    assert!(e.to_string().contains("try again"), "{e}");
 }

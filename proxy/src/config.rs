@@ -292,6 +292,14 @@ impl ProxyConfig {
             bad.extend(problems.into_iter().map(|p| format!("registry.{p}")));
         }
         match (&self.topology, &self.registry.backend) {
+            (Some(_), BackendConfig::Redis { .. } | BackendConfig::RedisCluster { .. }) => bad.push(
+                "topology: an inline [topology] and a Redis registry.backend both give the topology; keep one (the inline one would override what Redis holds)"
+                    .into(),
+            ),
+            (Some(_), BackendConfig::Memory) if self.registry.topology_file.is_some() => bad.push(
+                "topology: an inline [topology] and registry.topology_file both give the topology; keep one"
+                    .into(),
+            ),
             (Some(t), _) => {
                 if let Err(podgate_registry::Error::Config { problems, .. }) = t.validate(origin) {
                     bad.extend(problems.into_iter().map(|p| format!("topology.{p}")));

@@ -125,12 +125,18 @@ impl BackgroundService for RegistryService {
             Err(e) => {
                 // Checked before the server started as far as possible (see
                 // `check_registry`); what is left (a Redis Cluster that cannot be
-                // reached) ends the process like any other start-up error.
+                // reached) is a run-time failure: exit code 1, as `podgate` gives
+                // them (2 is for usage and configuration errors).
                 tracing::error!(error = %e, "opening the registry");
                 eprintln!("podgate: opening the registry: {e}");
-                std::process::exit(2);
+                std::process::exit(1);
             }
         };
+        // Served on this process's /metrics (the default registry). A second proxy
+        // in one process (tests) keeps the first one's.
+        if let Err(e) = registry.register_metrics(prometheus::default_registry()) {
+            tracing::debug!(error = %e, "registry metrics already registered");
+        }
         self.handle.set(registry.clone());
         ready.notify_ready();
         while shutdown.changed().await.is_ok() && !*shutdown.borrow() {}

@@ -98,7 +98,7 @@ pub(crate) fn run(args: AgentkArgs) -> anyhow::Result<ExitCode> {
     };
     leader
         .validate()
-        .map_err(|e| anyhow::anyhow!("--leader-*: {e}"))?;
+        .map_err(|e| super::usage(format!("--leader-*: {e}")))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -18,7 +18,7 @@ use std::io::{self, Read as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::{ArgAction, Args, ValueEnum};
 
 use self::dial::Target;
@@ -188,12 +188,16 @@ pub(crate) fn run(args: GraphArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("reading --token-file {}", path.display()))?
             .trim()
             .to_owned(),
-        (None, None) => bail!("give the access token with --token-file FILE or --token TOKEN"),
+        (None, None) => {
+            return Err(super::usage(
+                "give the access token with --token-file FILE or --token TOKEN",
+            ));
+        }
     };
     if token.is_empty() {
-        bail!("the access token is empty");
+        return Err(super::usage("the access token is empty"));
     }
-    let target = Target::from_proxy_url(&args.url).map_err(anyhow::Error::msg)?;
+    let target = Target::from_proxy_url(&args.url).map_err(super::usage)?;
     // glab sends --stdin's bytes as they are; a text frame needs UTF-8.
     let request = if args.stdin {
         let mut buf = Vec::new();

@@ -122,7 +122,9 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
     if let Some(per_s) = args.churn
         && !(per_s.is_finite() && per_s >= 0.0)
     {
-        anyhow::bail!("--churn {per_s}: expected a number of changes a second, 0 or more");
+        return Err(super::usage(format!(
+            "--churn {per_s}: expected a number of changes a second, 0 or more"
+        )));
     }
     let sim = KubeSim::new(args.history);
     sim.set_settings(kube_sim::Settings {

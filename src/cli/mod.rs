@@ -21,6 +21,48 @@ pub(crate) mod workspaces;
 pub(crate) const EXIT_USAGE: u8 = 2;
 /// Exit code for a token found invalid.
 pub(crate) const EXIT_INVALID: u8 = 1;
+/// Exit code for a failure while running: a listener that cannot be bound, Redis or
+/// a Pod that cannot be reached, a server that stopped.
+pub(crate) const EXIT_FAILURE: u8 = 1;
+
+/// A flag or argument the command cannot use (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Usage(pub(crate) String);
+
+/// A usage error saying `why`.
+pub(crate) fn usage(why: impl Into<String>) -> anyhow::Error {
+    Usage(why.into()).into()
+}
+
+/// The exit code for a command's error: [`EXIT_USAGE`] when anything in its chain is
+/// a usage or configuration error (a flag, a configuration file, its keys), else
+/// [`EXIT_FAILURE`]. Scripts and supervisors tell "fix the command" from "retry".
+pub(crate) fn exit_code(e: &anyhow::Error) -> u8 {
+    use podgate_agent::{agentk, kas};
+    use podgate_proxy::config as proxy;
+    let usage = e.chain().any(|c| {
+        c.is::<Usage>()
+            || c.is::<clap::Error>()
+            || c.is::<kas::config::Error>()
+            || c.is::<podgate_tokens::keys::Error>()
+            || matches!(
+                c.downcast_ref::<proxy::Error>(),
+                Some(
+                    proxy::Error::Invalid { .. } | proxy::Error::Io { .. } | proxy::Error::Keys(_)
+                )
+            )
+            || matches!(
+                c.downcast_ref::<agentk::Error>(),
+                Some(agentk::Error::Invalid(_))
+            )
+            || matches!(
+                c.downcast_ref::<podgate_registry::Error>(),
+                Some(podgate_registry::Error::Config { .. } | podgate_registry::Error::ReadOnly)
+            )
+    });
+    if usage { EXIT_USAGE } else { EXIT_FAILURE }
+}
 
 /// Resolves at the first SIGINT (Ctrl-C) or SIGTERM.
 pub(crate) async fn shutdown_signal() {

@@ -144,9 +144,9 @@ pub(crate) fn run(args: RegistryArgs) -> anyhow::Result<ExitCode> {
     } else if args.topology.is_some() {
         BackendConfig::Memory
     } else {
-        anyhow::bail!(
-            "say where the registry is: --redis URL, --redis-cluster URLS or --topology FILE"
-        );
+        return Err(super::usage(
+            "say where the registry is: --redis URL, --redis-cluster URLS or --topology FILE",
+        ));
     };
     let config = RegistryConfig {
         backend,

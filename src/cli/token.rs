@@ -4,7 +4,7 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use podgate_tokens::gitlab::{self, RoutingKeys};
 use podgate_tokens::keys::{self, Algorithm};
@@ -229,7 +229,9 @@ fn keygen(
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
     {
-        bail!("--kid {kid:?}: use letters, digits, '-', '_' and '.' only");
+        return Err(super::usage(format!(
+            "--kid {kid:?}: use letters, digits, '-', '_' and '.' only"
+        )));
     }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let key = keys::generate(alg).map_err(anyhow::Error::msg)?;
@@ -242,7 +244,10 @@ fn keygen(
     };
     for p in std::iter::once(&private_path).chain(public_path.as_ref()) {
         if p.exists() && !force {
-            bail!("{} exists; pass --force to overwrite", p.display());
+            return Err(super::usage(format!(
+                "{} exists; pass --force to overwrite",
+                p.display()
+            )));
         }
     }
     write_private(&private_path, key.private.as_bytes())?;

@@ -124,6 +124,7 @@ pub(crate) async fn start(
             agent_keys: keys.clone(),
             advertise_internal: None,
             max_wait: Duration::from_secs(30),
+            max_idle_tunnels_per_agent: podgate_agent::kas::DEFAULT_MAX_IDLE_TUNNELS_PER_AGENT,
             observability_listen: None,
             agent_info: None,
             metrics_token: None,

@@ -110,7 +110,7 @@ fn interval(s: &str) -> Result<Duration, String> {
 /// Run `podgate workspaces`.
 pub(crate) fn run(args: WorkspacesArgs) -> anyhow::Result<ExitCode> {
     let gitlab = Gitlab::parse(&args.gitlab)
-        .map_err(|e| anyhow::anyhow!("--gitlab {:?}: {e}", args.gitlab))?;
+        .map_err(|e| super::usage(format!("--gitlab {:?}: {e}", args.gitlab)))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -5,15 +5,21 @@
 //! 5 minutes, a no for 1 minute, both configurable. GitLab being unreachable is not a
 //! no: that caller gets `Unavailable` and nothing is cached.
 //!
+//! The cache is bounded ([`CACHE_CAP`] tokens, the least useful evicted first, never
+//! cleared outright) and single-flight: callers that present the same uncached token
+//! at once wait for the one lookup in flight (counted as `joined`) instead of each
+//! asking GitLab.
+//!
 //! Every refusal is the same `Unauthenticated("unauthenticated")`: nothing tells a
 //! caller which check failed. Tokens are never logged or kept: the cache is keyed by
 //! a SHA-256 of the token.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use podgate_tokens::{Classification, Classifier, TokenFormat, TokenKind};
+
+use crate::auth::Refusal;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use tonic::Status;
@@ -44,15 +50,15 @@ pub struct AgentInfoConfig {
 }
 
 /// SHA-256 of a token → until when, and the answer (`None`: refused).
-type Cache = HashMap<[u8; 32], (Instant, Option<AgentIdentity>)>;
+type Cache = quick_cache::sync::Cache<[u8; 32], (Instant, Option<AgentIdentity>)>;
 
-/// Cache entries kept at most; expired ones go first when it is full.
-const CACHE_CAP: usize = 100_000;
+/// Cache entries kept at most.
+pub const CACHE_CAP: usize = 100_000;
 
 struct AgentInfo {
     config: AgentInfoConfig,
     client: super::gitlab::GitlabClient,
-    cache: Mutex<Cache>,
+    cache: Cache,
     lookups: prometheus::IntCounterVec,
 }
 
@@ -67,6 +73,8 @@ struct AgentInfoResponse {
 pub struct AgentAuth {
     classifier: Arc<Classifier>,
     backend: Option<AgentInfo>,
+    /// Where refusals are counted and logged (kas's metrics), if anywhere.
+    metrics: Option<Arc<super::metrics::KasMetrics>>,
 }
 
 fn denied() -> Status {
@@ -85,7 +93,7 @@ impl AgentAuth {
             let lookups = prometheus::IntCounterVec::new(
                 prometheus::Opts::new(
                     "podgate_kas_agent_info_lookups_total",
-                    "Opaque agent tokens checked, by result (cached_yes, cached_no, yes, no, error)",
+                    "Opaque agent tokens checked, by result (cached_yes, cached_no, joined: waited for the same token's lookup in flight, yes, no, error)",
                 ),
                 &["result"],
             )
@@ -94,18 +102,45 @@ impl AgentAuth {
             AgentInfo {
                 client: super::gitlab::GitlabClient::new(&config.url, config.secret.clone()),
                 config,
-                cache: Mutex::default(),
+                cache: Cache::new(CACHE_CAP),
                 lookups,
             }
         });
         AgentAuth {
             classifier,
             backend,
+            metrics: None,
         }
+    }
+
+    /// Count and log refusals (listener `agent`) in `metrics`.
+    pub fn counted_in(mut self, metrics: Arc<super::metrics::KasMetrics>) -> AgentAuth {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Who the bearer token in `metadata` belongs to.
     pub async fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<AgentIdentity, Status> {
+        let result = self.identify(metadata).await;
+        if let (Err(e), Some(m)) = (&result, &self.metrics)
+            && e.code() == tonic::Code::Unauthenticated
+        {
+            let reason = match crate::auth::bearer(metadata) {
+                None => Refusal::Missing,
+                Some(t) => match self.classifier.classify(t) {
+                    Classification::Invalid { .. } => Refusal::Signature,
+                    _ => Refusal::Unknown,
+                },
+            };
+            m.auth_failure("agent", reason, metadata);
+        }
+        result
+    }
+
+    async fn identify(
         &self,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<AgentIdentity, Status> {
@@ -138,64 +173,71 @@ impl AgentAuth {
 }
 
 impl AgentInfo {
-    fn cached(&self, key: &[u8; 32]) -> Option<Option<AgentIdentity>> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let (until, answer) = cache.get(key)?;
-        (Instant::now() < *until).then_some(*answer)
-    }
-
-    fn remember(&self, key: [u8; 32], answer: Option<AgentIdentity>) {
-        let ttl = if answer.is_some() {
+    fn ttl(&self, answer: &Option<AgentIdentity>) -> Duration {
+        if answer.is_some() {
             self.config.positive_ttl
         } else {
             self.config.negative_ttl
-        };
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.len() >= CACHE_CAP {
-            let now = Instant::now();
-            cache.retain(|_, (until, _)| *until > now);
-            if cache.len() >= CACHE_CAP {
-                cache.clear();
-            }
         }
-        cache.insert(key, (Instant::now() + ttl, answer));
+    }
+
+    fn count(&self, result: &str) {
+        self.lookups.with_label_values(&[result]).inc();
     }
 
     async fn lookup(&self, token: &str) -> Result<AgentIdentity, Status> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Some(answer) = self.cached(&key) {
-            let result = if answer.is_some() {
-                "cached_yes"
-            } else {
-                "cached_no"
+        loop {
+            if let Some((until, answer)) = self.cache.get(&key) {
+                if Instant::now() < until {
+                    self.count(if answer.is_some() {
+                        "cached_yes"
+                    } else {
+                        "cached_no"
+                    });
+                    return answer.ok_or_else(denied);
+                }
+                self.cache.remove(&key);
+            }
+            // Not cached: one caller looks it up, the others wait for its answer.
+            let guard = match self.cache.get_value_or_guard_async(&key).await {
+                Ok((until, answer)) if Instant::now() < until => {
+                    self.count("joined");
+                    return answer.ok_or_else(denied);
+                }
+                Ok(_) => {
+                    // Expired: forget it and take the guard on the next turn.
+                    self.cache.remove(&key);
+                    continue;
+                }
+                Err(guard) => guard,
             };
-            self.lookups.with_label_values(&[result]).inc();
-            return answer.ok_or_else(denied);
-        }
-        match tokio::time::timeout(self.config.timeout, self.ask(token)).await {
-            Ok(Ok(answer)) => {
-                self.remember(key, answer);
-                let result = if answer.is_some() { "yes" } else { "no" };
-                self.lookups.with_label_values(&[result]).inc();
-                answer.ok_or_else(denied)
-            }
-            Ok(Err(why)) => {
-                self.lookups.with_label_values(&["error"]).inc();
-                tracing::warn!(
-                    token = %podgate_tokens::fingerprint(token),
-                    error = %why,
-                    "agent_info lookup failed"
-                );
-                Err(Status::unavailable("agent authentication unavailable"))
-            }
-            Err(_) => {
-                self.lookups.with_label_values(&["error"]).inc();
-                tracing::warn!(
-                    token = %podgate_tokens::fingerprint(token),
-                    "agent_info lookup timed out"
-                );
-                Err(Status::unavailable("agent authentication unavailable"))
-            }
+            return match tokio::time::timeout(self.config.timeout, self.ask(token)).await {
+                Ok(Ok(answer)) => {
+                    let _ = guard.insert((Instant::now() + self.ttl(&answer), answer));
+                    self.count(if answer.is_some() { "yes" } else { "no" });
+                    answer.ok_or_else(denied)
+                }
+                // GitLab did not say: nothing is cached. The guard goes, and one of
+                // the callers waiting on it (if any) asks again.
+                Ok(Err(why)) => {
+                    self.count("error");
+                    tracing::warn!(
+                        token = %podgate_tokens::fingerprint(token),
+                        error = %why,
+                        "agent_info lookup failed"
+                    );
+                    Err(Status::unavailable("agent authentication unavailable"))
+                }
+                Err(_) => {
+                    self.count("error");
+                    tracing::warn!(
+                        token = %podgate_tokens::fingerprint(token),
+                        "agent_info lookup timed out"
+                    );
+                    Err(Status::unavailable("agent authentication unavailable"))
+                }
+            };
         }
     }
 

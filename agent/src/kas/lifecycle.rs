@@ -8,7 +8,7 @@ use podgate_registry::{KasInstance, Registry};
 use podgate_tokens::Classifier;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::Request;
+use tonic::{Request, Status};
 
 use super::api::Api;
 use super::internal::Internal;
@@ -110,6 +110,11 @@ impl Kas {
             .await
             .map_err(Error::Registry)?;
         let metrics = Arc::new(KasMetrics::new());
+        // The presence registry's metrics are this kas's: two kas in one process
+        // (tests, `podgate up`) each serve their own registry's.
+        if let Err(e) = registry.register_metrics(metrics.registry()) {
+            tracing::warn!(error = %e, "the registry's metrics are already served by another kas");
+        }
         let classifier = Arc::new(Classifier::with_keys(config.agent_keys.clone()));
         let gitlab = config.gitlab_url.as_deref().map(|url| {
             Arc::new(gitlab::GitlabClient::new(
@@ -117,12 +122,14 @@ impl Kas {
                 config.external_secret.clone(),
             ))
         });
-        let agent_auth = Arc::new(agent_auth::AgentAuth::new(
-            classifier,
-            config.agent_info.clone(),
-            metrics.registry(),
+        let agent_auth = Arc::new(
+            agent_auth::AgentAuth::new(classifier, config.agent_info.clone(), metrics.registry())
+                .counted_in(metrics.clone()),
+        );
+        let tunnels = Arc::new(tunnel::Tunnels::new(
+            metrics.clone(),
+            config.max_idle_tunnels_per_agent,
         ));
-        let tunnels = Arc::new(tunnel::Tunnels::new(metrics.clone()));
         let (draining, draining_rx) = tokio::sync::watch::channel(false);
         let presence = presence::Presence {
             draining: draining_rx.clone(),
@@ -166,13 +173,20 @@ impl Kas {
                 max_wait: config.max_wait,
             },
         };
+        let (ext_metrics, int_metrics) = (metrics.clone(), metrics.clone());
         let ext_service = KasApiServer::with_interceptor(api, move |req: Request<()>| {
-            external_auth.check(req.metadata())?;
+            if let Err(why) = external_auth.verify(req.metadata()) {
+                ext_metrics.auth_failure("external", why, req.metadata());
+                return Err(Status::unauthenticated("unauthenticated"));
+            }
             Ok(req)
         });
         let int_service =
             KasInternalServer::with_interceptor(internal_api, move |req: Request<()>| {
-                internal_auth.check(req.metadata())?;
+                if let Err(why) = internal_auth.verify(req.metadata()) {
+                    int_metrics.auth_failure("internal", why, req.metadata());
+                    return Err(Status::unauthenticated("unauthenticated"));
+                }
                 Ok(req)
             });
         let (ext_drain, int_drain) = (draining_rx.clone(), draining_rx);

@@ -34,6 +34,9 @@ impl Outcome {
     }
 }
 
+/// At most one log line per listener this often for refused credentials.
+pub const AUTH_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One kas instance's metrics.
 pub struct KasMetrics {
     registry: Registry,
@@ -53,6 +56,10 @@ pub struct KasMetrics {
     pub routing_timeouts: IntCounter,
     /// kas → kas calls answered `Unavailable` (that kas lost the agent): re-routed.
     pub reroutes: IntCounter,
+    /// Reverse tunnels refused: the agent already held the most idle ones allowed.
+    pub tunnels_refused: IntCounter,
+    auth_failures: IntCounterVec,
+    auth_logged: std::sync::Mutex<std::collections::HashMap<&'static str, std::time::Instant>>,
     routed_calls: IntCounterVec,
     registry_errors: IntCounterVec,
 }
@@ -138,6 +145,17 @@ impl KasMetrics {
         registry
             .register(Box::new(registry_errors.clone()))
             .expect("registers once");
+        let auth_failures = IntCounterVec::new(
+            Opts::new(
+                "podgate_kas_auth_failures_total",
+                "Requests refused for their credentials, by listener (agent, external, internal, k8s_proxy, workspaces, observability) and reason",
+            ),
+            &["listener", "reason"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(auth_failures.clone()))
+            .expect("registers once");
         KasMetrics {
             connected_agents,
             tunnels_idle: tunnels.with_label_values(&["idle"]),
@@ -160,6 +178,12 @@ impl KasMetrics {
                 "podgate_kas_reroutes_total",
                 "kas -> kas calls answered Unavailable (that kas lost the agent) and re-routed",
             ),
+            tunnels_refused: counter(
+                "podgate_kas_tunnels_refused_total",
+                "Reverse tunnels refused because the agent held the most idle tunnels allowed",
+            ),
+            auth_failures,
+            auth_logged: std::sync::Mutex::default(),
             routed_calls,
             registry_errors,
             registry,
@@ -180,6 +204,57 @@ impl KasMetrics {
             Outcome::Cancelled => 4,
         };
         self.routing_children[i].observe(seconds);
+    }
+
+    /// Count a request refused for its credentials on `listener`, and log it with
+    /// the token's fingerprint (never the token): the first refusal, then at most one
+    /// line per listener every [`AUTH_LOG_EVERY`] (the count has them all), so a
+    /// mismatched secret is seen without flooding the log.
+    pub fn auth_failure(
+        &self,
+        listener: &'static str,
+        reason: crate::auth::Refusal,
+        metadata: &tonic::metadata::MetadataMap,
+    ) {
+        self.auth_failures
+            .with_label_values(&[listener, reason.label()])
+            .inc();
+        let now = std::time::Instant::now();
+        let mut last = self.auth_logged.lock().unwrap_or_else(|e| e.into_inner());
+        if last
+            .get(listener)
+            .is_some_and(|t| now.duration_since(*t) < AUTH_LOG_EVERY)
+        {
+            return;
+        }
+        last.insert(listener, now);
+        drop(last);
+        let token = crate::auth::bearer(metadata)
+            .map(podgate_tokens::fingerprint)
+            .unwrap_or_else(|| "none".into());
+        tracing::warn!(
+            listener,
+            reason = reason.label(),
+            token = %token,
+            total = self.auth_failures(listener),
+            "refused a request's credentials (is the shared secret the same on both sides?)"
+        );
+    }
+
+    /// Requests refused for their credentials on `listener`, all reasons.
+    pub fn auth_failures(&self, listener: &str) -> u64 {
+        self.registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "podgate_kas_auth_failures_total")
+            .flat_map(|f| f.get_metric().to_vec())
+            .filter(|m| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.name() == "listener" && l.value() == listener)
+            })
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
     }
 
     /// Count a failed registry call.

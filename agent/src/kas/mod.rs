@@ -70,6 +70,9 @@ pub enum Error {
     },
 }
 
+/// [`KasConfig::max_idle_tunnels_per_agent`] unless configured.
+pub const DEFAULT_MAX_IDLE_TUNNELS_PER_AGENT: usize = 256;
+
 /// A kas instance's configuration.
 #[derive(Clone, Debug)]
 pub struct KasConfig {
@@ -92,6 +95,9 @@ pub struct KasConfig {
     pub advertise_internal: Option<String>,
     /// Longest a GitLab request waits for its agent to connect anywhere.
     pub max_wait: std::time::Duration,
+    /// Idle reverse tunnels held per agent, all its replicas together; more are
+    /// refused (`ResourceExhausted`) until some are used.
+    pub max_idle_tunnels_per_agent: usize,
     /// The observability listener (`/metrics`, `/healthz`, `/readyz`), if any.
     pub observability_listen: Option<SocketAddr>,
     /// GitLab's `agent_info` endpoint for opaque agent tokens, if any.

@@ -1,6 +1,11 @@
 //! Reverse tunnels on the kas side. agentk opens `ReverseTunnel.Open` streams and
 //! leaves them idle; kas takes one to send a request back to that agentk replica and
 //! reads one response, then the tunnel ends (agentk replaces it).
+//!
+//! A tunnel's arrival wakes only the calls waiting for that agent, and at most
+//! `max_idle_tunnels_per_agent` idle tunnels are held per agent: more are refused with
+//! `ResourceExhausted` (agentk retries with back-off), so a misbehaving agent cannot
+//! hold a stream per request it never sends.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -24,18 +29,70 @@ struct Idle {
 /// This kas's idle tunnels, by agent.
 pub struct Tunnels {
     idle: Mutex<HashMap<i64, VecDeque<Idle>>>,
-    arrived: Notify,
+    /// Per agent, what its waiters wait on, and how many wait.
+    waiters: Mutex<HashMap<i64, (Arc<Notify>, usize)>>,
+    max_idle_per_agent: usize,
     metrics: Arc<KasMetrics>,
 }
 
+/// One waiter for an agent's tunnels; the agent's entry goes with its last waiter.
+struct Waiter<'a> {
+    tunnels: &'a Tunnels,
+    agent_id: i64,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let mut w = self.tunnels.waiters();
+        if let Some((_, n)) = w.get_mut(&self.agent_id) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&self.agent_id);
+            }
+        }
+    }
+}
+
 impl Tunnels {
-    /// No tunnels yet; counted in `metrics`.
-    pub fn new(metrics: Arc<KasMetrics>) -> Tunnels {
+    /// No tunnels yet; at most `max_idle_per_agent` idle ones per agent; counted in
+    /// `metrics`.
+    pub fn new(metrics: Arc<KasMetrics>, max_idle_per_agent: usize) -> Tunnels {
         Tunnels {
             idle: Mutex::default(),
-            arrived: Notify::new(),
+            waiters: Mutex::default(),
+            max_idle_per_agent: max_idle_per_agent.max(1),
             metrics,
         }
+    }
+
+    fn waiters(&self) -> std::sync::MutexGuard<'_, HashMap<i64, (Arc<Notify>, usize)>> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn waiter(&self, agent_id: i64) -> Waiter<'_> {
+        let mut w = self.waiters();
+        let entry = w
+            .entry(agent_id)
+            .or_insert_with(|| (Arc::new(Notify::new()), 0));
+        entry.1 += 1;
+        Waiter {
+            tunnels: self,
+            agent_id,
+            notify: entry.0.clone(),
+        }
+    }
+
+    /// Wake the calls waiting for `agent_id`'s tunnels (only those).
+    fn arrived(&self, agent_id: i64) {
+        if let Some((n, _)) = self.waiters().get(&agent_id) {
+            n.notify_waiters();
+        }
+    }
+
+    /// Agents some call is waiting for a tunnel of (for tests and metrics).
+    pub fn agents_waited_for(&self) -> usize {
+        self.waiters().len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, VecDeque<Idle>>> {
@@ -156,8 +213,9 @@ impl Tunnels {
     /// Wait until at least `n` idle tunnels to `agent_id` (replica `connection_id`, or
     /// any when 0) are held.
     pub async fn wait_idle(&self, agent_id: i64, connection_id: i64, n: usize) {
+        let waiter = self.waiter(agent_id);
         loop {
-            let notified = self.arrived.notified();
+            let notified = waiter.notify.notified();
             tokio::pin!(notified);
             // Registered before the check, so an arrival in between is not missed.
             notified.as_mut().enable();
@@ -191,17 +249,37 @@ impl ReverseTunnel for TunnelService {
             _ => return Err(Status::invalid_argument("a tunnel starts with a hello")),
         };
         let (down, rx) = mpsc::channel(1);
-        self.tunnels
-            .lock()
-            .entry(who.agent_id)
-            .or_default()
-            .push_back(Idle {
+        {
+            let mut idle = self.tunnels.lock();
+            let q = idle.entry(who.agent_id).or_default();
+            if q.len() >= self.tunnels.max_idle_per_agent {
+                // Tunnels agentk closed while idle go first; then, if still full, no.
+                let before = q.len();
+                q.retain(|t| !t.down.is_closed());
+                self.tunnels
+                    .metrics
+                    .tunnels_idle
+                    .sub((before - q.len()) as i64);
+            }
+            if q.len() >= self.tunnels.max_idle_per_agent {
+                self.tunnels.metrics.tunnels_refused.inc();
+                tracing::debug!(
+                    agent_id = who.agent_id,
+                    connection_id,
+                    "refusing a tunnel: the agent already holds the most idle tunnels allowed"
+                );
+                return Err(Status::resource_exhausted(
+                    "too many idle tunnels for this agent",
+                ));
+            }
+            q.push_back(Idle {
                 connection_id,
                 down,
                 up,
             });
+        }
         self.tunnels.metrics.tunnels_idle.inc();
-        self.tunnels.arrived.notify_waiters();
+        self.tunnels.arrived(who.agent_id);
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

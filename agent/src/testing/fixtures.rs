@@ -30,6 +30,7 @@ pub fn kas_config(keys: KeySet, max_wait: Duration) -> KasConfig {
         agent_keys: keys,
         advertise_internal: None,
         max_wait,
+        max_idle_tunnels_per_agent: crate::kas::DEFAULT_MAX_IDLE_TUNNELS_PER_AGENT,
         observability_listen: Some(any()),
         agent_info: None,
         metrics_token: None,

@@ -20,6 +20,7 @@ use crate::metrics::Health;
 use crate::presence::{
     AgentConnection, AgentEvent, Expiring, KasAddress, KasInstance, OwnedConn, now_ms,
 };
+use crate::registry::RegistryConfig;
 use crate::topology::{Pod, Topology};
 
 /// Where Redis is.
@@ -225,21 +226,25 @@ fn client_for(url: &str) -> Result<redis::Client> {
     })
 }
 
+/// How many times a topology change is re-read and re-applied when another process
+/// changed the topology first.
+const CAS_ATTEMPTS: u32 = 16;
+
 impl RedisBackend {
     /// Connect to `target`. A standalone server may be down now (the connection is
     /// made lazily and re-made with back-off); a Cluster must answer once to map slots.
     pub(crate) async fn connect(
         target: &RedisTarget,
-        prefix: &str,
+        config: &RegistryConfig,
         health: Arc<Health>,
-        backoff_max: Duration,
     ) -> Result<Self> {
+        let (prefix, backoff_max) = (&config.key_prefix, config.backoff_max);
         let conn = match target {
             RedisTarget::Standalone(url) => {
                 let client = client_for(url)?;
                 let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(1)))
-                    .set_response_timeout(Some(Duration::from_secs(5)))
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_response_timeout(Some(config.response_timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(backoff_max);
                 Conn::Single(
@@ -252,8 +257,8 @@ impl RedisBackend {
                     client_for(n)?;
                 }
                 let client = redis::cluster::ClusterClientBuilder::new(nodes.clone())
-                    .connection_timeout(Duration::from_secs(1))
-                    .response_timeout(Duration::from_secs(5))
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.response_timeout)
                     .build()
                     .map_err(Error::backend("connect"))?;
                 Conn::Cluster(
@@ -314,7 +319,7 @@ impl RedisBackend {
 
     pub(crate) async fn update_topology(&self, change: &TopologyChange) -> Result<Topology> {
         let key = self.keys.topology();
-        for _attempt in 0..16 {
+        for _attempt in 0..CAS_ATTEMPTS {
             let current = self.load_topology().await?;
             let next = change.apply(&current)?;
             let mut inv = self.cas_script.key(&key);
@@ -344,9 +349,9 @@ impl RedisBackend {
             next.version = version as u64;
             return Ok(next);
         }
-        Err(Error::Config {
-            origin: "topology".into(),
-            problems: vec!["too many concurrent topology changes; try again".into()],
+        Err(Error::Contention {
+            what: "the topology",
+            attempts: CAS_ATTEMPTS,
         })
     }
 

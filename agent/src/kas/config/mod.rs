@@ -12,6 +12,7 @@
 //! observability_listen = "0.0.0.0:8151" # /metrics, /healthz, /readyz ("off": none)
 //! metrics_token_file = "/etc/kas/metrics-token" # /metrics wants `Bearer <token>`
 //! max_wait = "60s"                     # longest a request waits for its agent
+//! max_idle_tunnels_per_agent = 256      # idle reverse tunnels kept per agent
 //! [gitlab]                             # optional: the Pod's GitLab (internal API)
 //! url = "http://gitlab-webservice:8080" # modules' requests (GitlabAccess.MakeRequest),
 //!                                      # agent configurations; [agent_info] and
@@ -123,6 +124,9 @@ pub struct KasFileConfig {
     /// Longest a GitLab request waits for its agent to connect anywhere.
     #[serde(default = "default_max_wait", with = "humantime_serde")]
     pub max_wait: std::time::Duration,
+    /// Idle reverse tunnels held per agent (all replicas together); more are refused.
+    #[serde(default = "default_max_idle_tunnels")]
+    pub max_idle_tunnels_per_agent: usize,
     /// The observability listener, `ip:port` or `"off"`.
     #[serde(default = "default_observability")]
     pub observability_listen: String,
@@ -168,6 +172,10 @@ fn default_observability() -> String {
 
 fn default_lookup_timeout() -> std::time::Duration {
     std::time::Duration::from_secs(5)
+}
+
+fn default_max_idle_tunnels() -> usize {
+    crate::kas::DEFAULT_MAX_IDLE_TUNNELS_PER_AGENT
 }
 
 fn default_max_wait() -> std::time::Duration {

@@ -81,6 +81,9 @@ impl KasFileConfig {
         if self.max_wait.is_zero() {
             bad.push("max_wait: must be positive".into());
         }
+        if self.max_idle_tunnels_per_agent == 0 {
+            bad.push("max_idle_tunnels_per_agent: must be at least 1".into());
+        }
         let gitlab_url = self.gitlab.as_ref().map(|g| g.url.clone());
         if let Some(u) = &gitlab_url
             && !is_http_url(u)
@@ -176,6 +179,7 @@ impl KasFileConfig {
                         agent_keys: keys,
                         advertise_internal: self.advertise_internal.clone(),
                         max_wait: self.max_wait,
+                        max_idle_tunnels_per_agent: self.max_idle_tunnels_per_agent,
                         observability_listen: observability,
                         agent_info,
                         metrics_token,

@@ -3,12 +3,10 @@
 //! waiters on presence events.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
@@ -16,138 +14,16 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, RedisTarget};
 use crate::backend::{BackendEvent, TopologyChange};
 use crate::error::{Error, Result};
-use crate::metrics::{self, Health};
+use crate::metrics::{Health, RegistryMetrics};
 use crate::presence::{AgentConnection, AgentEvent, KasAddress, KasInstance, OwnedConn};
 use crate::topology::{Pod, PodState, Topology, TopologyFile};
 use podgate_tokens::PodId;
+use tasks::{event_pump, every};
 
-/// Where registry state lives.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum BackendConfig {
-    /// In this process only.
-    #[default]
-    Memory,
-    /// One Redis server.
-    Redis {
-        /// `redis://[user:pass@]host:port[/db]`.
-        url: String,
-    },
-    /// A Redis Cluster.
-    RedisCluster {
-        /// Seed nodes, `redis://host:port`.
-        nodes: Vec<String>,
-    },
-}
+mod config;
+mod tasks;
 
-/// Registry settings. Durations accept `90s`, `5m`, `250ms`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RegistryConfig {
-    /// Where state lives.
-    pub backend: BackendConfig,
-    /// A static topology file; when set, the topology is read-only and comes from it.
-    pub topology_file: Option<PathBuf>,
-    /// Prefix of every Redis key and channel.
-    pub key_prefix: String,
-    /// How long a registration lives unless refreshed.
-    #[serde(with = "humantime_serde")]
-    pub ttl: Duration,
-    /// How often this process rewrites what it owns (must be well under `ttl`).
-    #[serde(with = "humantime_serde")]
-    pub refresh_interval: Duration,
-    /// How often expired entries are removed.
-    #[serde(with = "humantime_serde")]
-    pub gc_interval: Duration,
-    /// How often the topology is re-read even without a change event (safety net).
-    #[serde(with = "humantime_serde")]
-    pub topology_resync_interval: Duration,
-    /// How often `wait_for_agent` re-checks without an event (safety net only).
-    #[serde(with = "humantime_serde")]
-    pub wait_recheck_interval: Duration,
-    /// Longest pause between reconnection attempts.
-    #[serde(with = "humantime_serde")]
-    pub backoff_max: Duration,
-}
-
-impl Default for RegistryConfig {
-    fn default() -> Self {
-        RegistryConfig {
-            backend: BackendConfig::Memory,
-            topology_file: None,
-            key_prefix: "podgate".into(),
-            ttl: Duration::from_secs(120),
-            refresh_interval: Duration::from_secs(30),
-            gc_interval: Duration::from_secs(300),
-            topology_resync_interval: Duration::from_secs(30),
-            wait_recheck_interval: Duration::from_secs(10),
-            backoff_max: Duration::from_secs(5),
-        }
-    }
-}
-
-impl RegistryConfig {
-    /// Check every field; all problems are reported at once, each naming its field.
-    pub fn validate(&self) -> Result<()> {
-        let mut bad = Vec::new();
-        match &self.backend {
-            BackendConfig::Memory => {}
-            BackendConfig::Redis { url } => {
-                if redis::Client::open(url.as_str()).is_err() {
-                    bad.push(format!("backend.url = {url:?}: not a redis:// URL"));
-                }
-            }
-            BackendConfig::RedisCluster { nodes } => {
-                if nodes.is_empty() {
-                    bad.push("backend.nodes: at least one seed node".into());
-                }
-                for (i, n) in nodes.iter().enumerate() {
-                    if redis::Client::open(n.as_str()).is_err() {
-                        bad.push(format!("backend.nodes[{i}] = {n:?}: not a redis:// URL"));
-                    }
-                }
-            }
-        }
-        if self.key_prefix.is_empty()
-            || !self
-                .key_prefix
-                .bytes()
-                .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
-        {
-            bad.push(format!(
-                "key_prefix = {:?}: letters, digits, '-', '_' and '.' only",
-                self.key_prefix
-            ));
-        }
-        if self.ttl < Duration::from_millis(100) {
-            bad.push(format!("ttl = {:?}: at least 100ms", self.ttl));
-        }
-        if self.refresh_interval.is_zero() || self.refresh_interval * 2 > self.ttl {
-            bad.push(format!(
-                "refresh_interval = {:?}: must be positive and at most half of ttl ({:?})",
-                self.refresh_interval, self.ttl
-            ));
-        }
-        for (name, d) in [
-            ("gc_interval", self.gc_interval),
-            ("topology_resync_interval", self.topology_resync_interval),
-            ("wait_recheck_interval", self.wait_recheck_interval),
-            ("backoff_max", self.backoff_max),
-        ] {
-            if d.is_zero() {
-                bad.push(format!("{name}: must be positive"));
-            }
-        }
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Config {
-                origin: "registry".into(),
-                problems: bad,
-            })
-        }
-    }
-}
+pub use config::{BackendConfig, RegistryConfig};
 
 #[derive(Clone)]
 enum Backend {
@@ -206,7 +82,7 @@ impl Registry {
             .as_deref()
             .map(TopologyFile::load)
             .transpose()?;
-        let health = Arc::new(Health::default());
+        let health = Arc::new(Health::new(Arc::new(RegistryMetrics::new())));
         let target = match &config.backend {
             BackendConfig::Memory => None,
             BackendConfig::Redis { url } => Some(RedisTarget::Standalone(url.clone())),
@@ -216,15 +92,9 @@ impl Registry {
             None => Backend::Memory(MemoryBackend::new(
                 file.as_ref().map(|f| f.to_topology(1)).unwrap_or_default(),
             )),
-            Some(target) => Backend::Redis(
-                RedisBackend::connect(
-                    &target,
-                    &config.key_prefix,
-                    health.clone(),
-                    config.backoff_max,
-                )
-                .await?,
-            ),
+            Some(target) => {
+                Backend::Redis(RedisBackend::connect(&target, &config, health.clone()).await?)
+            }
         };
         Ok(Self::start(backend, config, file, health).await)
     }
@@ -233,7 +103,7 @@ impl Registry {
     /// `MemoryBackend` see each other's registrations and events.
     pub async fn with_memory(backend: MemoryBackend, config: RegistryConfig) -> Result<Registry> {
         config.validate()?;
-        let health = Arc::new(Health::default());
+        let health = Arc::new(Health::new(Arc::new(RegistryMetrics::new())));
         Ok(Self::start(Backend::Memory(backend), config, None, health).await)
     }
 
@@ -341,7 +211,7 @@ impl Registry {
         self.inner
             .empty_logged
             .store(false, std::sync::atomic::Ordering::Release);
-        metrics::TOPOLOGY_VERSION.set(next.version as i64);
+        self.metrics().topology_version.set(next.version as i64);
         let next = Arc::new(next);
         self.inner.topology.store(next.clone());
         self.inner.topology_tx.send_replace(next);
@@ -396,28 +266,42 @@ impl Registry {
 
     // ---- presence ----------------------------------------------------------------
 
-    /// Register an agent connection this process holds. It is owned from now on:
-    /// refreshed until unregistered and removed at shutdown. If the backend is down
-    /// the error is returned, but the connection stays owned and is published by
-    /// the next refresh that succeeds.
+    /// Register an agent connection this process holds. It is owned from the moment
+    /// the backend has it: refreshed until unregistered and removed at shutdown.
+    ///
+    /// If the write fails, or this future is dropped before it finishes (the caller
+    /// was cancelled), the connection is not owned: nothing refreshes it, and what
+    /// may have reached the backend expires within the TTL. The caller, who got an
+    /// error (or nothing), has not handed the connection to anyone; it would
+    /// otherwise be refreshed forever with no stream behind it (a ghost `GetPods`
+    /// is routed to).
     pub async fn register_agent(&self, conn: AgentConnection) -> Result<()> {
         let owned = Arc::new(OwnedConn::new(conn));
+        let key = (owned.conn.agent_id, owned.conn.connection_id);
+        // Owned before the write, so a refresh that runs during it rewrites it too;
+        // disowned again unless the write completes.
         {
             let mut o = self.owned();
-            o.conns.insert(
-                (owned.conn.agent_id, owned.conn.connection_id),
-                owned.clone(),
-            );
-            metrics::OWNED_CONNECTIONS.set(o.conns.len() as i64);
+            o.conns.insert(key, owned.clone());
+            self.metrics().owned_connections.set(o.conns.len() as i64);
         }
+        let mut pending = Pending {
+            registry: self,
+            key,
+            conn: Some(owned.clone()),
+        };
         let ttl = self.ttl_ms();
-        match &self.inner.backend {
+        let res = match &self.inner.backend {
             Backend::Memory(m) => {
                 m.register(&owned.conn, ttl);
                 Ok(())
             }
             Backend::Redis(r) => r.register(&owned, ttl).await,
+        };
+        if res.is_ok() {
+            pending.conn = None;
         }
+        res
     }
 
     /// Unregister a connection this process registered. Returns whether it was owned.
@@ -427,7 +311,11 @@ impl Registry {
             let Some(conn) = o.conns.remove(&(agent_id, connection_id)) else {
                 return Ok(false);
             };
-            metrics::OWNED_CONNECTIONS.set(o.conns.len() as i64);
+            self.inner
+                .health
+                .metrics()
+                .owned_connections
+                .set(o.conns.len() as i64);
             let others = o
                 .conns
                 .values()
@@ -538,7 +426,7 @@ impl Registry {
             let o = self.owned();
             (o.conns.values().cloned().collect(), o.kas.clone())
         };
-        let timer = metrics::REFRESH_SECONDS.start_timer();
+        let timer = self.metrics().refresh_seconds.start_timer();
         let ttl = self.ttl_ms();
         match &self.inner.backend {
             Backend::Memory(m) => m.refresh(&conns, kas.as_ref(), ttl),
@@ -561,7 +449,7 @@ impl Registry {
             Backend::Memory(m) => m.gc(),
             Backend::Redis(r) => r.gc(&owned).await?,
         };
-        metrics::GC_REMOVED.inc_by(removed as u64);
+        self.metrics().gc_removed.inc_by(removed as u64);
         Ok(removed)
     }
 
@@ -603,6 +491,30 @@ impl Registry {
         self.owned().conns.len()
     }
 
+    /// The connections of `agent_id` this process owns (registered and keeps
+    /// refreshing). Answered from this process's own state, with no backend call:
+    /// it holds while the backend is down.
+    pub fn owned_by_agent(&self, agent_id: i64) -> Vec<AgentConnection> {
+        self.owned()
+            .conns
+            .values()
+            .filter(|c| c.conn.agent_id == agent_id)
+            .map(|c| c.conn.clone())
+            .collect()
+    }
+
+    /// This registry's own metrics.
+    pub fn metrics(&self) -> &RegistryMetrics {
+        self.inner.health.metrics()
+    }
+
+    /// Register this registry's metrics in `into` (the Prometheus registry the
+    /// process serves on `/metrics`). Fails if `into` already holds another
+    /// registry's.
+    pub fn register_metrics(&self, into: &prometheus::Registry) -> prometheus::Result<()> {
+        self.metrics().register(into)
+    }
+
     fn owned(&self) -> std::sync::MutexGuard<'_, Owned> {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -621,50 +533,28 @@ impl Registry {
     }
 }
 
-/// Run `f` every `period` while the registry lives.
-async fn every<F, Fut>(weak: Weak<Inner>, period: Duration, f: F)
-where
-    F: Fn(Registry) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await; // the first tick fires at once
-    loop {
-        tick.tick().await;
-        let Some(inner) = weak.upgrade() else { return };
-        f(Registry { inner }).await;
-    }
+/// A registration whose write has not completed: disowns the connection when
+/// dropped unless `conn` was taken (the write succeeded).
+struct Pending<'a> {
+    registry: &'a Registry,
+    key: (i64, i64),
+    conn: Option<Arc<OwnedConn>>,
 }
 
-/// Forward backend events to listeners; reload the topology on change; refresh
-/// everything owned after a resubscription (Redis may have restarted empty).
-async fn event_pump(weak: Weak<Inner>, mut rx: broadcast::Receiver<BackendEvent>) {
-    loop {
-        let ev = rx.recv().await;
-        let Some(inner) = weak.upgrade() else { return };
-        let r = Registry { inner };
-        match ev {
-            Ok(BackendEvent::Agent(e)) => {
-                let label = match &e {
-                    AgentEvent::Connected { .. } => "connected",
-                    AgentEvent::Disconnected { .. } => "disconnected",
-                    AgentEvent::Resync => "resync",
-                };
-                metrics::EVENTS.with_label_values(&[label]).inc();
-                let _ = r.inner.events.send(e);
-            }
-            Ok(BackendEvent::Topology(v)) => {
-                if v != r.topology().version {
-                    let _ = r.reload_topology().await;
-                }
-            }
-            Ok(BackendEvent::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                let _ = r.inner.events.send(AgentEvent::Resync);
-                let _ = r.reload_topology().await;
-                let _ = r.refresh().await;
-            }
-            Err(broadcast::error::RecvError::Closed) => return,
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let mut o = self.registry.owned();
+        // Only this registration's entry: a newer one under the same key stays.
+        if o.conns
+            .get(&self.key)
+            .is_some_and(|c| Arc::ptr_eq(c, &conn))
+        {
+            o.conns.remove(&self.key);
+            self.registry
+                .metrics()
+                .owned_connections
+                .set(o.conns.len() as i64);
         }
     }
 }

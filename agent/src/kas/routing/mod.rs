@@ -27,12 +27,11 @@
 //! gitlab-org/cluster-integration/gitlab-agent; see `shared/reference/kas-anchor.md`.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::Stream;
-use podgate_registry::Registry;
+use podgate_registry::{AgentEvent, Registry};
+use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status, Streaming};
@@ -43,11 +42,19 @@ use crate::auth;
 use crate::proto::kas_internal_client::KasInternalClient;
 use crate::proto::{TunnelCallRequest, TunnelMessage};
 
+mod follower;
+
+pub(super) use follower::{CallStream, Follower};
+
 /// Longest a kas → kas TCP connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Longest another kas may take to accept or refuse a call (its response headers).
 pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// kas → kas channels kept at most; past it the least recently made one is dropped
+/// (a kas that left the fleet is never asked again, so its channel would stay).
+pub const MAX_CHANNELS: usize = 256;
 
 /// HTTP/2 keep-alive pings on kas → kas channels: a silent peer is dropped after
 /// `KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT`, ending the calls on it.
@@ -76,7 +83,14 @@ pub struct AgentRouter {
     internal_secret: Vec<u8>,
     max_wait: Duration,
     metrics: Arc<KasMetrics>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<Channels>,
+}
+
+/// kas → kas channels by address, with the order they were made in (for eviction).
+#[derive(Default)]
+struct Channels {
+    by_kas: HashMap<String, Channel>,
+    made: std::collections::VecDeque<String>,
 }
 
 /// A routed call's response: its messages, then its status. Dropping it cancels the
@@ -319,23 +333,34 @@ impl AgentRouter {
             if Instant::now() >= deadline {
                 return timeout(&self.metrics);
             }
-            // Nothing answered yet: wait for the next change (a tunnel here, or an
-            // agent event anywhere), never past the deadline.
+            // Nothing answered yet: wait for the next change that concerns this
+            // agent (a tunnel to it here, its connects and disconnects anywhere, or a
+            // resync), never past the deadline. Other agents' events wake nothing.
             let _waiting = Waiting::new(&self.metrics, &mut waited);
-            tokio::select! {
-                _ = self.tunnels.wait_idle(agent_id, connection_id, 1), if held_here => {}
-                r = events.recv(), if events_open => {
-                    events_open = !matches!(r, Err(tokio::sync::broadcast::error::RecvError::Closed));
+            loop {
+                tokio::select! {
+                    _ = self.tunnels.wait_idle(agent_id, connection_id, 1), if held_here => break,
+                    r = events.recv(), if events_open => match r {
+                        Ok(AgentEvent::Connected { agent_id: a, .. }
+                        | AgentEvent::Disconnected { agent_id: a, .. })
+                            if a != agent_id => {}
+                        Err(RecvError::Closed) => {
+                            events_open = false;
+                            break;
+                        }
+                        _ => break,
+                    },
+                    _ = tokio::time::sleep_until(deadline) => return timeout(&self.metrics),
                 }
-                _ = tokio::time::sleep_until(deadline) => return timeout(&self.metrics),
             }
         }
     }
 
-    /// The channel to kas `kas` (made once, lazily connected, with timeouts).
+    /// The channel to kas `kas` (made once, lazily connected, with timeouts). At
+    /// most [`MAX_CHANNELS`] are kept.
     fn channel(&self, kas: &str) -> Result<Channel, Status> {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = channels.get(kas) {
+        if let Some(c) = channels.by_kas.get(kas) {
             return Ok(c.clone());
         }
         let c = Endpoint::from_shared(format!("http://{kas}"))
@@ -346,16 +371,32 @@ impl AgentRouter {
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true)
             .connect_lazy();
-        channels.insert(kas.to_owned(), c.clone());
+        while channels.by_kas.len() >= MAX_CHANNELS {
+            let Some(oldest) = channels.made.pop_front() else {
+                break;
+            };
+            channels.by_kas.remove(&oldest);
+        }
+        channels.by_kas.insert(kas.to_owned(), c.clone());
+        channels.made.push_back(kas.to_owned());
         Ok(c)
+    }
+
+    /// How many kas → kas channels are kept.
+    pub fn channels(&self) -> usize {
+        self.channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_kas
+            .len()
     }
 
     /// Forget the channel to a kas that failed (a new one reconnects from scratch).
     fn forget_channel(&self, kas: &str) {
-        self.channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(kas);
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if channels.by_kas.remove(kas).is_some() {
+            channels.made.retain(|k| k != kas);
+        }
     }
 
     /// The call through kas `kas`'s `KasInternal.Call`.
@@ -417,136 +458,50 @@ impl AgentRouter {
     }
 }
 
-/// The `Unavailable` a kas answers when it holds no tunnel to the replica named.
-pub(super) fn no_tunnel() -> Status {
-    let mut md = tonic::metadata::MetadataMap::new();
-    md.insert(
-        NO_TUNNEL_KEY,
-        tonic::metadata::MetadataValue::from_static("1"),
-    );
-    Status::with_metadata(tonic::Code::Unavailable, NO_TUNNELS, md)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// A response stream sent back to the kas that routed the call.
-pub(super) type CallStream = Pin<Box<dyn Stream<Item = Result<TunnelMessage, Status>> + Send>>;
-
-/// The receiving side of a kas → kas call: follows the instruction, never discovers.
-#[derive(Clone)]
-pub(super) struct Follower {
-    pub(super) tunnels: Arc<Tunnels>,
-    pub(super) registry: Registry,
-    pub(super) me: String,
-    pub(super) max_wait: Duration,
-}
-
-impl Follower {
-    /// Whether replica `connection_id` (any when 0) of `agent_id` is registered to
-    /// this kas. A registry failure reads as "not ours": the caller re-routes.
-    async fn ours(&self, agent_id: i64, connection_id: i64) -> bool {
-        match self.registry.connections_by_agent(agent_id).await {
-            Ok(conns) => conns.iter().any(|c| {
-                c.kas.0 == self.me && (connection_id == 0 || c.connection_id == connection_id)
-            }),
-            Err(e) => {
-                tracing::warn!(error = %e, "registry lookup failed; answering no tunnel");
-                false
-            }
-        }
-    }
-
-    /// How long to wait for a tunnel: this kas's `max_wait`, or less if the caller
-    /// said so.
-    pub(super) fn wait(&self, metadata: &tonic::metadata::MetadataMap) -> Duration {
-        metadata
-            .get(HOP_WAIT_KEY)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .map_or(self.max_wait, |ms| {
-                self.max_wait.min(Duration::from_millis(ms))
-            })
-    }
-
-    /// Whether to take the call at all: a tunnel is held here, or the replica is
-    /// registered here (its tunnels may be busy or not open yet).
-    pub(super) async fn accepts(&self, agent_id: i64, connection_id: i64) -> bool {
-        self.tunnels.idle(agent_id, connection_id) > 0 || self.ours(agent_id, connection_id).await
-    }
-
-    /// A tunnel to the replica with the call sent down it, waiting (until `wait`
-    /// passes) for one while the replica is registered here; else [`no_tunnel`].
-    pub(super) async fn open(
-        &self,
-        agent_id: i64,
-        connection_id: i64,
-        method: &str,
-        payload: Vec<u8>,
-        wait: Duration,
-    ) -> Result<ResponseStream, Status> {
-        let deadline = Instant::now() + wait;
-        loop {
-            if let Some(r) = self
-                .tunnels
-                .open(agent_id, connection_id, method, payload.clone())
-                .await
-            {
-                return Ok(r);
-            }
-            if !self.ours(agent_id, connection_id).await {
-                return Err(no_tunnel());
-            }
-            tokio::select! {
-                _ = self.tunnels.wait_idle(agent_id, connection_id, 1) => {}
-                _ = tokio::time::sleep_until(deadline) => return Err(no_tunnel()),
-            }
-        }
-    }
-
-    /// `KasInternal.Call`: accepted (response headers sent) at once when this kas
-    /// may serve the replica, then agentk's response, or a marked `Unavailable` if no
-    /// tunnel came in time.
-    pub(super) async fn call(
-        &self,
-        request: TunnelCallRequest,
-        wait: Duration,
-    ) -> Result<CallStream, Status> {
-        if !self.accepts(request.agent_id, request.connection_id).await {
-            return Err(no_tunnel());
-        }
-        enum State {
-            Start(Follower, TunnelCallRequest, Duration),
-            Forward(ResponseStream),
-            Done,
-        }
-        let stream = futures_util::stream::unfold(
-            State::Start(self.clone(), request, wait),
-            |state| async move {
-                let mut response = match state {
-                    State::Done => return None,
-                    State::Forward(r) => r,
-                    State::Start(this, req, wait) => {
-                        match this
-                            .open(
-                                req.agent_id,
-                                req.connection_id,
-                                &req.method,
-                                req.payload,
-                                wait,
-                            )
-                            .await
-                        {
-                            Ok(r) => r,
-                            Err(e) => return Some((Err(e), State::Done)),
-                        }
-                    }
-                };
-                match response.message().await {
-                    Ok(Some(payload)) => {
-                        Some((Ok(TunnelMessage { payload }), State::Forward(response)))
-                    }
-                    Ok(None) => None,
-                    Err(e) => Some((Err(e), State::Done)),
-                }
-            },
+    /// Channels to kas instances that come and go are not kept forever.
+    #[tokio::test]
+    async fn kas_channels_are_bounded() {
+        let metrics = Arc::new(KasMetrics::new());
+        let registry = Registry::with_memory(
+            podgate_registry::MemoryBackend::default(),
+            podgate_registry::RegistryConfig::default(),
+        )
+        .await
+        .unwrap();
+        let router = AgentRouter::new(
+            "127.0.0.1:1".into(),
+            Arc::new(Tunnels::new(metrics.clone(), 4)),
+            registry,
+            vec![0; 32],
+            Duration::from_secs(1),
+            metrics,
         );
-        Ok(Box::pin(stream))
+        for i in 0..(MAX_CHANNELS + 50) {
+            router
+                .channel(&format!("10.0.{}.{}:8155", i / 250, i % 250))
+                .unwrap();
+        }
+        assert_eq!(router.channels(), MAX_CHANNELS);
+        // The oldest went first; the newest is kept.
+        let newest = format!(
+            "10.0.{}.{}:8155",
+            (MAX_CHANNELS + 49) / 250,
+            (MAX_CHANNELS + 49) % 250
+        );
+        assert!(router.channels.lock().unwrap().by_kas.contains_key(&newest));
+        assert!(
+            !router
+                .channels
+                .lock()
+                .unwrap()
+                .by_kas
+                .contains_key("10.0.0.0:8155")
+        );
+        router.forget_channel(&newest);
+        assert_eq!(router.channels(), MAX_CHANNELS - 1);
     }
 }
