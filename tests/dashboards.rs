@@ -338,7 +338,7 @@ mod kas {
     /// Every metric kas (`agent/src/kas/metrics.rs`, `agent_auth.rs`), the presence
     /// registry it serves beside them (`pod-registry/src/metrics.rs`) and agentk
     /// (`agent/src/agentk/metrics.rs`) define.
-    const EXPECTED: [&str; 34] = [
+    const EXPECTED: [&str; 35] = [
         "podgate_kas_connected_agents",
         "podgate_kas_tunnels",
         "podgate_kas_routing_duration_seconds",
@@ -351,6 +351,7 @@ mod kas {
         "podgate_kas_agent_info_lookups_total",
         "podgate_kas_auth_failures_total",
         "podgate_kas_tunnels_refused_total",
+        "podgate_kas_tunnels_misplaced_total",
         "podgate_registry_backend_up",
         "podgate_registry_backend_errors_total",
         "podgate_registry_corrupt_values_total",

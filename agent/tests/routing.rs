@@ -594,3 +594,29 @@ async fn refused_credentials_are_counted_by_listener_and_reason() {
         assert!(text.contains(line), "{line}\n{text}");
     }
 }
+
+/// A tunnel that names a connection another kas holds is refused (and counted): calls
+/// for that connection are routed to the kas that holds it, so a tunnel held here
+/// would never be used while that kas starves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_for_a_connection_held_elsewhere_is_refused() {
+    let (kas1, kas2, _keys, mint) = two_kas(Duration::from_secs(5)).await;
+    let token = mint(Some(12));
+    let (conn, _stream) = configuration_stream(channel(kas1.agent_addr()).await, &token)
+        .await
+        .unwrap();
+    let stopped = Arc::new(tokio::sync::Notify::new());
+    let _tunnels = tokio::spawn(serve_tunnels(
+        channel(kas2.agent_addr()).await,
+        token,
+        conn,
+        TunnelPool::new(2),
+        Arc::new(Test(stopped)),
+    ));
+    podgate_registry::testing::eventually(Duration::from_secs(20), "tunnels refused", || async {
+        (kas2.metrics().tunnels_misplaced.get() >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(kas2.tunnels().idle(12, 0), 0);
+    assert_eq!(kas1.tunnels().idle(12, 0), 0);
+}

@@ -528,7 +528,9 @@ async fn each_registry_has_its_own_metrics() {
     b.register_agent(conn(3, 3, 1, "grpc://b:1")).await.unwrap();
     assert_eq!(a.metrics().owned_connections(), 2);
     assert_eq!(b.metrics().owned_connections(), 1);
-    b.put_pod(Pod::new(pod(1), "one", "127.0.0.1:1")).await.unwrap();
+    b.put_pod(Pod::new(pod(1), "one", "127.0.0.1:1"))
+        .await
+        .unwrap();
     let version = |r: &Registry| {
         r.metrics()
             .gather()

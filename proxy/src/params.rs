@@ -76,13 +76,15 @@ impl BodyKind {
             });
         };
         let media = ct.split(';').next().unwrap_or("").trim();
+        // Compared as bytes: a `str` slice inside a multi-byte character panics.
+        let m = media.as_bytes();
         if media.eq_ignore_ascii_case("application/json")
-            || media.len() > 5 && media[media.len() - 5..].eq_ignore_ascii_case("+json")
+            || m.len() > 5 && m[m.len() - 5..].eq_ignore_ascii_case(b"+json")
         {
             Ok(BodyKind::Json)
         } else if media.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
             Ok(BodyKind::Form)
-        } else if media.len() >= 10 && media[..10].eq_ignore_ascii_case("multipart/") {
+        } else if m.len() >= 10 && m[..10].eq_ignore_ascii_case(b"multipart/") {
             boundary(ct)
                 .map(BodyKind::Multipart)
                 .ok_or(Malformed::Multipart("no boundary in the content type"))

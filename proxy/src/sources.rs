@@ -129,7 +129,9 @@ pub struct Body<'a> {
 }
 
 /// Headers listed in `Connection:` (hop-by-hop, RFC 9110 §7.6.1): removed before
-/// forwarding, so never used to route.
+/// forwarding, so never used to route. Never the body's framing
+/// (`Content-Length`, `Transfer-Encoding`): the body is forwarded, so its framing
+/// must be too, or the Pod would read the body as the next request.
 pub fn connection_listed(headers: &HeaderMap) -> Vec<http::HeaderName> {
     headers
         .get_all(http::header::CONNECTION)
@@ -141,6 +143,8 @@ pub fn connection_listed(headers: &HeaderMap) -> Vec<http::HeaderName> {
             // `Connection: upgrade` / `keep-alive` / `close` name no header a token
             // could be in; `Upgrade` itself must reach the upstream for WebSockets.
             *n != http::header::UPGRADE
+                && *n != http::header::CONTENT_LENGTH
+                && *n != http::header::TRANSFER_ENCODING
         })
         .collect()
 }

@@ -5,8 +5,9 @@
 # (Redis tests run a real server), protobuf-compiler (tonic), libssl-dev and
 # pkg-config (link the system OpenSSL instead of vendoring it), git (each simulated
 # Pod serves its repository with `git http-backend`; runners clone with git),
-# kubectl is optional and only used when present.
-PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git)
+# jq and curl (scripts/drills.sh, which a test runs in its smoke mode); kubectl is
+# optional and only used when present.
+PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git jq curl)
 
 podgate_ensure_system_packages() {
   local missing=()

@@ -17,6 +17,10 @@ pub(crate) enum LoadtestCommand {
     Runners(RunnersArgs),
     /// Constant-rate HTTP requests, latencies corrected for coordinated omission.
     Http(HttpArgs),
+    /// Helpers of the fault drills (`scripts/drills.sh`): the ledger check, a
+    /// per-Pod probe, a topology owner, the RSS check.
+    #[command(subcommand)]
+    Drill(super::drill::DrillCommand),
 }
 
 /// Flags of `podgate loadtest http`.
@@ -191,6 +195,7 @@ pub(crate) fn run(cmd: LoadtestCommand) -> anyhow::Result<ExitCode> {
     let args = match cmd {
         LoadtestCommand::Runners(args) => args,
         LoadtestCommand::Http(args) => return http(args),
+        LoadtestCommand::Drill(cmd) => return super::drill::run(cmd),
     };
     let config = args.config();
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -2,6 +2,7 @@
 //! the library crates.
 
 pub(crate) mod agentk;
+pub(crate) mod drill;
 pub(crate) mod graph;
 pub(crate) mod kas;
 pub(crate) mod kube_sim;

@@ -151,6 +151,8 @@ impl Kas {
         let tunnel_service = tunnel::TunnelService {
             tunnels: tunnels.clone(),
             auth: agent_auth,
+            registry: registry.clone(),
+            me: advertised.clone(),
         };
         let router = Arc::new(AgentRouter::new(
             advertised.clone(),

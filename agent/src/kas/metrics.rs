@@ -58,6 +58,8 @@ pub struct KasMetrics {
     pub reroutes: IntCounter,
     /// Reverse tunnels refused: the agent already held the most idle ones allowed.
     pub tunnels_refused: IntCounter,
+    /// Reverse tunnels refused: they named a connection this kas does not hold.
+    pub tunnels_misplaced: IntCounter,
     auth_failures: IntCounterVec,
     auth_logged: std::sync::Mutex<std::collections::HashMap<&'static str, std::time::Instant>>,
     routed_calls: IntCounterVec,
@@ -181,6 +183,10 @@ impl KasMetrics {
             tunnels_refused: counter(
                 "podgate_kas_tunnels_refused_total",
                 "Reverse tunnels refused because the agent held the most idle tunnels allowed",
+            ),
+            tunnels_misplaced: counter(
+                "podgate_kas_tunnels_misplaced_total",
+                "Reverse tunnels refused because they named an agent connection this kas does not hold",
             ),
             auth_failures,
             auth_logged: std::sync::Mutex::default(),

@@ -2,6 +2,13 @@
 //! leaves them idle; kas takes one to send a request back to that agentk replica and
 //! reads one response, then the tunnel ends (agentk replaces it).
 //!
+//! A tunnel is held only by the kas that holds its connection (the configuration
+//! stream it names): calls are routed by the registry to that kas, so a tunnel that
+//! lands elsewhere (a load balancer that spreads an agentk's streams) is refused
+//! with `FailedPrecondition`, counted, and agentk opens it again. GitLab's kas
+//! registers each tunnel in Redis instead; podgate's proxy keeps one agentk's
+//! streams on one kas (consistent hashing on its token), so this is rare.
+//!
 //! A tunnel's arrival wakes only the calls waiting for that agent, and at most
 //! `max_idle_tunnels_per_agent` idle tunnels are held per agent: more are refused with
 //! `ResourceExhausted` (agentk retries with back-off), so a misbehaving agent cannot
@@ -230,6 +237,10 @@ impl Tunnels {
 pub(crate) struct TunnelService {
     pub(crate) tunnels: Arc<Tunnels>,
     pub(crate) auth: Arc<AgentAuth>,
+    /// Which connections are this kas's (their configuration streams are open here).
+    pub(crate) registry: podgate_registry::Registry,
+    /// This kas's internal address, as its registrations name it.
+    pub(crate) me: String,
 }
 
 #[tonic::async_trait]
@@ -248,6 +259,24 @@ impl ReverseTunnel for TunnelService {
             })) => h.connection_id,
             _ => return Err(Status::invalid_argument("a tunnel starts with a hello")),
         };
+        // Calls are routed to the kas the registry names for a connection: a tunnel
+        // elsewhere would never be used (and would starve the kas that is named).
+        let ours = self
+            .registry
+            .owned_by_agent(who.agent_id)
+            .iter()
+            .any(|c| c.connection_id == connection_id && c.kas.0 == self.me);
+        if !ours {
+            self.tunnels.metrics.tunnels_misplaced.inc();
+            tracing::debug!(
+                agent_id = who.agent_id,
+                connection_id,
+                "refusing a tunnel for a connection this kas does not hold"
+            );
+            return Err(Status::failed_precondition(
+                "this kas does not hold the agent connection the tunnel names: open tunnels on the kas that has its configuration stream",
+            ));
+        }
         let (down, rx) = mpsc::channel(1);
         {
             let mut idle = self.tunnels.lock();

@@ -119,10 +119,14 @@ pub(super) async fn finish(shared: &Shared, runner: &Runner, job: Job) {
             Some(200) => {
                 shared.progress.jobs.fetch_add(1, Ordering::Relaxed);
                 shared.report.lock().expect("report lock").jobs_done += 1;
+                shared.count_job(runner.n, |c| c.done += 1);
                 return;
             }
             Some(202) => continue,
-            _ => return,
+            // Cut by the end of the run: still in flight, not failed.
+            None if shared.stop.load(Ordering::SeqCst) => return,
+            _ => break,
         }
     }
+    shared.count_job(runner.n, |c| c.failed += 1);
 }

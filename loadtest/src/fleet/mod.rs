@@ -51,7 +51,7 @@ mod report;
 mod scheduler;
 
 pub use report::{
-    EndpointStats, EndpointSummary, Expected, JobsRequestCounts, RateSummary, Report,
+    EndpointStats, EndpointSummary, Expected, JobCounts, JobsRequestCounts, RateSummary, Report,
     SchedulerCounts,
 };
 
@@ -266,6 +266,18 @@ struct Shared {
     counters: scheduler::Counters,
 }
 
+impl Shared {
+    /// Count a job event of runner `n` under its registration token (its Pod).
+    fn count_job(&self, n: usize, count: impl FnOnce(&mut JobCounts)) {
+        let pod = n % self.config.registration_tokens.len();
+        let mut report = self.report.lock().expect("report lock");
+        if report.jobs_by_pod.len() <= pod {
+            report.jobs_by_pod.resize(pod + 1, JobCounts::default());
+        }
+        count(&mut report.jobs_by_pod[pod]);
+    }
+}
+
 /// Run the fleet until `config.duration` passes (or `cancel` resolves).
 pub async fn run(
     config: FleetConfig,
@@ -307,6 +319,9 @@ pub async fn run(
     while tasks.join_next().await.is_some() {}
     let ended = Instant::now();
     let mut report = std::mem::take(&mut *shared.report.lock().expect("report lock"));
+    report
+        .jobs_by_pod
+        .resize(config.registration_tokens.len(), JobCounts::default());
     report.elapsed = ended - started;
     report.runners = config.runners;
     report.check_interval = config.check_interval;

@@ -67,6 +67,29 @@ impl JobsRequestCounts {
     }
 }
 
+/// What became of the jobs the runners of one registration token (one Pod) got.
+/// Jobs still running when the run ended are `received - not_run - done - failed`
+/// ([`JobCounts::in_flight`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct JobCounts {
+    /// `jobs/request` answers with a job (201).
+    pub received: u64,
+    /// Not run: no id or token in the payload, or the running update got 403/404.
+    pub not_run: u64,
+    /// Finished: the final update answered 200.
+    pub done: u64,
+    /// Run, but the final update never answered 200 (an error, 403, retries spent).
+    pub failed: u64,
+}
+
+impl JobCounts {
+    /// Jobs still running when the run ended (cut by its end).
+    pub fn in_flight(&self) -> u64 {
+        self.received
+            .saturating_sub(self.not_run + self.done + self.failed)
+    }
+}
+
 /// Scheduling events over the fleet (gitlab-runner's `commands/multi.go` terms).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SchedulerCounts {
@@ -157,6 +180,9 @@ pub struct Report {
     pub misroutes: u64,
     /// Jobs run to success.
     pub jobs_done: u64,
+    /// What became of the jobs, per registration token (in the order given: one per
+    /// Pod).
+    pub jobs_by_pod: Vec<JobCounts>,
     /// Wall time.
     pub elapsed: Duration,
     /// `jobs/request` answers by kind.
@@ -277,6 +303,13 @@ impl Report {
             "misroutes": self.misroutes,
             "unexpected": self.unexpected(),
             "jobs_done": self.jobs_done,
+            "jobs_by_pod": self.jobs_by_pod.iter().map(|c| json!({
+                "received": c.received,
+                "not_run": c.not_run,
+                "done": c.done,
+                "failed": c.failed,
+                "in_flight": c.in_flight(),
+            })).collect::<Vec<_>>(),
             "endpoints": self.summaries(),
             "config": {
                 "runners": self.runners,

@@ -325,7 +325,14 @@ async fn process(
         );
     }
     let job = match answer {
-        Some(a) if status == 201 => super::job::start(shared, runner, a.json()).await,
+        Some(a) if status == 201 => {
+            shared.count_job(runner.n, |c| c.received += 1);
+            let job = super::job::start(shared, runner, a.json()).await;
+            if job.is_none() {
+                shared.count_job(runner.n, |c| c.not_run += 1);
+            }
+            job
+        }
         _ => None,
     };
     // `requestJob` covers the running update; the slot is released after it.

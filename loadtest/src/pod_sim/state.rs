@@ -19,6 +19,7 @@
 //! any project clone it; only the project id in their payload tells them apart.
 
 mod jobs;
+mod ledger;
 mod runners;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -31,6 +32,7 @@ use super::{Error, TokenFormat};
 
 pub use super::queue::{AccessLevel, RunnerType};
 pub use jobs::{Artifact, Job, JobSpec, JobState, Pick, TRACE_KEPT, Trace, Update};
+pub use ledger::{LedgerEntry, LedgerSummary};
 pub use runners::{Runner, RunnerSpec};
 
 /// Who a token belongs to, as this Pod sees it.
@@ -85,6 +87,8 @@ struct Inner {
     generated: u64,
     /// Jobs queued without a project (they take the projects in turn).
     in_turn: u64,
+    /// Who got each job and how it ended ([`State::ledger`]).
+    ledger: ledger::Ledger,
 }
 
 /// The Pod's state.

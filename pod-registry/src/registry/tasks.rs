@@ -49,8 +49,19 @@ pub(super) async fn event_pump(weak: Weak<Inner>, mut rx: broadcast::Receiver<Ba
             }
             Ok(BackendEvent::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
                 let _ = r.inner.events.send(AgentEvent::Resync);
-                let _ = r.reload_topology().await;
-                let _ = r.refresh().await;
+                // After a Redis restart the command connection may still hold the
+                // old server's socket: its first call fails and reconnects. Try again
+                // at once (with a short back-off), so the topology, everything owned
+                // and `backend_up` are back now, not at the next periodic tick.
+                let mut delay = Duration::from_millis(50);
+                for _ in 0..6 {
+                    let topology = r.reload_topology().await.is_ok();
+                    if topology && r.refresh().await.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(r.inner.config.backoff_max);
+                }
             }
             Err(broadcast::error::RecvError::Closed) => return,
         }

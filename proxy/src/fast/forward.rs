@@ -371,7 +371,7 @@ async fn connection(
 /// lines as received (less those it listed in `Connection:`, which end here, and
 /// the proxy's own), `X-Podgate-Pod`, `X-Podgate-Rule`, `X-Request-Id`, and the
 /// body byte for byte — one buffer, one write.
-fn upstream_request(
+pub(super) fn upstream_request(
     buf: &[u8],
     head: &Head,
     total: usize,

@@ -194,6 +194,34 @@ mod tests {
         assert!(!h.keepalive);
     }
 
+    /// Found by `fuzz/fuzz_targets/proxy_request_head.rs`: `Connection:
+    /// content-length` dropped the length from the request the Pod got, so the Pod
+    /// read the body as its next request (smuggling).
+    #[test]
+    fn the_body_framing_is_forwarded_even_when_connection_lists_it() {
+        let raw = "POST /api/v4/jobs/request HTTP/1.1\r\nHost: a\r\nConnection: content-length, Transfer-Encoding, x-a\r\nX-A: 1\r\nContent-Length: 5\r\n\r\nhello";
+        let h = head(raw);
+        assert_eq!(h.hop_by_hop, [HeaderName::from_static("x-a")]);
+        let rule = crate::rules::builtin().remove(0);
+        let pod = podgate_registry::Pod::new(
+            podgate_tokens::PodId::new(2).unwrap(),
+            "two",
+            "127.0.0.1:2",
+        );
+        let up = super::super::forward::upstream_request(
+            raw.as_bytes(),
+            &h,
+            raw.len(),
+            &rule,
+            &pod,
+            "rid",
+        );
+        let up = String::from_utf8(up).unwrap();
+        assert!(up.contains("\r\nContent-Length: 5\r\n"), "{up}");
+        assert!(!up.contains("X-A"), "{up}");
+        assert!(up.ends_with("\r\n\r\nhello"), "{up}");
+    }
+
     #[test]
     fn a_partial_head_waits() {
         assert!(matches!(

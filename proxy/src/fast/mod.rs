@@ -27,6 +27,8 @@
 //! `podgate_proxy_fast_path_requests_total{result}` counts both.
 
 mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 mod head;
 mod response;
 mod upstream;

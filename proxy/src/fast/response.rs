@@ -12,7 +12,7 @@ pub(crate) const MAX_HEAD: usize = 64 * 1024;
 
 /// How the response body ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Framing {
+pub enum Framing {
     /// No body (HEAD, 204, 304).
     Empty,
     /// `Content-Length` bytes.
@@ -74,10 +74,16 @@ pub(crate) fn parse(buf: &[u8], head_request: bool) -> Parsed {
         let start = s.as_ptr() as usize - buf.as_ptr() as usize;
         start..start + s.len()
     };
-    let line_end = buf
+    // httparse skips empty lines before the status line (RFC 9112 §2.2's
+    // robustness): so must the status line relayed.
+    let line_start = buf
+        .iter()
+        .position(|b| *b != b'\r' && *b != b'\n')
+        .unwrap_or(0);
+    let line_end = buf[line_start..]
         .iter()
         .position(|b| *b == b'\r' || *b == b'\n')
-        .unwrap_or(0);
+        .map_or(line_start, |n| line_start + n);
     let mut reusable = resp.version == Some(1);
     let mut length: Option<u64> = None;
     let mut chunked = None;
@@ -137,7 +143,7 @@ pub(crate) fn parse(buf: &[u8], head_request: bool) -> Parsed {
         len,
         framing,
         reusable,
-        status_line: 0..line_end,
+        status_line: line_start..line_end,
         lines,
     })
 }
@@ -174,7 +180,7 @@ impl ResponseHead {
 /// Finds the end of a chunked body in the bytes relayed, without copying or
 /// decoding it.
 #[derive(Debug, Default)]
-pub(crate) struct ChunkScanner {
+pub struct ChunkScanner {
     state: State,
     /// Data bytes left in the current chunk.
     left: u64,
@@ -206,7 +212,7 @@ enum State {
 impl ChunkScanner {
     /// Scan `bytes`. `Ok(Some(n))`: the body ends after the first `n` of them;
     /// `Ok(None)`: it goes on; `Err`: not valid chunked framing.
-    pub(crate) fn scan(&mut self, bytes: &[u8]) -> Result<Option<usize>, &'static str> {
+    pub fn scan(&mut self, bytes: &[u8]) -> Result<Option<usize>, &'static str> {
         let mut i = 0;
         while i < bytes.len() {
             let b = bytes[i];
@@ -345,6 +351,20 @@ mod tests {
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: b\r\nx-request-id: rid\r\nconnection: close\r\n\r\n"
+        );
+    }
+
+    /// Found by `fuzz/fuzz_targets/proxy_response_head.rs`: the client got the empty
+    /// line before the status line as its status line.
+    #[test]
+    fn empty_lines_before_the_status_line_are_not_relayed() {
+        let raw = "\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let h = head(raw, false);
+        let mut out = Vec::new();
+        h.write_for_client(raw.as_bytes(), "rid", false, &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nx-request-id: rid\r\n\r\n"
         );
     }
 

@@ -91,6 +91,28 @@ fn body_kinds() {
     );
 }
 
+/// Found by `fuzz/fuzz_targets/proxy_multipart.rs`: a media type whose last five or
+/// first ten bytes end inside a multi-byte character panicked (a `str` slice).
+#[test]
+fn body_kinds_of_non_ascii_media_types() {
+    let post = http::Method::POST;
+    for ct in [
+        "application/\u{fffd}json",
+        "text/\u{fffd}\u{fffd}",
+        "multipart\u{fffd}/x",
+    ] {
+        assert_eq!(
+            BodyKind::of(Some(ct), &post),
+            Ok(BodyKind::Opaque),
+            "{ct:?}"
+        );
+    }
+    assert_eq!(
+        BodyKind::of(Some("application/\u{e9}+json"), &post),
+        Ok(BodyKind::Json)
+    );
+}
+
 const TOKEN_THEN_FILE: &[u8] = b"--XyZ\r\nContent-Disposition: form-data; name=\"token\"\r\n\r\nglcbt-77\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.zip\"\r\n\r\nPK....";
 
 #[test]

@@ -346,17 +346,21 @@ impl ProxyHttp for PodGate {
     }
 
     /// An address of the decided Pod, from its load balancer (round robin over the
-    /// healthy ones; a retry takes one this request has not tried, of the same Pod).
+    /// healthy ones, or for kas the one the agent's token hashes to; a retry takes
+    /// one this request has not tried, of the same Pod).
     /// Never resolves a name: the load balancer holds addresses only.
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         let Some(pod) = ctx.forwarded().cloned() else {
             return Err(Error::new_str("no routing decision"));
         };
         let rule = &self.rules[ctx.rule.unwrap_or(0)];
-        let Some(addr) =
-            self.upstreams
-                .select(pod.id, rule.pool, ctx.request_id.as_bytes(), &ctx.tried)
-        else {
+        // kas: every stream of one agentk (same token) to the same kas (see
+        // `upstreams`); elsewhere the key is unused (round robin).
+        let key = match (&ctx.token, rule.pool) {
+            (Some(t), Pool::Kas) => t.token.as_bytes(),
+            _ => ctx.request_id.as_bytes(),
+        };
+        let Some(addr) = self.upstreams.select(pod.id, rule.pool, key, &ctx.tried) else {
             return Err(Error::explain(
                 ErrorType::ConnectNoRoute,
                 "no address of the Pod left to try",

@@ -11,9 +11,14 @@
 //!   probed by a `HealthCheckService` (a pingora background service), so an address
 //!   several Pods list is checked once.
 //! - **Selection:** round robin over a Pod's healthy addresses (pingora's
-//!   `RoundRobin`, a `Weighted` selection with every weight 1). A retry after a
-//!   connect failure takes another address of the **same** Pod; no path leads to
-//!   another Pod's upstreams.
+//!   `RoundRobin`, a `Weighted` selection with every weight 1), except in a Pod's
+//!   kas pool: there pingora's consistent hashing (`KetamaHashing`) on the agent's
+//!   token sends every stream of one agentk (its configuration stream and all its
+//!   reverse tunnels, separate HTTP/2 streams of one connection) to the same kas,
+//!   which routes calls to the tunnels of the connections registered to it; a round
+//!   robin would scatter the tunnels over kas instances that do not hold the
+//!   agent's connection. A retry after a connect failure takes another address of
+//!   the **same** Pod; no path leads to another Pod's upstreams.
 //!
 //! Pods have no weight: traffic bound to a Pod goes to that Pod, unbound traffic to
 //! the default Pod (see `podgate_registry::Pod`).
@@ -34,7 +39,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use futures_util::FutureExt;
-use pingora::lb::selection::RoundRobin;
+use pingora::lb::selection::{Consistent, RoundRobin};
 use pingora::lb::{
     Backend, Backends, Extensions, HealthCheckService, HealthRegistry, LoadBalancer,
 };
@@ -153,7 +158,47 @@ struct PodPool {
     pod: PodId,
     pool: Pool,
     discovery: Arc<NameDiscovery>,
-    lb: LoadBalancer<RoundRobin>,
+    lb: Lb,
+}
+
+/// A pool's load balancer: round robin, or consistent hashing on the request's key
+/// (kas pools, see the module docs).
+enum Lb {
+    RoundRobin(LoadBalancer<RoundRobin>),
+    Consistent(LoadBalancer<Consistent>),
+}
+
+impl Lb {
+    fn new(pool: Pool, backends: Backends) -> Lb {
+        match pool {
+            Pool::Kas => Lb::Consistent(LoadBalancer::from_backends(backends)),
+            _ => Lb::RoundRobin(LoadBalancer::from_backends(backends)),
+        }
+    }
+
+    fn backends(&self) -> &Backends {
+        match self {
+            Lb::RoundRobin(lb) => lb.backends(),
+            Lb::Consistent(lb) => lb.backends(),
+        }
+    }
+
+    fn select_with<F>(&self, key: &[u8], max_iterations: usize, accept: F) -> Option<Backend>
+    where
+        F: Fn(&Backend, bool) -> bool,
+    {
+        match self {
+            Lb::RoundRobin(lb) => lb.select_with(key, max_iterations, accept),
+            Lb::Consistent(lb) => lb.select_with(key, max_iterations, accept),
+        }
+    }
+
+    async fn update(&self) -> pingora::Result<()> {
+        match self {
+            Lb::RoundRobin(lb) => lb.update().await,
+            Lb::Consistent(lb) => lb.update().await,
+        }
+    }
 }
 
 fn backend(addr: SocketAddr) -> Backend {
@@ -332,9 +377,10 @@ impl Upstreams {
     }
 
     /// An address of `pod`'s `pool` this request has not `tried`: a healthy one by
-    /// round robin; failing that, any untried one (a check can be stale: a connect
-    /// attempt settles it). `key` is the request's selection key (unused by round
-    /// robin). `None`: every address was tried, or there is none.
+    /// round robin (by consistent hashing of `key` in a kas pool); failing that, any
+    /// untried one (a check can be stale: a connect attempt settles it). `key` is
+    /// the request's selection key (the agent's token for kas). `None`: every
+    /// address was tried, or there is none.
     pub fn select(
         &self,
         pod: PodId,
@@ -418,7 +464,7 @@ impl Upstreams {
                     pod: pod.id,
                     pool,
                     discovery,
-                    lb: LoadBalancer::from_backends(backends),
+                    lb: Lb::new(pool, backends),
                 });
                 // Literals only: discovery completes without waiting.
                 if p.lb.update().now_or_never().is_none() {

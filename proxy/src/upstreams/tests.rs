@@ -151,6 +151,46 @@ async fn round_robin_spreads_first_attempts_over_the_pod() {
     assert_eq!(firsts.len(), 2);
 }
 
+/// In a kas pool every request with one agent's token goes to the same kas (its
+/// configuration stream and its tunnels must meet there); different agents spread
+/// over the pool; a retry still takes another kas of the same Pod.
+#[tokio::test]
+async fn a_kas_pool_sends_one_agents_streams_to_one_kas() {
+    let u = Upstreams::new(
+        no_checks(),
+        UpstreamsConfig::default(),
+        Arc::new(SystemResolver),
+    );
+    let kas = ["10.12.0.1:8150", "10.12.0.2:8150", "10.12.0.3:8150"];
+    u.apply(&topology(&[(112, &["10.12.0.9:80"], &kas)])).await;
+    let mut chosen = HashSet::new();
+    for agent in 0..32 {
+        let token = format!("glagent-token-of-agent-{agent}");
+        let first = u
+            .select(pod_id(112), Pool::Kas, token.as_bytes(), &[])
+            .unwrap();
+        for _ in 0..20 {
+            assert_eq!(
+                u.select(pod_id(112), Pool::Kas, token.as_bytes(), &[]),
+                Some(first),
+                "agent {agent}'s streams went to two kas"
+            );
+        }
+        let retry = u
+            .select(pod_id(112), Pool::Kas, token.as_bytes(), &[first])
+            .unwrap();
+        assert_ne!(retry, first);
+        assert!(kas.contains(&retry.to_string().as_str()));
+        chosen.insert(first);
+    }
+    assert_eq!(chosen.len(), 3, "agents spread over every kas: {chosen:?}");
+    // The web pool still spreads one key's requests (round robin).
+    let firsts: HashSet<_> = (0..4)
+        .map(|_| u.select(pod_id(112), Pool::Web, b"same", &[]).unwrap())
+        .collect();
+    assert_eq!(firsts.len(), 1, "one web address");
+}
+
 #[tokio::test]
 async fn a_name_that_does_not_resolve_leaves_only_its_pod_without_addresses() {
     let names = Arc::new(Names::default());

@@ -133,11 +133,13 @@ pub(crate) struct RawClaims<'a> {
 
 /// Parse a JSON object into `T`; `None` when it is not a valid JSON object. (Derived
 /// structs would also accept an array; JOSE headers and claims are objects only.)
+/// The whole text must be UTF-8 (RFC 7519 §7.2): serde_json checks only the strings
+/// it keeps, not those of members it skips.
 pub(crate) fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return None;
     }
-    serde_json::from_slice(bytes).ok()
+    serde_json::from_str(std::str::from_utf8(bytes).ok()?).ok()
 }
 
 #[cfg(test)]
@@ -160,5 +162,14 @@ mod tests {
         assert_eq!((c.u, c.t), (Scalar::Null, Scalar::Absent));
         assert!(from_json::<RawClaims<'_>>(b"[1]").is_none());
         assert!(from_json::<RawClaims<'_>>(b"{").is_none());
+    }
+
+    /// Found by `fuzz/fuzz_targets/token_jwt.rs`: invalid UTF-8 in a member nobody
+    /// reads (`typ`) passed, in a header that is not JSON.
+    #[test]
+    fn invalid_utf8_anywhere_is_not_json() {
+        assert!(from_json::<RawHeader<'_>>(b"{\"alg\":\"HS256\",\"typ\":\"J\xffWT\"}").is_none());
+        assert!(from_json::<RawClaims<'_>>(b"{\"c\":\"2\",\"x\":[\"\xc3\"]}").is_none());
+        assert!(from_json::<RawHeader<'_>>(b"{\"alg\":\"HS256\",\"typ\":\"J\xc3\xa9\"}").is_some());
     }
 }

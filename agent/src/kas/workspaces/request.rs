@@ -41,10 +41,13 @@ pub fn workspace_name(host: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_owned())
 }
 
-/// The agent id in a workspace name `workspace-<agent id>-<user id>-<random>`.
+/// The agent id in a workspace name `workspace-<agent id>-<user id>-<random>`,
+/// written as Rails writes it: decimal digits, no sign, no leading zero.
 pub fn agent_of(name: &str) -> Option<i64> {
     let rest = name.strip_prefix("workspace-")?;
     let (agent, rest) = rest.split_once('-')?;
     rest.contains('-').then_some(())?;
+    let canonical = agent.bytes().all(|b| b.is_ascii_digit()) && !agent.starts_with('0');
+    canonical.then_some(())?;
     agent.parse().ok().filter(|a: &i64| *a > 0)
 }

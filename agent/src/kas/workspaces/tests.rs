@@ -20,6 +20,11 @@ fn names_and_agents_from_hosts() {
         "workspace-4-1",
         "other-4-1-a",
         "workspace--1-a",
+        // Found by `fuzz/fuzz_targets/workspaces_host.rs`: read as agent 8, a name
+        // Rails never writes.
+        "workspace-08-2300-abc",
+        "workspace-+8-1-a",
+        "workspace-0-1-a",
     ] {
         assert_eq!(agent_of(bad), None, "{bad}");
     }

@@ -16,6 +16,12 @@
 //! - `POST /-/podsim/runners/tick`: tick every runner's queue key, as Rails does when
 //!   runners change (`tick_runner_queue`): 200 `{"ticked": N}`.
 //! - `GET /-/podsim/jobs/N/artifact`: the stored file part's bytes.
+//! - `GET /-/podsim/ledger`: the per-job ledger the fault drills check
+//!   (`state/ledger.rs`): `{"pod_id", "jobs_created", "summary": {"picked",
+//!   "picked_twice", "finished", "finished_once", "success", "failed", "unfinished",
+//!   "duplicates"}, "misrouted", "jobs": [{"id", "picked_by": [runner ids],
+//!   "finals": ["success"], "duplicates"}]}`; `GET /-/podsim/ledger/summary`: the
+//!   same without `jobs`.
 //!
 //! For kas's Kubernetes API proxy (`authorize_proxy_user`, `job/allowed_agents`):
 //!
@@ -111,6 +117,8 @@ pub(crate) async fn route(shared: &Shared, req: Request<Incoming>, rest: &str) -
                 None => message(StatusCode::NOT_FOUND, "404 Job Not Found"),
             }
         }
+        (&Method::GET, ["ledger"]) => ledger(shared, true),
+        (&Method::GET, ["ledger", "summary"]) => ledger(shared, false),
         (&Method::GET, ["users"]) => reply(StatusCode::OK, json!(shared.kube.users())),
         (&Method::POST, ["users"]) => create_user(shared, req).await,
         (&Method::POST, ["personal_access_tokens"]) => create_pat(shared, req).await,
@@ -320,6 +328,21 @@ async fn create(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         }
         Err(e) => message(StatusCode::BAD_REQUEST, &format!("400 Bad request - {e}")),
     }
+}
+
+/// `GET /-/podsim/ledger[/summary]`: the per-job ledger the drills check.
+fn ledger(shared: &Shared, with_jobs: bool) -> Response<Body> {
+    let (summary, jobs) = shared.state.ledger();
+    let mut body = json!({
+        "pod_id": shared.state.pod().get(),
+        "jobs_created": shared.state.jobs_created(),
+        "summary": summary,
+        "misrouted": shared.metrics.misrouted.get(),
+    });
+    if with_jobs {
+        body["jobs"] = json!(jobs);
+    }
+    reply(StatusCode::OK, body)
 }
 
 fn show(shared: &Shared, id: u64) -> Response<Body> {

@@ -19,10 +19,10 @@ use serde_json::{Map, Value, json};
 use super::super::Shared;
 use super::super::params::{self, Declared};
 use super::super::repo::{self, BRANCH};
-use super::super::state::{Job, JobState, Pick, Update};
+use super::super::state::{Job, JobState, Owner, Pick, Update};
 use super::{
-    Body, Declare, authenticate_runner, authenticated_job, empty, job_status, message, read,
-    read_declared, reply, runner_token,
+    Body, Declare, authenticate_runner, authenticated_job, empty, job_status, job_token, message,
+    read, read_declared, reply, runner_token,
 };
 
 /// Rails' `POST /jobs/request` (`lib/api/ci/runner.rb`; newer GitLab:
@@ -117,7 +117,10 @@ pub(crate) async fn update(shared: &Shared, req: Request<Incoming>, id: &str) ->
     };
     let id = match authenticated_job(shared, &parsed, id) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => {
+            refused_final(shared, &parsed, id);
+            return r;
+        }
     };
     let state = match parsed.params.get("state").and_then(Value::as_str) {
         Some("running") | None => JobState::Running,
@@ -157,6 +160,23 @@ pub(crate) async fn update(shared: &Shared, req: Request<Incoming>, id: &str) ->
             r
         }
         Update::NotFound => message(StatusCode::FORBIDDEN, "403 Forbidden"),
+    }
+}
+
+/// A final state refused by `authenticate_job!` for a request with the job's own
+/// token: the ledger's duplicate when the job had finished already.
+fn refused_final(shared: &Shared, parsed: &params::Parsed, id: &str) {
+    let state = match parsed.params.get("state").and_then(Value::as_str) {
+        Some("success") => JobState::Success,
+        Some("failed") => JobState::Failed,
+        _ => return,
+    };
+    let Ok(id) = id.parse::<u64>() else {
+        return;
+    };
+    let token = job_token(&parsed.params, &parsed.headers);
+    if shared.state.job_by_token(&token) == Owner::Ours(id) {
+        shared.state.final_refused(id, state);
     }
 }
 

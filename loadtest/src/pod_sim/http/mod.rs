@@ -5,7 +5,8 @@
 //! job payload), [`trace`], [`artifacts`], [`git`] (smart HTTP through
 //! `git http-backend`), [`kubernetes`] (what kas asks for its Kubernetes API proxy),
 //! [`workspaces`] (the Workspaces internal API kas calls for agentk) and [`control`]
-//! (`/-/podsim/…`, for tests and `podgate up`).
+//! (`/-/podsim/…`, for tests and `podgate up`); `accept` is the accept loop (back-off
+//! on errors).
 //!
 //! Paths are cleaned as Workhorse cleans them before Rails sees them
 //! (`CleanURIPath`: `//` squeezed, `.` and `..` resolved), and Grape's optional
@@ -15,6 +16,7 @@
 // does not travel far.
 #![allow(clippy::result_large_err)]
 
+mod accept;
 mod agentw;
 mod artifacts;
 mod control;
@@ -29,7 +31,6 @@ mod workspaces;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
@@ -51,27 +52,23 @@ pub(crate) type Body = BoxBody<Bytes, std::io::Error>;
 const MAX_BODY: usize = 4 << 20;
 
 pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "pod-sim: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+    // Out of descriptors and the like: back off instead of spinning (`accept.rs`).
+    accept::accept_loop(
+        || listener.accept(),
+        |(stream, _)| {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let shared = shared.clone();
+                    async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
             });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+        },
+    )
+    .await
 }
 
 pub(crate) fn full(b: impl Into<Bytes>) -> Body {

@@ -14,7 +14,7 @@ use podgate_tokens::TokenKind;
 
 use super::super::Error;
 use super::super::queue::BuildMatcher;
-use super::{Owner, State};
+use super::{LedgerEntry, LedgerSummary, Owner, State};
 
 /// A job's state, as `PUT jobs/:id` moves it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,6 +281,7 @@ impl State {
             inner.queue.remove(&class);
         }
         inner.queued -= 1;
+        inner.ledger.picked(id, runner);
         let job = inner.jobs.get_mut(&id).expect("queued jobs exist");
         job.state = JobState::Running;
         job.runner = Some(runner);
@@ -316,20 +317,51 @@ impl State {
     /// `PUT jobs/:id`: move job `id` to `state`. A final state with a trace size the
     /// Pod has not received yet is accepted but not finished (202), as GitLab does
     /// while the trace is still arriving.
+    ///
+    /// The ledger ([`State::ledger`]) records an accepted final state, and a final
+    /// state refused because the job had finished already as a duplicate.
     pub fn update(&self, id: u64, state: JobState, trace_size: Option<u64>) -> Update {
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let Some(job) = inner.jobs.get_mut(&id) else {
             return Update::NotFound;
         };
         // `authenticate_job!`: "Job is not processing on runner" (403 + Job-Status).
         if job.state != JobState::Running {
+            if state.is_final() && job.state.is_final() {
+                inner.ledger.duplicate(id);
+            }
             return Update::Forbidden(job.state);
         }
         if state.is_final() && trace_size.is_some_and(|n| n != job.trace_len) {
             return Update::Accepted;
         }
         job.state = state;
+        if state.is_final() {
+            inner.ledger.finished(id, state);
+        }
         Update::Ok
+    }
+
+    /// A `PUT jobs/:id` asking for final `state` with job `id`'s own token was refused
+    /// before [`State::update`] (`authenticate_job!`: the job is not running): a
+    /// duplicate in the ledger when the job had finished already.
+    pub fn final_refused(&self, id: u64, state: JobState) {
+        let mut inner = self.lock();
+        if state.is_final() && inner.jobs.get(&id).is_some_and(|j| j.state.is_final()) {
+            inner.ledger.duplicate(id);
+        }
+    }
+
+    /// The ledger: its counts and one line per job handed out, by id.
+    pub fn ledger(&self) -> (LedgerSummary, Vec<LedgerEntry>) {
+        let inner = self.lock();
+        (inner.ledger.summary(), inner.ledger.entries())
+    }
+
+    /// Jobs queued since the Pod started (picked or not).
+    pub fn jobs_created(&self) -> u64 {
+        self.lock().next_job
     }
 
     /// `PATCH jobs/:id/trace`: append `data` at byte `start`, which must be where the

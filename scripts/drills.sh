@@ -1,0 +1,542 @@
+#!/usr/bin/env bash
+# Fault drills (issue 15): break one part of the podgate system while a runner fleet
+# works through it, print the figures, and check the ledger.
+#
+#   ./scripts/drills.sh                 # every drill: R2 R3 R4 R5 R7
+#   ./scripts/drills.sh R4 R5           # a subset
+#   ./scripts/drills.sh --smoke         # each drill for seconds (tests/drills_smoke.rs)
+#   SOAK=30m ./scripts/drills.sh R7     # the soak's length (default 2m; --soak 30m too)
+#   SOAK_PCT=25 ./scripts/drills.sh R7  # its load, percent of the measured capacity (50)
+#   PODGATE=target/debug/podgate ./scripts/drills.sh   # a binary already built
+#
+# How the system is run: as separate processes, not `podgate up` (which runs its Pods
+# inside its own process, so none could be killed alone). Per drill, on ephemeral
+# loopback ports, all children stopped on exit (trap):
+#   - redis-server: the registry's topology and the Pods' runner queue keys (the
+#     Redis the proxy watches to hold long polls at the edge), as `podgate up --redis`;
+#   - `podgate pod-sim` x3 (Pods 1-3, Pod 1 the default), each with a registration
+#     token minted here, so a restarted Pod takes the same one;
+#   - `podgate loadtest drill topology-owner`: writes the topology into Redis and
+#     again whenever Redis holds none (what owns the topology in production);
+#   - `podgate proxy` with `[registry]` in that Redis and active health checks every
+#     HEALTH_MS with rise = fall = 1 (so "one health interval" is one check; R7
+#     keeps fall = rise = 3 and a 1 s timeout, so a busy CPU takes no Pod out);
+#   - for R2 and R3 also two `podgate kas` (Pod 1's kas pool), `podgate kube-sim`
+#     and one `podgate agentk` dialling kas through the proxy;
+#   - `podgate loadtest runners`: the fleet (its JSON report is what the ledger
+#     check reads), and `podgate loadtest drill probe`: one runner per Pod asking
+#     `runners/verify` through the proxy in turn, each request logged with its time.
+# After each drill `podgate loadtest drill ledger-check` reads every Pod's ledger
+# (`GET /-/podsim/ledger`) and the fleet's report: every job the fleet picked up
+# finished exactly once, on the Pod that issued it; no request answered by a Pod
+# that does not own its token. Its last line, `ledger check: ok`, is what the smoke
+# test looks for; this script exits 1 when any drill fails.
+#
+# Drills:
+#   R2  Redis killed (SIGKILL) and restarted empty: the proxy keeps routing on its
+#       last topology, kas answers GetPods for the agent it holds; the topology
+#       owner writes the topology again, kas re-registers its agent (refresh
+#       after resync) and answers GetPods for it again (within GETPODS_WAIT s);
+#       figures: requests and failures during the outage, time until each is back.
+#   R3  the kas holding the agent SIGKILLed: agentk reconnects through the proxy to
+#       the other kas; GitLab's GetPods (`drill get-pods`) through the surviving kas
+#       answers again; the killed kas's registry entries expire within the TTL.
+#   R4  Pod 3 SIGKILLed: its requests get 503 + Retry-After within one health
+#       interval, Pods 1 and 2 see no failure, and it serves again once restarted.
+#   R5  the proxy upgraded under load (a new `podgate proxy --upgrade`, SIGQUIT to
+#       the old one, as tests/proxy_ops.rs does): zero failed requests.
+#   R7  soak: capacity measured beside the fleet (`podgate loadtest http` on
+#       runners/verify, 64 in flight, CAP_S s: 2xx per second), then half of it for
+#       SOAK; VmRSS of every process (not the load generator's) sampled every
+#       RSS_EVERY s, the first quarter's mean against the last's (`drill
+#       rss-check`: at most 20 % or 8 MiB more); no failed request.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib/deps.sh
+
+SMOKE=0
+DRILLS=()
+SOAK=${SOAK:-2m}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) SMOKE=1 ;;
+    --soak) SOAK=$2; shift ;;
+    --soak=*) SOAK=${1#--soak=} ;;
+    R2|R3|R4|R5|R7) DRILLS+=("$1") ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "drills.sh: unknown argument $1 (R2 R3 R4 R5 R7 --smoke --soak DURATION)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ ${#DRILLS[@]} -gt 0 ] || DRILLS=(R2 R3 R4 R5 R7)
+
+if [ -z "${PODGATE:-}" ]; then
+  podgate_ensure_rust
+  PODGATE_APT_PACKAGES+=(jq curl)
+  podgate_ensure_system_packages
+  cargo build --release --locked --bin podgate >&2
+  PODGATE=./target/release/podgate
+else
+  for tool in redis-server jq curl; do
+    command -v "$tool" >/dev/null || { echo "drills.sh: $tool is missing" >&2; exit 1; }
+  done
+fi
+PODGATE=$(realpath "$PODGATE")
+
+secs() { # 90, 90s, 5m, 1h -> seconds
+  case "$1" in
+    *h) echo $(( ${1%h} * 3600 )) ;;
+    *m) echo $(( ${1%m} * 60 )) ;;
+    *s) echo "${1%s}" ;;
+    *) echo "$1" ;;
+  esac
+}
+
+# Lengths (seconds): full run, or --smoke.
+if [ "$SMOKE" = 1 ]; then
+  RUN=12 OUTAGE=3 SOAK_S=10 CAP_S=2 RUNNERS=12 JOB_RATE=4 RSS_EVERY=1 GETPODS_WAIT=${GETPODS_WAIT:-20}
+else
+  RUN=${RUN:-90} OUTAGE=${OUTAGE:-15} SOAK_S=$(secs "$SOAK") CAP_S=${CAP_S:-5}
+  RUNNERS=${RUNNERS:-30} JOB_RATE=${JOB_RATE:-5} RSS_EVERY=${RSS_EVERY:-5}
+fi
+HEALTH_MS=${HEALTH_MS:-1000}
+GETPODS_WAIT=${GETPODS_WAIT:-120}
+SOAK_PCT=${SOAK_PCT:-50}   # R7's load, percent of the measured capacity
+LONG_POLL=${LONG_POLL:-10}
+
+W=$(mktemp -d /tmp/podgate-drills.XXXXXX)
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  sleep 0.3
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ "${KEEP:-0}" = 1 ]; then echo "drills.sh: logs kept in $W" >&2; else rm -rf "$W"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say() { printf '%s\n' "$*"; }
+now_ms() { date +%s%3N; }
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() {
+  local _
+  for _ in $(seq 1 400); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "drills.sh: nothing listens on $1" >&2
+  return 1
+}
+spawn() { # spawn LOG CMD… : start in the background, remember the pid in $SPAWNED
+  local log=$1; shift
+  "$@" >"$log" 2>&1 &
+  SPAWNED=$!
+  PIDS+=("$SPAWNED")
+}
+rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || true; }
+
+# --- the system ------------------------------------------------------------------
+
+redis_start() {
+  spawn "$D/redis.log" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no
+  REDIS_PID=$SPAWNED
+  wait_port "$REDIS_PORT"
+}
+
+pod_start() { # pod_start I
+  local i=$1
+  spawn "$D/pod$i.log" "$PODGATE" pod-sim --pod-id "$i" --listen "127.0.0.1:${POD_PORT[$i]}" \
+    --registration-token "${REG[$i]}" --job-rate "$JOB_RATE" --long-poll "${LONG_POLL}s" \
+    --redis "$REDIS_URL" --external-url "http://127.0.0.1:$PROXY_PORT"
+  POD_PID[$i]=$SPAWNED
+  wait_port "${POD_PORT[$i]}"
+}
+
+proxy_start() { # proxy_start [--upgrade]
+  spawn "$D/proxy.$(now_ms).log" "$PODGATE" proxy --config "$D/proxy.toml" "$@"
+  PROXY_PID=$SPAWNED
+}
+
+wait_ready() {
+  local _
+  for _ in $(seq 1 400); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$ADMIN_PORT/readyz")" = 200 ] && return 0
+    sleep 0.05
+  done
+  echo "drills.sh: the proxy is not ready" >&2
+  return 1
+}
+
+system_up() { # system_up NAME [--kas]: with --kas, also two kas, kube-sim and an agentk (kas_up)
+  D=$W/$1
+  mkdir -p "$D"
+  REDIS_PORT=$(port) PROXY_PORT=$(port) ADMIN_PORT=$(port)
+  OWNER_EXTRA=() PROXY_EXTRA=""
+  # One check decides (R4 measures "within one health interval"); the soak keeps
+  # the defaults, since a CPU-saturated check must not take a Pod out.
+  if [ "$1" = R7 ]; then HEALTH_TIMEOUT_MS=1000 HEALTH_RISE_FALL=3; else HEALTH_TIMEOUT_MS=500 HEALTH_RISE_FALL=1; fi
+  if [ "${2:-}" = --kas ]; then kas_prepare; fi
+  REDIS_URL=redis://127.0.0.1:$REDIS_PORT
+  POD_PORT=() POD_PID=() REG=()
+  local i
+  for i in 1 2 3; do
+    POD_PORT[$i]=$(port)
+    REG[$i]=$("$PODGATE" token mint-gitlab --prefix glrt- --cell "$i" --org 1 --runner-type 1)
+  done
+  redis_start
+  for i in 1 2 3; do pod_start "$i"; done
+  spawn "$D/owner.log" "$PODGATE" loadtest drill topology-owner --redis "$REDIS_URL" \
+    --queue-redis "$REDIS_URL" --pod "1=127.0.0.1:${POD_PORT[1]}" \
+    --pod "2=127.0.0.1:${POD_PORT[2]}" --pod "3=127.0.0.1:${POD_PORT[3]}" "${OWNER_EXTRA[@]}"
+  OWNER_PID=$SPAWNED
+  cat >"$D/proxy.toml" <<EOF
+listen = "127.0.0.1:$PROXY_PORT"
+admin_listen = "127.0.0.1:$ADMIN_PORT"
+grace_period_secs = 2
+upgrade_sock = "$D/upgrade.sock"
+edge_poll_hold_secs = $LONG_POLL
+$PROXY_EXTRA
+[health]
+interval_ms = $HEALTH_MS
+timeout_ms = $HEALTH_TIMEOUT_MS
+rise = $HEALTH_RISE_FALL
+fall = $HEALTH_RISE_FALL
+[registry]
+backend = { kind = "redis", url = "$REDIS_URL" }
+EOF
+  proxy_start
+  wait_ready
+  if [ "${2:-}" = --kas ]; then kas_up; fi
+}
+
+# --- kas and an agent (R2, R3) ---------------------------------------------------
+# Two kas of Pod 1 sharing the registry's Redis (short TTL: KAS_TTL), both in the
+# topology as Pod 1's kas pool; kube-sim; one agentk (agent $AGENT_ID, a JWT the kas
+# and the proxy verify) dialling kas through the proxy, as `podgate up` connects it.
+AGENT_ID=7
+KAS_TTL=${KAS_TTL:-6}
+kas_prepare() {
+  mkdir -p "$D/keys"
+  "$PODGATE" token keygen --alg ed25519 --kid drill --out "$D/keys/" >/dev/null
+  head -c 32 /dev/urandom | base64 >"$D/external"
+  head -c 32 /dev/urandom | base64 >"$D/internal"
+  "$PODGATE" token mint --kind agent --pod 1 --agent "$AGENT_ID" --project 1001 --ttl 1h \
+    --key "$D/keys/drill.private.pem" --prefix auto >"$D/agent-token"
+  local k
+  for k in 1 2; do
+    KAS_AGENT[$k]=$(port) KAS_EXT[$k]=$(port) KAS_INT[$k]=$(port)
+    OWNER_EXTRA+=(--kas "1=127.0.0.1:${KAS_AGENT[$k]}")
+  done
+  PROXY_EXTRA="keys = [\"$D/keys/drill.pem\"]"
+}
+kas_start() { # kas_start K
+  local k=$1
+  cat >"$D/kas$k.toml" <<EOF
+agent_listen = "127.0.0.1:${KAS_AGENT[$k]}"
+external_listen = "127.0.0.1:${KAS_EXT[$k]}"
+internal_listen = "127.0.0.1:${KAS_INT[$k]}"
+observability_listen = "127.0.0.1:$(port)"
+external_secret_file = "$D/external"
+internal_secret_file = "$D/internal"
+agent_keys = ["$D/keys/drill.pem"]
+max_wait = "20s"
+[registry]
+backend = { kind = "redis", url = "$REDIS_URL" }
+ttl = "${KAS_TTL}s"
+refresh_interval = "$(( KAS_TTL / 3 ))s"
+gc_interval = "$(( KAS_TTL / 3 ))s"
+topology_resync_interval = "2s"
+EOF
+  spawn "$D/kas$k.log" "$PODGATE" kas --config "$D/kas$k.toml" --shutdown-grace 1s
+  KAS_PID[$k]=$SPAWNED
+  wait_port "${KAS_EXT[$k]}"
+}
+kas_up() {
+  kas_start 1; kas_start 2
+  local kube_port; kube_port=$(port)
+  spawn "$D/kube-sim.log" "$PODGATE" kube-sim --listen "127.0.0.1:$kube_port" --objects 50 \
+    --kubeconfig-out "$D/kubeconfig"
+  wait_port "$kube_port"
+  local _
+  for _ in $(seq 1 100); do [ -s "$D/kubeconfig" ] && break; sleep 0.05; done
+  spawn "$D/agentk.log" env PODGATE_LOG=${AGENTK_LOG:-warn} "$PODGATE" agentk --kas "grpc://127.0.0.1:$PROXY_PORT" \
+    --token-file "$D/agent-token" --kubeconfig "$D/kubeconfig" --observability-listen off
+  AGENTK_PID=$SPAWNED
+  for _ in $(seq 1 400); do [ -n "$(agent_kas)" ] && return 0; sleep 0.05; done
+  echo "drills.sh: agentk did not register" >&2; tail -n 5 "$D/agentk.log" "$D/kas1.log" "$D/kas2.log" >&2; return 1
+}
+# The kas (internal address) holding agent $AGENT_ID's connections, one per line.
+agent_kas() {
+  "$PODGATE" registry --redis "$REDIS_URL" --json agents --agent-id "$AGENT_ID" 2>/dev/null | jq -r '.[].kas' 2>/dev/null | sort -u
+}
+kas_instances() {
+  "$PODGATE" registry --redis "$REDIS_URL" --json kas 2>/dev/null | jq -r '.[].address' 2>/dev/null
+}
+get_pods() { # get_pods K [timeout]: GitLab's GetPods on kas K
+  "$PODGATE" loadtest drill get-pods --kas "127.0.0.1:${KAS_EXT[$1]}" --secret-file "$D/external" \
+    --agent-id "$AGENT_ID" --timeout "${2:-10s}" || true
+}
+
+# The fleet for $1 seconds in the background ($FLEET_PID, report $D/fleet.json).
+fleet_start() {
+  spawn "$D/fleet.log" "$PODGATE" loadtest runners --target "http://127.0.0.1:$PROXY_PORT" \
+    --registration-token "${REG[1]}" --registration-token "${REG[2]}" --registration-token "${REG[3]}" \
+    --runners "$RUNNERS" --duration "${1}s" --check-interval 1s --json "$D/fleet.json"
+  FLEET_PID=$SPAWNED
+}
+fleet_wait() { wait "$FLEET_PID" || true; [ -s "$D/fleet.json" ] || { echo "drills.sh: no fleet report" >&2; tail -5 "$D/fleet.log" >&2; return 1; }; }
+
+probe_start() {
+  spawn "$D/probe.out" "$PODGATE" loadtest drill probe --target "127.0.0.1:$PROXY_PORT" \
+    --registration-token "${REG[1]}" --registration-token "${REG[2]}" --registration-token "${REG[3]}" \
+    --out "$D/probe.log"
+  PROBE_PID=$SPAWNED
+  local _
+  for _ in $(seq 1 200); do [ -s "$D/probe.log" ] && return 0; sleep 0.05; done
+  echo "drills.sh: the probe did not start" >&2; cat "$D/probe.out" >&2; return 1
+}
+probe_stop() { kill -TERM "$PROBE_PID" 2>/dev/null || true; wait "$PROBE_PID" 2>/dev/null || true; }
+probe_stats() { "$PODGATE" loadtest drill probe-stats --probe-log "$D/probe.log" "$@"; }
+
+# ledger_check [ledger-check flags…]: prints its lines; fails when the check does.
+ledger_check() {
+  "$PODGATE" loadtest drill ledger-check --pod "127.0.0.1:${POD_PORT[1]}" \
+    --pod "127.0.0.1:${POD_PORT[2]}" --pod "127.0.0.1:${POD_PORT[3]}" --fleet "$D/fleet.json" "$@" | sed 's/^/  /'
+}
+
+system_down() {
+  local p
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  sleep 0.3
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
+}
+
+FAILED=()
+check() { # check NAME CONDITION-RESULT MESSAGE
+  if [ "$2" = ok ]; then say "  check $1: ok"; else say "  check $1: FAILED ($3)"; DRILL_OK=0; fi
+}
+
+# --- drills ----------------------------------------------------------------------
+
+drill_R2() {
+  system_up R2 --kas
+  fleet_start "$RUN"; probe_start
+  sleep $(( RUN / 3 ))
+  local held local_kas=1 k
+  held=$(agent_kas | head -1)
+  for k in 1 2; do if [ "$held" = "127.0.0.1:${KAS_INT[$k]}" ]; then local_kas=$k; fi; done
+  local kill_ms restart_ms back_ms=0 up_ms=0 agent_ms=0 _ during_outage
+  kill_ms=$(now_ms)
+  kill -KILL "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true
+  sleep $(( OUTAGE / 2 ))
+  # kas serves the agent it holds without Redis.
+  during_outage=$(get_pods "$local_kas" 5s)
+  sleep $(( OUTAGE - OUTAGE / 2 ))
+  restart_ms=$(now_ms)
+  redis_start
+  # Recovered: the topology owner wrote it again, and the proxy's registry is up.
+  for _ in $(seq 1 600); do
+    if [ "$back_ms" = 0 ] && grep -q 'wrote the topology' <(awk -v t="$restart_ms" '$1 >= t' "$D/owner.log"); then
+      back_ms=$(awk -v t="$restart_ms" '$1 >= t && /wrote the topology/ {print $1; exit}' "$D/owner.log")
+    fi
+    if [ "$up_ms" = 0 ] && curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | grep -q '^podgate_registry_backend_up 1'; then
+      up_ms=$(now_ms)
+    fi
+    if [ "$agent_ms" = 0 ] && [ -n "$(agent_kas)" ]; then agent_ms=$(now_ms); fi
+    [ "$back_ms" != 0 ] && [ "$up_ms" != 0 ] && [ "$agent_ms" != 0 ] && break
+    sleep 0.1
+  done
+  fleet_wait; probe_stop
+  local outage after
+  outage=$(probe_stats --from "$kill_ms" --to "$restart_ms")
+  after=$(probe_stats --from "$restart_ms")
+  say "  outage ${OUTAGE}s: probe requests $(jq .requests <<<"$outage"), failed $(jq .failed <<<"$outage") (statuses $(jq -c .statuses <<<"$outage"))"
+  say "  after restart: probe requests $(jq .requests <<<"$after"), failed $(jq .failed <<<"$after")"
+  say "  recovery after Redis restarted empty: topology rewritten in $(( back_ms > 0 ? back_ms - restart_ms : -1 )) ms, proxy registry up again in $(( up_ms > 0 ? up_ms - restart_ms : -1 )) ms, agent $AGENT_ID registered again in $(( agent_ms > 0 ? agent_ms - restart_ms : -1 )) ms"
+  say "  kas$local_kas during the outage, GetPods for its own agent: $during_outage"
+  # GetPods on the same kas once Redis is back, each call given 25 s, until one is
+  # answered (asking for at most GETPODS_WAIT s).
+  local after_get="" get_ms=0 stalled=0 get_until
+  get_until=$(( $(now_ms) + GETPODS_WAIT * 1000 ))
+  while [ "$(now_ms)" -lt "$get_until" ]; do
+    after_get=$(get_pods "$local_kas" 25s)
+    if [ "$(jq -r .ok <<<"$after_get")" = true ]; then get_ms=$(( $(now_ms) - restart_ms )); break; fi
+    stalled=$(( stalled + 1 ))
+  done
+  say "  GetPods on kas$local_kas after the restart: $([ "$get_ms" != 0 ] && echo "answered $get_ms ms after the restart ($stalled calls unanswered in 25 s before)" || echo "not answered within ${GETPODS_WAIT} s"): $after_get"
+  say "  fleet: $(jq -c '{jobs_done, misroutes, unexpected, jobs_request}' "$D/fleet.json")"
+  check "routing during the outage" "$([ "$(jq .failed <<<"$outage")" = 0 ] && [ "$(jq .requests <<<"$outage")" -gt 0 ] && echo ok)" "failed or no probe requests during the outage"
+  check "recovered without an operator" "$([ "$back_ms" != 0 ] && [ "$up_ms" != 0 ] && [ "$agent_ms" != 0 ] && echo ok)" "topology, registry or agent presence not back"
+  check "GetPods after recovery" "$([ "$get_ms" != 0 ] && echo ok)" "$after_get"
+  check "kas served its agent during the outage" "$([ "$(jq -r .ok <<<"$during_outage")" = true ] && echo ok)" "$during_outage"
+  ledger_check || DRILL_OK=0
+}
+
+drill_R3() {
+  system_up R3 --kas
+  fleet_start "$RUN"; probe_start
+  sleep $(( RUN / 4 ))
+  local held victim="" survivor="" k
+  held=$(agent_kas | head -1)
+  for k in 1 2; do
+    if [ "$held" = "127.0.0.1:${KAS_INT[$k]}" ]; then victim=$k; else survivor=$k; fi
+  done
+  if [ -z "$victim" ]; then say "  the agent is on no known kas ($held)"; DRILL_OK=0; fleet_wait; probe_stop; return; fi
+  local before; before=$(get_pods "$survivor")
+  say "  agent $AGENT_ID on kas$victim; GetPods through kas$survivor before the kill (kas->kas): $before"
+  local kill_ms ok_ms=0 gone_ms=0 inst_ms=0 answer="" _
+  kill_ms=$(now_ms)
+  kill -KILL "${KAS_PID[$victim]}"; wait "${KAS_PID[$victim]}" 2>/dev/null || true
+  # GetPods through the survivor until the agent, reconnected through the proxy, answers.
+  for _ in $(seq 1 60); do
+    answer=$(get_pods "$survivor" 5s)
+    if [ "$(jq -r .ok <<<"$answer")" = true ]; then ok_ms=$(now_ms); break; fi
+    sleep 0.2
+  done
+  # The killed kas's registry entries expire (it could not remove them).
+  for _ in $(seq 1 $(( (KAS_TTL * 3 + 10) * 10 ))); do
+    if [ "$gone_ms" = 0 ] && ! agent_kas | grep -qx "127.0.0.1:${KAS_INT[$victim]}"; then gone_ms=$(now_ms); fi
+    if [ "$inst_ms" = 0 ] && ! kas_instances | grep -qx "127.0.0.1:${KAS_INT[$victim]}"; then inst_ms=$(now_ms); fi
+    [ "$gone_ms" != 0 ] && [ "$inst_ms" != 0 ] && break
+    sleep 0.1
+  done
+  local now_on; now_on=$(agent_kas | tr '\n' ' ')
+  fleet_wait; probe_stop
+  say "  kas$victim SIGKILLed: GetPods through kas$survivor answered again after $(( ok_ms > 0 ? ok_ms - kill_ms : -1 )) ms: $answer"
+  say "  registry: the agent's entry on kas$victim gone after $(( gone_ms > 0 ? gone_ms - kill_ms : -1 )) ms, kas$victim's instance after $(( inst_ms > 0 ? inst_ms - kill_ms : -1 )) ms (TTL ${KAS_TTL}s); agent now on: $now_on"
+  check "GetPods re-routed" "$([ "$ok_ms" != 0 ] && echo ok)" "GetPods never answered after the kill"
+  check "entries expired within the TTL" "$([ "$gone_ms" != 0 ] && [ "$inst_ms" != 0 ] && [ $(( inst_ms - kill_ms )) -le $(( KAS_TTL * 1000 + KAS_TTL * 1000 / 3 + 1000 )) ] && echo ok)" "entries of the killed kas still there"
+  check "agent on the surviving kas" "$(grep -q "127.0.0.1:${KAS_INT[$survivor]}" <<<"$now_on" && echo ok)" "agent on: $now_on"
+  ledger_check || DRILL_OK=0
+}
+
+drill_R4() {
+  system_up R4
+  fleet_start "$RUN"; probe_start
+  sleep $(( RUN / 3 ))
+  local kill_ms restart_ms down up others _
+  kill_ms=$(now_ms)
+  kill -KILL "${POD_PID[3]}"; wait "${POD_PID[3]}" 2>/dev/null || true
+  # 503 + Retry-After for Pod 3, within one health interval.
+  for _ in $(seq 1 300); do
+    [ "$(probe_stats --pod 3 --from "$kill_ms" | jq .first_503_retry_after_ms)" != null ] && break
+    sleep 0.1
+  done
+  sleep "$OUTAGE"
+  restart_ms=$(now_ms)
+  pod_start 3
+  for _ in $(seq 1 300); do
+    [ "$(probe_stats --pod 3 --from "$restart_ms" | jq .first_ok_ms)" != null ] && break
+    sleep 0.1
+  done
+  sleep 1
+  fleet_wait; probe_stop
+  down=$(probe_stats --pod 3 --from "$kill_ms" --to "$restart_ms")
+  up=$(probe_stats --pod 3 --from "$restart_ms")
+  local o1 o2
+  o1=$(probe_stats --pod 1 --from "$kill_ms")
+  o2=$(probe_stats --pod 2 --from "$kill_ms")
+  local d503 dfirst dup
+  d503=$(jq .first_503_retry_after_ms <<<"$down")
+  dup=$(jq .first_ok_ms <<<"$up")
+  dfirst=$(jq .first_failure_ms <<<"$down")
+  say "  Pod 3 killed: first failure after ${dfirst} ms, first 503 + Retry-After after ${d503} ms (health interval ${HEALTH_MS} ms); while down: $(jq -c .statuses <<<"$down"), 503 without Retry-After: $(jq .unanswered_503_without_retry_after <<<"$down")"
+  say "  Pod 3 restarted: serving again after ${dup} ms"
+  say "  Pods 1 and 2 from the kill on: $(jq .requests <<<"$o1")+$(jq .requests <<<"$o2") probe requests, failed $(jq .failed <<<"$o1")+$(jq .failed <<<"$o2")"
+  check "503 + Retry-After within one health interval" "$([ "$d503" != null ] && [ "$d503" -le $(( HEALTH_MS + 500 )) ] && echo ok)" "first 503 + Retry-After after $d503 ms"
+  check "Pod 3 back after restart" "$([ "$dup" != null ] && echo ok)" "no answer from Pod 3 after its restart"
+  check "Pods 1 and 2 unaffected" "$([ "$(jq .failed <<<"$o1")" = 0 ] && [ "$(jq .failed <<<"$o2")" = 0 ] && echo ok)" "failures on Pods 1 or 2"
+  ledger_check --restarted 3 || DRILL_OK=0
+}
+
+drill_R5() {
+  system_up R5
+  fleet_start "$RUN"; probe_start
+  sleep $(( RUN / 3 ))
+  local old=$PROXY_PID t0 t1
+  t0=$(now_ms)
+  proxy_start --upgrade
+  sleep 0.5
+  kill -QUIT "$old"
+  wait "$old" 2>/dev/null || true
+  t1=$(now_ms)
+  sleep 1
+  kill -0 "$PROXY_PID" 2>/dev/null || { say "  the new proxy is not running"; DRILL_OK=0; }
+  fleet_wait; probe_stop
+  local all during
+  all=$(probe_stats)
+  during=$(probe_stats --from "$t0" --to "$t1")
+  say "  upgrade: old proxy (pid $old) gone $(( t1 - t0 )) ms after the new one (pid $PROXY_PID) started"
+  say "  probe: $(jq .requests <<<"$all") requests, failed $(jq .failed <<<"$all"); during the hand-over $(jq .requests <<<"$during"), failed $(jq .failed <<<"$during")"
+  check "zero failed probe requests" "$([ "$(jq .failed <<<"$all")" = 0 ] && echo ok)" "$(jq -c .statuses <<<"$all")"
+  ledger_check --no-failed-requests || DRILL_OK=0
+}
+
+drill_R7() {
+  system_up R7
+  local token
+  token=$(curl -s -X POST "http://127.0.0.1:$PROXY_PORT/api/v4/runners" -H 'content-type: application/json' \
+    -d "{\"token\":\"${REG[2]}\"}" | jq -r .token)
+  local url="http://127.0.0.1:$PROXY_PORT/api/v4/runners/verify" body="{\"token\":\"$token\"}"
+  # The fleet and the probe run throughout: capacity is measured beside them.
+  fleet_start $(( CAP_S + SOAK_S + 3 )); probe_start
+  "$PODGATE" loadtest http --url "$url" --method POST --header 'content-type: application/json' \
+    --body "$body" --rate 100000 --max-in-flight 64 --duration "${CAP_S}s" --json "$D/capacity.json" >"$D/capacity.log" 2>&1
+  local cap rate
+  # 2xx answers per second of the run (64 requests in flight, as fast as they go).
+  cap=$(jq '(([.statuses | to_entries[] | select(.key | test("^2")) | .value] | add // 0) / .sent * .achieved_rate) | floor' "$D/capacity.json")
+  rate=$(( cap * SOAK_PCT / 100 ))
+  [ "$rate" -ge 1 ] || rate=1
+  say "  capacity: $cap req/s of runners/verify through the proxy (2xx/s, 64 in flight, ${CAP_S} s, beside the fleet); soak at $rate req/s ($SOAK_PCT %) for ${SOAK_S} s"
+  "$PODGATE" loadtest http --url "$url" --method POST --header 'content-type: application/json' \
+    --body "$body" --rate "$rate" --duration "${SOAK_S}s" --json "$D/soak.json" >"$D/soak.log" 2>&1 &
+  local soak_pid=$!
+  PIDS+=("$soak_pid")
+  # Every process of the system, and the fleet and probe (not the load generator,
+  # whose queue is the measurement's own).
+  local names=(redis pod1 pod2 pod3 proxy owner fleet probe)
+  local pids=("$REDIS_PID" "${POD_PID[1]}" "${POD_PID[2]}" "${POD_PID[3]}" "$PROXY_PID" "$OWNER_PID" "$FLEET_PID" "$PROBE_PID")
+  : >"$D/rss.txt"
+  local k kb t
+  while kill -0 "$soak_pid" 2>/dev/null; do
+    t=$(now_ms)
+    for k in "${!names[@]}"; do
+      kb=$(rss_kb "${pids[$k]}")
+      if [ -n "$kb" ]; then echo "$t ${names[$k]} $kb" >>"$D/rss.txt"; fi
+    done
+    sleep "$RSS_EVERY"
+  done
+  wait "$soak_pid" || true
+  fleet_wait; probe_stop
+  local soak_failed
+  soak_failed=$(jq '[.statuses | to_entries[] | select((.key | tonumber) == 0 or (.key | tonumber) >= 500) | .value] | add // 0' "$D/soak.json")
+  say "  soak load: $(jq -c '{sent, achieved_rate, p50_ms, p99_ms, max_ms, statuses}' "$D/soak.json")"
+  say "  probe: $(probe_stats | jq -c '{requests, failed, statuses}')"
+  "$PODGATE" loadtest drill rss-check --samples "$D/rss.txt" | sed 's/^/  /' || DRILL_OK=0
+  check "no failed soak request" "$([ "$soak_failed" = 0 ] && [ "$(probe_stats | jq .failed)" = 0 ] && echo ok)" "$soak_failed soak requests failed"
+  ledger_check --no-failed-requests || DRILL_OK=0
+}
+
+say "drills: ${DRILLS[*]}$([ "$SMOKE" = 1 ] && echo ' (smoke)') with $PODGATE"
+for d in "${DRILLS[@]}"; do
+  DRILL_OK=1
+  started=$(date +%s)
+  say "== $d"
+  "drill_$d"
+  system_down
+  if [ "$DRILL_OK" = 1 ]; then
+    say "== $d ok ($(( $(date +%s) - started )) s)"
+  else
+    say "== $d FAILED ($(( $(date +%s) - started )) s)"
+    FAILED+=("$d")
+  fi
+done
+if [ ${#FAILED[@]} -gt 0 ]; then
+  say "drills failed: ${FAILED[*]}"
+  exit 1
+fi
+say "drills: all passed"
