@@ -324,9 +324,16 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     .await
     .unwrap();
     let agent_channel = channel(kas.agent_addr()).await;
-    // Two replicas, each with a pool of 2 idle tunnels.
+    // Two replicas (each its configuration stream, which gives its connection id),
+    // each with a pool of 2 idle tunnels.
+    let (a, _presence_a) = configuration_stream(agent_channel.clone(), &token)
+        .await
+        .unwrap();
+    let (b, _presence_b) = configuration_stream(agent_channel.clone(), &token)
+        .await
+        .unwrap();
     let stopped = Arc::new(tokio::sync::Notify::new());
-    let replicas = [(31, "a"), (32, "b")].map(|(conn, tag)| {
+    let replicas = [(a, "a"), (b, "b")].map(|(conn, tag)| {
         tokio::spawn(serve_tunnels(
             agent_channel.clone(),
             token.clone(),
@@ -335,8 +342,8 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
             Arc::new(Pods(tag, stopped.clone())),
         ))
     });
-    kas.tunnels().wait_idle(3, 31, 2).await;
-    kas.tunnels().wait_idle(3, 32, 2).await;
+    kas.tunnels().wait_idle(3, a, 2).await;
+    kas.tunnels().wait_idle(3, b, 2).await;
 
     let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
     let ext = channel(kas.external_addr()).await;
@@ -353,11 +360,11 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     };
     // The replica asked for answers.
     let resp = api
-        .get_pods(call(3, 32, "prod"))
+        .get_pods(call(3, b, "prod"))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(resp.connection_id, 32);
+    assert_eq!(resp.connection_id, b);
     let names: Vec<String> = resp
         .pods
         .iter()
@@ -366,10 +373,10 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     assert_eq!(names, ["prod/b-web-1", "prod/b-db-1"]);
     // Any replica when none is named.
     let resp = api.get_pods(call(3, 0, "")).await.unwrap().into_inner();
-    assert!([31, 32].contains(&resp.connection_id));
+    assert!([a, b].contains(&resp.connection_id));
     // Used tunnels are replaced: the pools are full again.
-    kas.tunnels().wait_idle(3, 31, 2).await;
-    kas.tunnels().wait_idle(3, 32, 2).await;
+    kas.tunnels().wait_idle(3, a, 2).await;
+    kas.tunnels().wait_idle(3, b, 2).await;
     // An agent connected nowhere: DeadlineExceeded once max_wait has passed.
     let e = api.get_pods(call(99, 0, "")).await.unwrap_err();
     assert_eq!(e.code(), Code::DeadlineExceeded);
@@ -380,7 +387,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     // early (the caller went away) cancels the handler at agentk.
     let mut counting = kas
         .tunnels()
-        .open(3, 31, "Count", Vec::new())
+        .open(3, a, "Count", Vec::new())
         .await
         .unwrap();
     for want in 1u32..=1000 {
@@ -391,7 +398,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
     drop(counting);
     stopped.notified().await;
     assert_eq!(kas.metrics().tunnels_busy.get(), 0);
-    kas.tunnels().wait_idle(3, 31, 2).await;
+    kas.tunnels().wait_idle(3, a, 2).await;
     // The observability listener shows the tunnels and the routing.
     let (_, metrics) = http_get(kas.observability_addr().unwrap(), "/metrics").await;
     assert!(

@@ -1,0 +1,46 @@
+//! The fast path's chunked-body end finder (`ChunkScanner` in
+//! `proxy/src/fast/response.rs`), which decides where a Pod's chunked response
+//! ends. The first two input bytes place two cuts in the rest.
+//!
+//! - nothing panics or overflows;
+//! - the verdict does not depend on how the bytes arrive: whole, or in three reads
+//!   cut anywhere, give the same end (or both fail);
+//! - the end is decided by the bytes before it: the prefix up to the end ends at
+//!   the same place, and one byte less has not ended.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use podgate_proxy::fast::fuzzing::ChunkScanner;
+
+/// Scan `pieces` in order as reads; the end's offset from the first byte.
+fn scan(pieces: &[&[u8]]) -> Result<Option<usize>, &'static str> {
+    let mut s = ChunkScanner::default();
+    let mut offset = 0;
+    for p in pieces {
+        if let Some(n) = s.scan(p)? {
+            assert!(n <= p.len());
+            return Ok(Some(offset + n));
+        }
+        offset += p.len();
+    }
+    Ok(None)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let [a, b, body @ ..] = data else {
+        return;
+    };
+    let cut1 = body.len() * usize::from(*a) / 256;
+    let cut2 = cut1 + (body.len() - cut1) * usize::from(*b) / 256;
+    let whole = scan(&[body]);
+    let split = scan(&[&body[..cut1], &body[cut1..cut2], &body[cut2..]]);
+    match (&whole, &split) {
+        (Ok(w), Ok(s)) => assert_eq!(w, s),
+        (Err(_), Err(_)) => {}
+        _ => panic!("whole {whole:?}, split at {cut1}/{cut2} {split:?}"),
+    }
+    if let Ok(Some(end)) = whole {
+        assert_eq!(scan(&[&body[..end]]), Ok(Some(end)));
+        assert_eq!(scan(&[&body[..end - 1]]), Ok(None));
+    }
+});
