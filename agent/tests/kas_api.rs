@@ -359,11 +359,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
         )
     };
     // The replica asked for answers.
-    let resp = api
-        .get_pods(call(3, b, "prod"))
-        .await
-        .unwrap()
-        .into_inner();
+    let resp = api.get_pods(call(3, b, "prod")).await.unwrap().into_inner();
     assert_eq!(resp.connection_id, b);
     let names: Vec<String> = resp
         .pods
@@ -385,11 +381,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
 
     // A streaming response: many messages, in order, through one tunnel; ending it
     // early (the caller went away) cancels the handler at agentk.
-    let mut counting = kas
-        .tunnels()
-        .open(3, a, "Count", Vec::new())
-        .await
-        .unwrap();
+    let mut counting = kas.tunnels().open(3, a, "Count", Vec::new()).await.unwrap();
     for want in 1u32..=1000 {
         let got = counting.message().await.unwrap().unwrap();
         assert_eq!(got, want.to_be_bytes());

@@ -16,6 +16,7 @@ use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
 use podgate_fuzz::CLASSIFIER;
+use podgate_proxy::body::DEFAULT_BODY_LOOKAHEAD as LOOKAHEAD;
 use podgate_proxy::decision::{self, OnInvalid, Outcome};
 use podgate_proxy::fast::fuzzing::{Request, request_head};
 use podgate_proxy::params::BodyKind;
@@ -47,9 +48,6 @@ static TOPOLOGY: LazyLock<Topology> = LazyLock::new(|| {
     .expect("a valid topology")
     .to_topology(1)
 });
-
-/// `body_lookahead_bytes`' default.
-const LOOKAHEAD: usize = 64 * 1024;
 
 fuzz_target!(|data: &[u8]| {
     let Request::Head(h) = request_head(data) else {
