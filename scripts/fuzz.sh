@@ -1,65 +1,92 @@
 #!/usr/bin/env bash
-# Run every cargo-fuzz target (fuzz/README.md) on its committed corpus and print a
-# table: executions, exec/s and crashes per target. Exits non-zero if any crashed.
+# Run every fuzz target (fuzz/README.md) on its committed corpus and print a table:
+# executions, exec/s and crashes per target. Exits non-zero if any crashed.
 #
 #   scripts/fuzz.sh [SECONDS]            each target for SECONDS (default 60)
 #   scripts/fuzz.sh --runs N             each target for N executions
 #   scripts/fuzz.sh 10 proxy_path ...    only the targets named
+#   scripts/fuzz.sh --quick 5            CI's stage (scripts/test.sh): see below
+#
+# Builds with the stable toolchain and libFuzzer (libfuzzer-sys), no cargo-fuzz:
+# - default: the `fuzz` profile (../Cargo.toml: release with debug assertions) and
+#   every crate instrumented for coverage, as `cargo fuzz build -s none` does;
+# - --quick: the test build's dependencies reused as they are, only podgate's own
+#   crates instrumented (scripts/lib/sancov-rustc), unoptimised: a minute's build
+#   after `cargo test` instead of a cold one, for a brief run of every target.
+# No sanitizer: podgate's crates forbid `unsafe`, and AddressSanitizer halves the
+# executions; FUZZ_SANITIZER=address adds it (nightly toolchain, `-Zsanitizer`).
 #
 # The committed corpus (fuzz/corpus/<target>) is only read: what libFuzzer finds is
 # written to a temporary directory, removed afterwards (set FUZZ_CORPUS_OUT=<dir> to
-# keep it in <dir>/<target>, e.g. to minimise it into the corpus with
-# `cargo +nightly fuzz cmin`), so a run never dirties the checkout. A crashing
-# input is saved as fuzz/artifacts/<target>/crash-… (ignored by git); reproduce it
-# with `cargo +nightly fuzz run -s none <target> fuzz/artifacts/<target>/crash-…`.
-# FUZZ_ARGS: more libFuzzer flags for every target (e.g. `-max_len=65536`);
-# FUZZ_SANITIZER: cargo-fuzz's `--sanitizer` (default none).
+# keep it in <dir>/<target>, e.g. to merge into the corpus, fuzz/README.md), so a run
+# never dirties the checkout. A crashing input is saved as
+# fuzz/artifacts/<target>/crash-… (ignored by git); reproduce it by running the
+# target's binary on that file, and keep it under fuzz/regressions/<target>/ once
+# fixed (`cargo test -p podgate-fuzz` replays both directories).
+# FUZZ_ARGS: more libFuzzer flags for every target (e.g. `-max_len=65536`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+quick=0
+if [[ "${1:-}" == --quick ]]; then
+    quick=1
+    shift
+fi
+usage() { echo "usage: $0 [--quick] [SECONDS | --runs N] [TARGET...]" >&2; exit 2; }
 limit=(-max_total_time=60)
 mode="60 s"
 case "${1:-}" in
 --runs)
-    [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "usage: $0 [SECONDS | --runs N] [TARGET...]" >&2; exit 2; }
+    [[ "${2:-}" =~ ^[0-9]+$ ]] || usage
     limit=(-runs="$2")
     mode="$2 runs"
     shift 2
     ;;
-'' | -*) ;;
+'') ;;
+-*) usage ;;
 *)
-    [[ "$1" =~ ^[0-9]+$ ]] || { echo "usage: $0 [SECONDS | --runs N] [TARGET...]" >&2; exit 2; }
+    [[ "$1" =~ ^[0-9]+$ ]] || usage
     limit=(-max_total_time="$1")
     mode="$1 s"
     shift
     ;;
 esac
 
-if ! cargo +nightly --version >/dev/null 2>&1; then
-    echo "==> installing the nightly toolchain (sanitizers, coverage instrumentation)"
-    rustup toolchain install nightly --profile minimal
-fi
-if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-    echo "==> installing cargo-fuzz"
-    cargo install cargo-fuzz --locked
-fi
-
-# Release with debug assertions (cargo-fuzz's default), every target at once so the
-# dependencies are compiled once, 16 codegen units (cargo-fuzz's 1 doubles the cold
-# build), and no sanitizer: podgate's crates forbid `unsafe`, and AddressSanitizer
-# would halve the executions; FUZZ_SANITIZER=address for a run that wants it.
-build=(--codegen-units 16 --sanitizer "${FUZZ_SANITIZER:-none}")
-echo "==> cargo fuzz build ${build[*]}"
 started=$SECONDS
-cargo +nightly fuzz build "${build[@]}"
+if [[ $quick == 1 ]]; then
+    # Selecting the corpus test across the workspace resolves features as
+    # `cargo test --workspace` does, so every dependency is already built; its
+    # target binaries are built with it.
+    echo "==> building the targets instrumented (podgate's crates only, debug)"
+    RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/lib/sancov-rustc" \
+        cargo test --workspace --locked --test corpus --no-run --quiet
+    bin="target/debug"
+else
+    # `cargo fuzz build`'s flags (all stable -C options), with --target so that
+    # build scripts and proc macros are not instrumented.
+    host="$(rustc -vV | sed -n 's/^host: //p')"
+    flags="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
+    flags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters"
+    flags+=" -Cllvm-args=-sanitizer-coverage-pc-table"
+    flags+=" -Cllvm-args=-sanitizer-coverage-trace-compares"
+    flags+=" -Cllvm-args=-sanitizer-coverage-stack-depth --cfg fuzzing"
+    toolchain=()
+    if [[ -n "${FUZZ_SANITIZER:-}" ]]; then
+        flags+=" -Zsanitizer=$FUZZ_SANITIZER"
+        toolchain=(+nightly)
+        export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_odr_violation=0}" # as cargo fuzz sets it
+    fi
+    echo "==> building the targets instrumented (profile fuzz, $host)"
+    RUSTFLAGS="$flags" cargo "${toolchain[@]}" build --locked --profile fuzz \
+        --target "$host" -p podgate-fuzz --bins --quiet
+    bin="target/$host/fuzz"
+fi
 echo "built in $((SECONDS - started)) s"
-export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_odr_violation=0}" # as cargo fuzz run sets it
-bin="fuzz/target/$(rustc +nightly -vV | sed -n 's/^host: //p')/release"
 
 if [[ $# -gt 0 ]]; then
     targets=("$@")
 else
-    mapfile -t targets < <(cargo +nightly fuzz list)
+    mapfile -t targets < <(cd fuzz/fuzz_targets && ls -- *.rs | sed 's/\.rs$//')
 fi
 
 work="$(mktemp -d)"
@@ -82,7 +109,9 @@ for t in "${targets[@]}"; do
     mkdir -p "fuzz/artifacts/$t"
     # What `cargo fuzz run` runs, without a cargo invocation per target.
     # shellcheck disable=SC2086 # FUZZ_ARGS is a list of flags
-    "$bin/$t" "$out" "fuzz/corpus/$t" -artifact_prefix="fuzz/artifacts/$t/" \
+    seeds=("fuzz/corpus/$t")
+    [[ -d "fuzz/regressions/$t" ]] && seeds+=("fuzz/regressions/$t")
+    "$bin/$t" "$out" "${seeds[@]}" -artifact_prefix="fuzz/artifacts/$t/" \
         "${limit[@]}" "${dict[@]}" -print_final_stats=1 -timeout=30 ${FUZZ_ARGS:-} >"$log" 2>&1 ||
         status=$?
     execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)"

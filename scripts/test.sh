@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check CI runs, in the order a failure is cheapest to report:
 # formatting, lints, docs, then all tests (unit, integration, doc, and each benchmark
-# run once in test mode). Installs what is missing first.
+# run once in test mode), then every fuzz target briefly. Installs what is missing
+# first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
@@ -26,3 +27,6 @@ cargo test --workspace --locked
 
 echo "==> benchmarks, once each in test mode"
 cargo test --workspace --benches --locked
+
+echo "==> fuzzing, every target for 5 s (scripts/fuzz.sh --quick; long runs: fuzz/README.md)"
+scripts/fuzz.sh --quick 5
