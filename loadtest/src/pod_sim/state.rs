@@ -31,7 +31,9 @@ use super::queue::{BuildMatcher, RunnerMatcher, RunnerQueues};
 use super::{Error, TokenFormat};
 
 pub use super::queue::{AccessLevel, RunnerType};
-pub use jobs::{Artifact, Job, JobSpec, JobState, Pick, TRACE_KEPT, Trace, Update};
+pub use jobs::{
+    Artifact, Job, JobSpec, JobState, Pick, TRACE_KEPT, TRACE_TEXT_FINISHED, Trace, Update,
+};
 pub use ledger::{LedgerEntry, LedgerSummary};
 pub use runners::{Runner, RunnerSpec};
 
@@ -89,6 +91,9 @@ struct Inner {
     in_turn: u64,
     /// Who got each job and how it ended ([`State::ledger`]).
     ledger: ledger::Ledger,
+    /// Finished jobs whose trace text is still held, oldest first (at most
+    /// [`TRACE_TEXT_FINISHED`]).
+    finished_with_text: VecDeque<u64>,
 }
 
 /// The Pod's state.

@@ -105,6 +105,13 @@ impl Default for JobSpec {
 /// Largest trace text kept per job (the length and CRC cover all of it).
 pub const TRACE_KEPT: usize = 1 << 20;
 
+/// Finished jobs whose trace text is kept: the text of older finished jobs is
+/// dropped, their length and CRC kept. GitLab moves a finished job's trace out of
+/// its live chunks to object storage (`Ci::ArchiveTraceService`); a Pod simulator
+/// that kept every text would grow ~1.5 KB per job in a soak (`scripts/drills.sh`
+/// R7), which is the simulator's memory, not the system's under test.
+pub const TRACE_TEXT_FINISHED: usize = 1024;
+
 /// A job.
 #[derive(Clone, Debug)]
 pub struct Job {
@@ -339,6 +346,13 @@ impl State {
         job.state = state;
         if state.is_final() {
             inner.ledger.finished(id, state);
+            inner.finished_with_text.push_back(id);
+            if inner.finished_with_text.len() > TRACE_TEXT_FINISHED
+                && let Some(old) = inner.finished_with_text.pop_front()
+                && let Some(job) = inner.jobs.get_mut(&old)
+            {
+                job.trace = Vec::new();
+            }
         }
         Update::Ok
     }

@@ -248,3 +248,44 @@ fn generated_jobs_cycle_through_tag_sets_and_projects() {
         assert_eq!(*project, projects[i / 4], "job {i}");
     }
 }
+
+#[test]
+fn only_the_last_finished_jobs_keep_their_trace_text() {
+    let p = pod(2).with_job_tag_sets(vec![vec![]]).unwrap();
+    let (runner, _) = p.register().unwrap();
+    let mut finished = Vec::new();
+    while finished.len() < TRACE_TEXT_FINISHED + 3 {
+        p.enqueue().unwrap();
+        // Every third pick is a simulated race: pick until a job comes.
+        let id = loop {
+            if let Pick::Job(j) = p.pick(runner) {
+                break j.id;
+            }
+        };
+        assert_eq!(p.append_trace(id, 0, b"line\n"), Trace::Ok(5));
+        assert_eq!(p.update(id, JobState::Success, Some(5)), Update::Ok);
+        finished.push(id);
+    }
+    // A running job keeps its text however many have finished.
+    p.enqueue().unwrap();
+    let running = loop {
+        if let Pick::Job(j) = p.pick(runner) {
+            break j.id;
+        }
+    };
+    assert_eq!(p.append_trace(running, 0, b"still"), Trace::Ok(5));
+    for (n, id) in finished.iter().enumerate() {
+        let job = p.job(*id).unwrap();
+        // Length and CRC are kept for every job, the text for the last ones only.
+        assert_eq!(
+            (job.trace_len, job.trace_crc),
+            (5, crc32fast::hash(b"line\n"))
+        );
+        let kept = n >= 3;
+        assert_eq!(job.trace.is_empty(), !kept, "job {n}");
+    }
+    assert_eq!(p.job(running).unwrap().trace, b"still");
+    // The ledger still has every job finished once.
+    let (summary, _) = p.ledger();
+    assert_eq!(summary.finished_once, finished.len() as u64);
+}
