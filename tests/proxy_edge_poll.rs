@@ -275,8 +275,19 @@ async fn runner(
     proxy: &Proxy,
     notifications: &mut mpsc::UnboundedReceiver<Notification>,
 ) -> (String, String) {
+    let delivered = r#"podgate_proxy_edge_poll_notifications_total{pod="1"}"#;
+    let seen = metric(proxy, delivered).await;
     let (_, token) = sim.state().register().unwrap();
     let (_, ticket, _) = next_on(notifications, &token).await;
+    // The proxy has had the registration's notification too: delivered late, it would
+    // end the next held poll at once (Workhorse's `no-change`), as it may in
+    // production; here nothing else publishes, so the next one is this one.
+    eventually(
+        WITHIN,
+        "the proxy has the registration's notification",
+        || async { (metric(proxy, delivered).await > seen).then_some(()) },
+    )
+    .await;
     let r = request(
         proxy.port,
         POLL,

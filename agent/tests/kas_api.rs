@@ -746,3 +746,86 @@ async fn the_tunnel_pool_grows_under_load_up_to_its_bound() {
     kas.tunnels().wait_idle(3, conn, 2).await;
     tunnels.abort();
 }
+
+/// kas sets no bound of its own on an agent's first reply (a Graph API first batch
+/// waits for an informer sync); the caller's deadline is the bound. GitLab's call
+/// carries `grpc-timeout`: when it passes, tonic ends the call at kas, which drops the
+/// tunnel, which ends the handler at agentk, and kas holds no busy tunnel after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_never_answers_holds_nothing_past_the_callers_deadline() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
+    use tokio::sync::Notify;
+
+    /// Never answers; says when a request arrived and when its handler was dropped.
+    struct Silent {
+        arrived: Arc<Notify>,
+        dropped: Arc<Notify>,
+    }
+    struct OnDrop(Arc<Notify>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.notify_one();
+        }
+    }
+    impl Handler for Silent {
+        fn handle(&self, _method: String, _payload: Vec<u8>) -> Responses {
+            let (arrived, guard) = (self.arrived.clone(), OnDrop(self.dropped.clone()));
+            unary(async move {
+                let _guard = guard;
+                arrived.notify_one();
+                std::future::pending::<()>().await;
+                unreachable!("never answers")
+            })
+        }
+    }
+
+    let (keys, mint) = agent_tokens();
+    let token = mint(Some(3));
+    let kas = Kas::start(
+        kas_config(keys, Duration::from_secs(30)),
+        memory_registry().await,
+    )
+    .await
+    .unwrap();
+    let agents = channel(kas.agent_addr()).await;
+    let (conn, _presence) = configuration_stream(agents.clone(), &token).await.unwrap();
+    let (arrived, dropped) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let tunnels = tokio::spawn(serve_tunnels(
+        agents,
+        token,
+        conn,
+        TunnelPool::new(2),
+        Arc::new(Silent {
+            arrived: arrived.clone(),
+            dropped: dropped.clone(),
+        }),
+    ));
+    kas.tunnels().wait_idle(3, conn, 2).await;
+
+    let gitlab = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
+    let mut api = KasApiClient::new(channel(kas.external_addr()).await);
+    let mut req = get_pods(3, 0, &gitlab);
+    req.set_timeout(Duration::from_millis(300));
+    let call = tokio::spawn(async move { api.get_pods(req).await });
+    arrived.notified().await;
+    assert_eq!(kas.metrics().tunnels_busy.get(), 1);
+    // The deadline ends the call (tonic's server answers `Cancelled: Timeout
+    // expired`, as grpc-go's would `DeadlineExceeded`)…
+    let e = call.await.unwrap().unwrap_err();
+    assert!(
+        matches!(e.code(), Code::Cancelled | Code::DeadlineExceeded),
+        "{e:?}"
+    );
+    // …and with it the handler at agentk and the tunnel at kas.
+    dropped.notified().await;
+    podgate_registry::testing::eventually(
+        Duration::from_secs(5),
+        "kas's tunnel is released",
+        || async { (kas.metrics().tunnels_busy.get() == 0).then_some(()) },
+    )
+    .await;
+    tunnels.abort();
+}

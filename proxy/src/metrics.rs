@@ -55,6 +55,10 @@ pub struct Metrics {
     /// `podgate_proxy_edge_poll_redis_errors_total{pod}`: failed connections,
     /// commands and lost subscriptions to a Pod's runner queue Redis.
     pub edge_poll_redis_errors: IntCounterVec,
+    /// `podgate_proxy_edge_poll_notifications_total{pod}`: runner queue key changes
+    /// received from a Pod's Redis (Workhorse's `workhorse:notifications:` channel),
+    /// each delivered to the polls held on that key.
+    pub edge_poll_notifications: IntCounterVec,
     /// `podgate_proxy_fast_path_requests_total{result}`: HTTP/1 requests the fast
     /// path ([`crate::fast`]) served (`served`), or handed to pingora-proxy, by why
     /// (`tls`, `head`, `framing`, `rule`, `body`, `upgrade`, …).
@@ -144,6 +148,13 @@ impl Metrics {
                 ),
                 &["pod"],
             )?,
+            edge_poll_notifications: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_edge_poll_notifications_total",
+                    "Runner queue key changes received from a Pod's Redis and delivered to held polls.",
+                ),
+                &["pod"],
+            )?,
             fast_path: IntCounterVec::new(
                 Opts::new(
                     "podgate_proxy_fast_path_requests_total",
@@ -164,6 +175,7 @@ impl Metrics {
         registry.register(Box::new(m.edge_polls.clone()))?;
         registry.register(Box::new(m.edge_poll_redis_up.clone()))?;
         registry.register(Box::new(m.edge_poll_redis_errors.clone()))?;
+        registry.register(Box::new(m.edge_poll_notifications.clone()))?;
         registry.register(Box::new(m.fast_path.clone()))?;
         Ok(m)
     }

@@ -36,7 +36,8 @@
 //! [`EdgePolls`] keeps one watch per opted-in Pod, following the topology as the
 //! upstream pools do ([`EdgePollsService`]). Metrics: `podgate_proxy_edge_polls_held`,
 //! `podgate_proxy_edge_polls_total{result}`, `podgate_proxy_edge_poll_redis_up`,
-//! `podgate_proxy_edge_poll_redis_errors_total`, all per Pod. Logs name a runner by
+//! `podgate_proxy_edge_poll_redis_errors_total`,
+//! `podgate_proxy_edge_poll_notifications_total`, all per Pod. Logs name a runner by
 //! its token's fingerprint only.
 
 pub mod request;
@@ -152,6 +153,7 @@ pub(crate) struct PodMetrics {
     held: IntGauge,
     pub(crate) up: IntGauge,
     pub(crate) errors: IntCounter,
+    pub(crate) notifications: IntCounter,
     results: [IntCounter; 7],
 }
 
@@ -165,6 +167,9 @@ impl PodMetrics {
                 .with_label_values(&[pod.as_str()]),
             errors: METRICS
                 .edge_poll_redis_errors
+                .with_label_values(&[pod.as_str()]),
+            notifications: METRICS
+                .edge_poll_notifications
                 .with_label_values(&[pod.as_str()]),
             results: PollResult::ALL.map(|r| {
                 METRICS

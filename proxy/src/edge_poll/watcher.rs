@@ -315,6 +315,8 @@ async fn run(url: String, shared: Arc<Shared>) {
                     Some(msg) => {
                         if let Some(token) = msg.get_channel_name().strip_prefix(CHANNEL_PREFIX).and_then(|k| k.strip_prefix(KEY_PREFIX)) {
                             shared.notify(token, msg.get_payload_bytes());
+                            // After delivery: a count seen means its waiters were woken.
+                            shared.metrics.notifications.inc();
                         }
                     }
                     None => break Error::Closed,
