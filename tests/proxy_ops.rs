@@ -443,3 +443,82 @@ async fn a_connection_accepted_before_sigterm_is_served_after_it() {
         .unwrap();
     assert!(exit.success(), "{exit:?}");
 }
+
+/// A kept-alive connection idle when SIGTERM comes is not closed under the client:
+/// its next request, sent during the grace period, is served with `Connection:
+/// close` (a runner's next poll on its connection; `scripts/drills.sh` R5 lost one to
+/// the close). pingora's own loop, and the fast path before, closed it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
+    let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 3");
+    let mut proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let (port, pid) = (proxy.port, proxy.child.id());
+    let body = b"{}";
+    let request = format!(
+        "POST /api/v4/jobs/request HTTP/1.1\r\nhost: gitlab.example.com\r\nrunner-token: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+        v1(2),
+        body.len(),
+        std::str::from_utf8(body).unwrap()
+    );
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    // The first request, answered keep-alive: read exactly its response.
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let first = loop {
+        let mut chunk = [0u8; 4096];
+        let n = conn.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "closed after {raw:?}");
+        raw.extend_from_slice(&chunk[..n]);
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let reply = common::parse_reply(&raw);
+            let len: usize = reply.headers["content-length"].parse().unwrap();
+            if raw.len() >= end + 4 + len {
+                break reply;
+            }
+        }
+    };
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, br#"{"pod":2}"#);
+    assert_ne!(
+        first.headers.get("connection").map(String::as_str),
+        Some("close")
+    );
+
+    // Idle now. SIGTERM, and the listener closes…
+    signal(&proxy.child, "-TERM");
+    eventually(Duration::from_secs(10), "the listener to close", || async {
+        TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+        "still in its grace period"
+    );
+    // …but the idle connection's next request is served, and told to close.
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .await
+        .expect("the idle connection is answered, not reset");
+    let reply = common::parse_reply(&raw);
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(reply.body, br#"{"pod":2}"#);
+    assert_eq!(
+        reply.headers.get("connection").map(String::as_str),
+        Some("close")
+    );
+    let exit = tokio::task::spawn_blocking(move || proxy.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+}

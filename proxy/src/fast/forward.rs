@@ -106,7 +106,8 @@ impl FastPath {
                 }
                 Err(Attempt::Failed(e)) => return Err(Failed::before(e)),
             };
-            let close = !keepalive || rhead.framing == Framing::Close;
+            // Shutdown may have come while the Pod held the request (a long poll).
+            let close = !keepalive || conn.shutting_down() || rhead.framing == Framing::Close;
             let reusable = self
                 .relay(
                     conn,

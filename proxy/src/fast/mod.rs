@@ -120,6 +120,15 @@ struct Conn {
     /// poll).
     stream: Box<L4Stream>,
     buf: Vec<u8>,
+    /// The server's shutdown: an answer written once it is on says
+    /// `Connection: close`.
+    shutdown: ShutdownWatch,
+}
+
+impl Conn {
+    fn shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
 }
 
 /// How a connection leaves the fast path.
@@ -151,12 +160,15 @@ impl ServerApp for FastPath {
         let mut conn = Conn {
             stream,
             buf: Vec::new(),
+            shutdown: shutdown.clone(),
         };
-        match self.serve(&mut conn, shutdown).await {
+        match self.serve(&mut conn).await {
             Next::Close => None,
             Next::HandOff(why) => {
                 METRICS.fast_path.with_label_values(&[why]).inc();
-                let Conn { mut stream, buf } = conn;
+                let Conn {
+                    mut stream, buf, ..
+                } = conn;
                 // Every write was flushed and every read went into `buf`: the
                 // stream's (empty) buffers can be replaced, and what was read put back.
                 stream.set_buffer(self.buffers);
@@ -196,16 +208,16 @@ impl Failed {
 
 impl FastPath {
     /// Serve requests on `conn` until it closes or one is for pingora-proxy.
-    async fn serve(&self, conn: &mut Conn, shutdown: &ShutdownWatch) -> Next {
+    async fn serve(&self, conn: &mut Conn) -> Next {
         let mut first = true;
         loop {
-            let head = match self.read_head(conn, shutdown, first).await {
+            let head = match self.read_head(conn, first).await {
                 Ok(Some(head)) => head,
                 Ok(None) => return Next::Close,
                 Err(why) => return Next::HandOff(why),
             };
             first = false;
-            match self.request(conn, head, shutdown).await {
+            match self.request(conn, head).await {
                 Ok(true) => {}
                 Ok(false) => return Next::Close,
                 Err(next) => return next,
@@ -214,16 +226,17 @@ impl FastPath {
     }
 
     /// Read until the buffer starts with a whole head. `Ok(None)`: the connection
-    /// closed, idled out, or the server is shutting down while it idles between
-    /// requests. As pingora, the `first` request of a connection is read and served
-    /// even during shutdown (it was accepted; its answer says `Connection: close`):
-    /// only a keep-alive wait is cut short.
-    async fn read_head(
-        &self,
-        conn: &mut Conn,
-        shutdown: &ShutdownWatch,
-        first: bool,
-    ) -> Result<Option<Head>, &'static str> {
+    /// closed or idled out.
+    ///
+    /// Shutdown does not cut a keep-alive wait short, unlike pingora's own loop: a
+    /// client may have sent its next request on the idle connection the moment the
+    /// proxy closes it, and that request fails with a reset (`scripts/drills.sh` R5
+    /// caught a runner's poll so during an upgrade). Instead the wait goes on through
+    /// the grace period, and the next request is served with `Connection: close`
+    /// (`request`), which moves the client to the new process at a point where
+    /// nothing is in flight; a connection idle through the whole grace period is
+    /// dropped with the runtime, as before.
+    async fn read_head(&self, conn: &mut Conn, first: bool) -> Result<Option<Head>, &'static str> {
         let mut deadline = None;
         loop {
             if !conn.buf.is_empty() {
@@ -235,17 +248,12 @@ impl FastPath {
                 deadline.get_or_insert_with(|| tokio::time::Instant::now() + self.head_timeout);
             }
             let read = match deadline {
-                None if first => tokio::time::timeout(KEEPALIVE, read_more(conn)).await,
                 None => {
-                    // Idle between requests: nothing is held but the socket. A
-                    // request already arrived is read before shutdown is looked at.
-                    conn.buf = Vec::new();
-                    let mut shutdown = shutdown.clone();
-                    tokio::select! {
-                        biased;
-                        r = tokio::time::timeout(KEEPALIVE, read_more(conn)) => r,
-                        _ = shutdown.wait_for(|down| *down) => return Ok(None),
+                    if !first {
+                        // Idle between requests: nothing is held but the socket.
+                        conn.buf = Vec::new();
                     }
+                    tokio::time::timeout(KEEPALIVE, read_more(conn)).await
                 }
                 Some(d) => tokio::time::timeout_at(d, read_more(conn)).await,
             };
@@ -260,12 +268,7 @@ impl FastPath {
 
     /// Serve one request whose head is at the start of the buffer. `Ok(keepalive)`
     /// when it was answered; `Err` when the connection leaves the fast path.
-    async fn request(
-        &self,
-        conn: &mut Conn,
-        head: Head,
-        shutdown: &ShutdownWatch,
-    ) -> Result<bool, Next> {
+    async fn request(&self, conn: &mut Conn, head: Head) -> Result<bool, Next> {
         let started = Instant::now();
         let gate = &self.gate;
         let host = head
@@ -341,7 +344,7 @@ impl FastPath {
         // overread (`v1/server.rs`, `reuse`): no request is parsed from bytes that
         // came with another one.
         let overread = conn.buf.len() > total;
-        let keepalive = head.keepalive && !overread && !*shutdown.borrow();
+        let keepalive = head.keepalive && !overread;
         // Workhorse reads the body only when it is JSON or a form read whole.
         let runner_body = whole.is_some().then_some(head.len..total);
 
@@ -408,6 +411,8 @@ impl FastPath {
         answer: &Answer,
         keepalive: bool,
     ) -> Result<bool, Next> {
+        // Shutdown may have come during the request (a hold at the edge).
+        let keepalive = keepalive && !conn.shutting_down();
         let mut out = Vec::with_capacity(256);
         answer.write_h1(&ctx.request_id, !keepalive, &mut out);
         let written = write_all(&mut conn.stream, &out).await;
