@@ -37,7 +37,9 @@ use ::cel::{Context, Env, ExecutionError, Program, Value};
 use serde_json::Value as Json;
 
 use super::cel_json::{JsonVal, to_val};
-use super::cel_syntax::{NAMESPACE_IDENT, escape_namespace, free_variables, never_bool};
+use super::cel_syntax::{
+    MAX_NESTING, NAMESPACE_IDENT, escape_namespace, free_variables, nesting, never_bool,
+};
 
 /// The environment, built once: every evaluation starts a cheap root context from
 /// it. The standard library plus the extension libraries cel-go ships and
@@ -157,6 +159,12 @@ impl Expr {
     pub fn compile_in(src: &str, scope: Scope) -> Result<Expr, String> {
         if src.trim().is_empty() {
             return Err("expression is empty".into());
+        }
+        // Before the parser, whose recursion is bounded only for brackets.
+        if nesting(src) > MAX_NESTING {
+            return Err(format!(
+                "expression recursion limit exceeded: {MAX_NESTING}"
+            ));
         }
         let program = ENV.compile(&escape_namespace(src)).map_err(|e| {
             // The parser quotes the source it was given: show the user's spelling.

@@ -1,6 +1,7 @@
 //! Checks and rewrites of CEL source that need no evaluation: the reserved word
-//! `namespace` as a variable, free variables (names not bound by a macro), and
-//! outermost operations that can never yield a bool.
+//! `namespace` as a variable, how deep the source nests (before the parser recurses
+//! into it), free variables (names not bound by a macro), and outermost operations
+//! that can never yield a bool.
 
 use std::borrow::Cow;
 
@@ -78,6 +79,116 @@ pub(super) fn escape_namespace(src: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// Deepest nesting [`nesting`] lets through to the parser: cel-go's default
+/// `maxRecursionDepth` (`parser/options.go`), which refuses deeper expressions in
+/// GitLab's kas with "expression recursion limit exceeded" (our count approximates
+/// cel-go's, which counts parse-tree visits; inferred, not compared case by case).
+pub(super) const MAX_NESTING: usize = 250;
+
+/// Levels a bracket's contents add: the grammar's rule chain from `expr` down to
+/// `primary` is entered again inside every `(`, `[` and `{` (about 25 nested
+/// brackets in all, as in cel-go, where each is that many visits).
+const BRACKET: usize = 9;
+
+/// How deep `src` would nest as a parse tree, counted from its tokens, outside
+/// string literals and comments: every operation that makes a left-recursive chain
+/// (`.` selections, `[` indexes and lists, `(` calls and parentheses, `{` maps,
+/// arithmetic and relations, `?` conditionals) adds a level, every bracket adds
+/// [`BRACKET`] for what it opens, and a `,` starts a sibling. `&&`, `||`, `!` and a
+/// run of `-` do not nest in CEL's grammar.
+///
+/// The `cel` crate's parser limits bracket nesting (96, which needed 0.5–1 MiB of
+/// stack in release and overflowed 8 MiB unoptimised) but not chains: its parse
+/// tree visitor recurses once per link, so `1+1+…+1` with 2,000 terms (4 KB) or
+/// `obj.a.a…` with 8,000 overflowed a 2 MiB thread's stack (kas's and agentk's tokio
+/// workers), aborting the process. Found by `fuzz/fuzz_targets/graph_request.rs`.
+pub(super) fn nesting(src: &str) -> usize {
+    let b = src.as_bytes();
+    // Links in the current chain, per open bracket (the outermost first).
+    let mut levels: Vec<usize> = vec![0];
+    let mut depth = 0usize;
+    let mut deepest = 0usize;
+    let mut prefix_end = usize::MAX;
+    let mut raw = false;
+    let mut prev: u8 = b' ';
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        match c {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                i = src[i..].find('\n').map_or(b.len(), |n| i + n);
+                continue;
+            }
+            b'"' | b'\'' => {
+                let raw = prefix_end == i && raw;
+                let quote_len = if b[i..].starts_with(&[c, c, c]) { 3 } else { 1 };
+                let mut j = i + quote_len;
+                while j < b.len() {
+                    if !raw && b[j] == b'\\' {
+                        j += 2;
+                        continue;
+                    }
+                    if b[j] == c && b[j..].starts_with(&b[i..i + quote_len]) {
+                        j += quote_len;
+                        break;
+                    }
+                    j += 1;
+                }
+                i = j;
+                prev = b'a';
+                continue;
+            }
+            _ if c.is_ascii_alphanumeric() || c == b'_' => {
+                let mut j = i;
+                while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                    j += 1;
+                }
+                raw = src[i..j].to_ascii_lowercase().contains('r');
+                prefix_end = j;
+                i = j;
+                prev = b'a';
+                continue;
+            }
+            b'(' | b'[' | b'{' => {
+                *levels.last_mut().expect("never empty") += 1;
+                depth += 1 + BRACKET;
+                levels.push(0);
+            }
+            b')' | b']' | b'}' => {
+                if levels.len() > 1 {
+                    depth -= levels.pop().expect("more than one") + BRACKET;
+                }
+            }
+            b',' => {
+                let top = levels.last_mut().expect("never empty");
+                depth -= *top;
+                *top = 0;
+            }
+            b'.' | b'?' | b'*' | b'/' | b'%' | b'+' | b'<' | b'>' => {
+                *levels.last_mut().expect("never empty") += 1;
+                depth += 1;
+            }
+            // `==`, `!=`: once per operator (`!` alone is a flat prefix).
+            b'=' if prev != b'=' && prev != b'<' && prev != b'>' => {
+                *levels.last_mut().expect("never empty") += 1;
+                depth += 1;
+            }
+            // Binary minus after an operand; a prefix run does not nest.
+            b'-' if prev == b'a' || prev == b')' || prev == b']' || prev == b'}' => {
+                *levels.last_mut().expect("never empty") += 1;
+                depth += 1;
+            }
+            _ => {}
+        }
+        deepest = deepest.max(depth);
+        if !c.is_ascii_whitespace() {
+            prev = c;
+        }
+        i += 1;
+    }
+    deepest
 }
 
 /// What the outermost operation of `e` yields when it can never be a bool.

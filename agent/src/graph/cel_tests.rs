@@ -294,3 +294,69 @@ fn evaluation_cost() {
         println!("{:>10?} per evaluation: {src}", t.elapsed() / n);
     }
 }
+
+/// Found by `fuzz/fuzz_targets/graph_request.rs`: long chains overflowed the stack in
+/// the `cel` crate's parse tree visitor (`1+1+…` with 2,000 terms aborted a 2 MiB
+/// thread). They are refused before parsing, as cel-go refuses them; what people
+/// write nests far less and still compiles.
+#[test]
+fn chains_deeper_than_the_recursion_limit_are_refused_before_parsing() {
+    use super::super::cel_syntax::{MAX_NESTING, nesting};
+
+    for (deep, what) in [
+        (format!("1{} == 1", "+1".repeat(5_000)), "arithmetic"),
+        (format!("obj{} == 1", ".a".repeat(20_000)), "selections"),
+        (format!("obj{} == 1", "[0]".repeat(20_000)), "indexes"),
+        (format!("obj.a{}", " == obj.a".repeat(2_000)), "relations"),
+        (
+            format!(
+                "{}true{}",
+                "true ? ".repeat(2_000),
+                " : false".repeat(2_000)
+            ),
+            "conditionals",
+        ),
+    ] {
+        assert!(nesting(&deep) > MAX_NESTING, "{what}: {}", nesting(&deep));
+        // On a thread with tokio's 2 MiB stack, as kas and agentk compile them.
+        let refused = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || Expr::compile(&deep).err())
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
+        assert_eq!(
+            refused.as_deref(),
+            Some("expression recursion limit exceeded: 250"),
+            "{what}"
+        );
+    }
+    // At the limit, a chain still compiles. (Its stack is the parser's: in release
+    // it fit 2 MiB (`fuzz/README.md`); unoptimised frames are ten times larger.)
+    let at_limit = format!("1{} == 1", "+1".repeat(MAX_NESTING - 1));
+    assert_eq!(nesting(&at_limit), MAX_NESTING);
+    let ok = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || Expr::compile(&at_limit).map(|_| ()))
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    assert_eq!(ok, Ok(()));
+    // Brackets nested 26 deep are refused: the `cel` crate's own limit (96) was too
+    // deep for an unoptimised build's 8 MiB stack.
+    assert!(nesting(&format!("{}1{}", "[".repeat(25), "]".repeat(25))) <= MAX_NESTING);
+    assert!(nesting(&format!("{}1{}", "[".repeat(26), "]".repeat(26))) > MAX_NESTING);
+    // What the counting sees: siblings and strings do not nest, chains and brackets do.
+    for (src, want) in [
+        ("obj.metadata.name == 'web'", 3),
+        ("obj.metadata.labels['app'] in ['a', 'b', 'c']", 13),
+        ("size(obj.spec.containers) > 1 && obj.kind != 'Pod'", 12),
+        ("'a.b.c.d.e.f' == obj.x", 2),
+        ("r'[[[[' + \"((((\" == obj.x // (((( [[[[", 3),
+        ("!!!!!true", 0),
+        ("-1 - -1 == 0", 2),
+        ("a <= b", 1),
+    ] {
+        assert_eq!(nesting(src), want, "{src}");
+    }
+}
