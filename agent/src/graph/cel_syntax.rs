@@ -156,10 +156,8 @@ pub(super) fn nesting(src: &str) -> usize {
                 depth += 1 + BRACKET;
                 levels.push(0);
             }
-            b')' | b']' | b'}' => {
-                if levels.len() > 1 {
-                    depth -= levels.pop().expect("more than one") + BRACKET;
-                }
+            b')' | b']' | b'}' if levels.len() > 1 => {
+                depth -= levels.pop().expect("more than one") + BRACKET;
             }
             b',' => {
                 let top = levels.last_mut().expect("never empty");
