@@ -65,11 +65,7 @@ else
     # `cargo fuzz build`'s flags (all stable -C options), with --target so that
     # build scripts and proc macros are not instrumented.
     host="$(rustc -vV | sed -n 's/^host: //p')"
-    flags="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
-    flags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters"
-    flags+=" -Cllvm-args=-sanitizer-coverage-pc-table"
-    flags+=" -Cllvm-args=-sanitizer-coverage-trace-compares"
-    flags+=" -Cllvm-args=-sanitizer-coverage-stack-depth --cfg fuzzing"
+    flags="$(scripts/lib/sancov-rustc --flags)"
     toolchain=()
     if [[ -n "${FUZZ_SANITIZER:-}" ]]; then
         flags+=" -Zsanitizer=$FUZZ_SANITIZER"

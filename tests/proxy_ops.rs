@@ -392,6 +392,52 @@ fn accepted(pid: u32, port: u16, client_port: u16) -> bool {
 /// A connection the proxy accepted before SIGTERM is served even when its request
 /// comes after the listener closed (within the grace period): the fast path reads the
 /// first request of every accepted connection, and answers it `Connection: close`.
+/// A `jobs/request` for Pod 2 (the stubs answer `{"pod":2}`), head and body.
+fn pod2_poll() -> String {
+    format!(
+        "POST /api/v4/jobs/request HTTP/1.1\r\nhost: gitlab.example.com\r\nrunner-token: {}\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}",
+        v1(2)
+    )
+}
+
+/// SIGTERM the proxy, and wait until its listener refuses connections.
+async fn terminate_and_wait_for_the_listener_to_close(proxy: &common::Proxy) {
+    signal(&proxy.child, "-TERM");
+    let port = proxy.port;
+    eventually(Duration::from_secs(10), "the listener to close", || async {
+        TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+}
+
+/// Send [`pod2_poll`] on `conn` and read to the end: Pod 2's answer, saying
+/// `Connection: close`.
+async fn served_once_more_and_closed(conn: &mut TcpStream, what: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.write_all(pod2_poll().as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw)
+        .await
+        .unwrap_or_else(|e| panic!("{what} is answered, not reset: {e}"));
+    let reply = common::parse_reply(&raw);
+    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(reply.body, br#"{"pod":2}"#);
+    assert_eq!(
+        reply.headers.get("connection").map(String::as_str),
+        Some("close")
+    );
+}
+
+async fn exits_cleanly(mut proxy: common::Proxy) {
+    let exit = tokio::task::spawn_blocking(move || proxy.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_accepted_before_sigterm_is_served_after_it() {
     let (legacy, pod2, pod3) = (
@@ -400,48 +446,17 @@ async fn a_connection_accepted_before_sigterm_is_served_after_it() {
         Stub::start(3).await,
     );
     let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 2");
-    let mut proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
-    let port = proxy.port;
-    let pid = proxy.child.id();
-    let conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let (port, pid) = (proxy.port, proxy.child.id());
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let client_port = conn.local_addr().unwrap().port();
-    let mut conn = conn;
     eventually(Duration::from_secs(10), "the proxy to accept", || async {
         accepted(pid, port, client_port).then_some(())
     })
     .await;
-    signal(&proxy.child, "-TERM");
-    eventually(Duration::from_secs(10), "the listener to close", || async {
-        TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-            .then_some(())
-    })
-    .await;
-    let body = b"{}";
-    let request = format!(
-        "POST /api/v4/jobs/request HTTP/1.1\r\nhost: gitlab.example.com\r\nrunner-token: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        v1(2),
-        body.len()
-    );
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    conn.write_all(request.as_bytes()).await.unwrap();
-    conn.write_all(body).await.unwrap();
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw)
-        .await
-        .expect("the accepted connection is answered, not reset");
-    let reply = common::parse_reply(&raw);
-    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&raw));
-    assert_eq!(reply.body, br#"{"pod":2}"#);
-    assert_eq!(
-        reply.headers.get("connection").map(String::as_str),
-        Some("close")
-    );
-    let exit = tokio::task::spawn_blocking(move || proxy.child.wait().unwrap())
-        .await
-        .unwrap();
-    assert!(exit.success(), "{exit:?}");
+    terminate_and_wait_for_the_listener_to_close(&proxy).await;
+    served_once_more_and_closed(&mut conn, "the accepted connection").await;
+    exits_cleanly(proxy).await;
 }
 
 /// A kept-alive connection idle when SIGTERM comes is not closed under the client:
@@ -458,18 +473,10 @@ async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
         Stub::start(3).await,
     );
     let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 3");
-    let mut proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
-    let (port, pid) = (proxy.port, proxy.child.id());
-    let body = b"{}";
-    let request = format!(
-        "POST /api/v4/jobs/request HTTP/1.1\r\nhost: gitlab.example.com\r\nrunner-token: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-        v1(2),
-        body.len(),
-        std::str::from_utf8(body).unwrap()
-    );
-    let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let mut conn = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
     // The first request, answered keep-alive: read exactly its response.
-    conn.write_all(request.as_bytes()).await.unwrap();
+    conn.write_all(pod2_poll().as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     let first = loop {
         let mut chunk = [0u8; 4096];
@@ -492,33 +499,12 @@ async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
     );
 
     // Idle now. SIGTERM, and the listener closes…
-    signal(&proxy.child, "-TERM");
-    eventually(Duration::from_secs(10), "the listener to close", || async {
-        TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-            .then_some(())
-    })
-    .await;
+    terminate_and_wait_for_the_listener_to_close(&proxy).await;
     assert!(
-        std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+        std::fs::metadata(format!("/proc/{}", proxy.child.id())).is_ok(),
         "still in its grace period"
     );
     // …but the idle connection's next request is served, and told to close.
-    conn.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw)
-        .await
-        .expect("the idle connection is answered, not reset");
-    let reply = common::parse_reply(&raw);
-    assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&raw));
-    assert_eq!(reply.body, br#"{"pod":2}"#);
-    assert_eq!(
-        reply.headers.get("connection").map(String::as_str),
-        Some("close")
-    );
-    let exit = tokio::task::spawn_blocking(move || proxy.child.wait().unwrap())
-        .await
-        .unwrap();
-    assert!(exit.success(), "{exit:?}");
+    served_once_more_and_closed(&mut conn, "the idle connection").await;
+    exits_cleanly(proxy).await;
 }
