@@ -44,7 +44,8 @@
 #   R4  Pod 3 SIGKILLed: its requests get 503 + Retry-After within one health
 #       interval, Pods 1 and 2 see no failure, and it serves again once restarted.
 #   R5  the proxy upgraded under load (a new `podgate proxy --upgrade`, SIGQUIT to
-#       the old one, as tests/proxy_ops.rs does): zero failed requests.
+#       the old one, as tests/proxy_ops.rs does): zero failed requests; the idle
+#       client connections the old one handed to the new one are counted.
 #   R7  soak: capacity measured beside the fleet (`podgate loadtest http` on
 #       runners/verify, 64 in flight, CAP_S s: 2xx per second), then half of it for
 #       SOAK; VmRSS of every process (not the load generator's) sampled every
@@ -470,7 +471,9 @@ drill_R5() {
   local all during
   all=$(probe_stats)
   during=$(probe_stats --from "$t0" --to "$t1")
-  say "  upgrade: old proxy (pid $old) gone $(( t1 - t0 )) ms after the new one (pid $PROXY_PID) started"
+  local handed
+  handed=$(curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | sed -n 's/^podgate_proxy_upgrade_connections_total{result="received"} //p')
+  say "  upgrade: old proxy (pid $old) gone $(( t1 - t0 )) ms after the new one (pid $PROXY_PID) started; idle client connections it handed over: ${handed:-0}"
   say "  probe: $(jq .requests <<<"$all") requests, failed $(jq .failed <<<"$all"); during the hand-over $(jq .requests <<<"$during"), failed $(jq .failed <<<"$during")"
   check "zero failed probe requests" "$([ "$(jq .failed <<<"$all")" = 0 ] && echo ok)" "$(jq -c .statuses <<<"$all")"
   ledger_check --no-failed-requests || DRILL_OK=0

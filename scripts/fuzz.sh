@@ -13,7 +13,8 @@
 # - --quick: the test build's dependencies reused as they are, only podgate's own
 #   crates instrumented (scripts/lib/sancov-rustc), unoptimised: a minute's build
 #   after `cargo test` instead of a cold one, for a brief run of every target.
-# No sanitizer: podgate's crates forbid `unsafe`, and AddressSanitizer halves the
+# No sanitizer: podgate's crates deny `unsafe` (one exception, proxy/src/handover.rs,
+# reached by no target), and AddressSanitizer halves the
 # executions; FUZZ_SANITIZER=address adds it (nightly toolchain, `-Zsanitizer`).
 #
 # The committed corpus (fuzz/corpus/<target>) is only read: what libFuzzer finds is

@@ -459,26 +459,17 @@ async fn a_connection_accepted_before_sigterm_is_served_after_it() {
     exits_cleanly(proxy).await;
 }
 
-/// A kept-alive connection idle when SIGTERM comes is not closed under the client:
-/// its next request, sent during the grace period, is served with `Connection:
-/// close` (a runner's next poll on its connection; `scripts/drills.sh` R5 lost one to
-/// the close). pingora's own loop, and the fast path before, closed it at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// Send [`pod2_poll`] on `conn` and read exactly its answer: Pod 2's, kept alive.
+async fn served_and_kept_alive(conn: &mut TcpStream) {
+    served_by_and_kept_alive(conn, &pod2_poll(), 2).await;
+}
 
-    let (legacy, pod2, pod3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
-    let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 3");
-    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
-    let mut conn = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
-    // The first request, answered keep-alive: read exactly its response.
-    conn.write_all(pod2_poll().as_bytes()).await.unwrap();
+/// Send `request` on `conn` and read exactly its answer: Pod `pod`'s, kept alive.
+async fn served_by_and_kept_alive(conn: &mut TcpStream, request: &str, pod: u8) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.write_all(request.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
-    let first = loop {
+    let reply = loop {
         let mut chunk = [0u8; 4096];
         let n = conn.read(&mut chunk).await.unwrap();
         assert!(n > 0, "closed after {raw:?}");
@@ -491,12 +482,29 @@ async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
             }
         }
     };
-    assert_eq!(first.status, 200);
-    assert_eq!(first.body, br#"{"pod":2}"#);
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.body, format!(r#"{{"pod":{pod}}}"#).as_bytes());
     assert_ne!(
-        first.headers.get("connection").map(String::as_str),
+        reply.headers.get("connection").map(String::as_str),
         Some("close")
     );
+}
+
+/// A kept-alive connection idle when SIGTERM comes is not closed under the client:
+/// its next request, sent during the grace period, is served with `Connection:
+/// close` (a runner's next poll on its connection; `scripts/drills.sh` R5 lost one to
+/// the close). pingora's own loop, and the fast path before, closed it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
+    let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 3");
+    let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let mut conn = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
+    served_and_kept_alive(&mut conn).await;
 
     // Idle now. SIGTERM, and the listener closes…
     terminate_and_wait_for_the_listener_to_close(&proxy).await;
@@ -507,4 +515,53 @@ async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
     // …but the idle connection's next request is served, and told to close.
     served_once_more_and_closed(&mut conn, "the idle connection").await;
     exits_cleanly(proxy).await;
+}
+
+/// At a binary upgrade a kept-alive connection idle through the old process's whole
+/// grace period is handed to the new process, not closed with the old one
+/// (`podgate_proxy::handover`): its next request, sent after the old process has
+/// exited, is served, and told to close. Before, the old process's exit reset it
+/// (R5 of `scripts/drills.sh` lost a runner's trace update so). So is one whose last
+/// request pingora-proxy served (not a runner endpoint): pingora's loop used to keep
+/// such a connection and close it, idle, the moment shutdown began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_outlives_the_old_process_at_an_upgrade() {
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
+    let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 1");
+    let mut old = start_proxy(&config, tempfile::tempdir().unwrap()).await;
+    let mut conn = TcpStream::connect(("127.0.0.1", old.port)).await.unwrap();
+    served_and_kept_alive(&mut conn).await;
+    let mut via_pingora = TcpStream::connect(("127.0.0.1", old.port)).await.unwrap();
+    served_by_and_kept_alive(
+        &mut via_pingora,
+        "GET /explore HTTP/1.1\r\nhost: gitlab.example.com\r\n\r\n",
+        1,
+    )
+    .await;
+
+    let mut new = spawn_proxy(&old.config, true);
+    signal(&old.child, "-QUIT");
+    let mut old_child = std::mem::replace(&mut old.child, Command::new("true").spawn().unwrap());
+    let exit = tokio::task::spawn_blocking(move || old_child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "old proxy: {exit:?}");
+
+    served_once_more_and_closed(&mut conn, "the idle connection").await;
+    served_once_more_and_closed(&mut via_pingora, "the connection pingora-proxy served").await;
+    let (_, metrics) = admin_get(&old, "/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"podgate_proxy_upgrade_connections_total{result="received"}"#
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+    let _ = new.kill();
+    let _ = new.wait();
 }

@@ -61,7 +61,8 @@
 //! - [`metrics`] and [`admin`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`
 //!   on their own listener. The Grafana dashboard is `dashboards/podgate-proxy.json`.
 //! - [`server`]: signals. SIGTERM drains; SIGQUIT hands the listening sockets to a new
-//!   binary started with `--upgrade`.
+//!   binary started with `--upgrade`, and [`handover`] hands it the idle client
+//!   connections too, so no request is lost to a connection closing under it.
 
 pub mod admin;
 mod answer;
@@ -70,6 +71,7 @@ pub mod config;
 pub mod decision;
 pub mod edge_poll;
 pub mod fast;
+pub mod handover;
 pub mod health;
 pub mod metrics;
 pub mod params;

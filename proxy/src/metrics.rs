@@ -63,6 +63,8 @@ pub struct Metrics {
     /// path ([`crate::fast`]) served (`served`), or handed to pingora-proxy, by why
     /// (`tls`, `head`, `framing`, `rule`, `body`, `upgrade`, …).
     pub fast_path: IntCounterVec,
+    /// Idle client connections handed over at a binary upgrade (`crate::handover`).
+    pub upgrade_connections: IntCounterVec,
 }
 
 impl Metrics {
@@ -162,6 +164,13 @@ impl Metrics {
                 ),
                 &["result"],
             )?,
+            upgrade_connections: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_upgrade_connections_total",
+                    "Idle client connections handed to the new process at a binary upgrade: sent, send_failed (kept here), received.",
+                ),
+                &["result"],
+            )?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.duration.clone()))?;
@@ -177,6 +186,7 @@ impl Metrics {
         registry.register(Box::new(m.edge_poll_redis_errors.clone()))?;
         registry.register(Box::new(m.edge_poll_notifications.clone()))?;
         registry.register(Box::new(m.fast_path.clone()))?;
+        registry.register(Box::new(m.upgrade_connections.clone()))?;
         Ok(m)
     }
 

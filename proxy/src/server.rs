@@ -10,7 +10,9 @@
 //!   re-resolving names ([`crate::upstreams`]);
 //! - **health checks** of web and kas upstreams ([`crate::health`]);
 //! - **edge polls**: the watches on opted-in Pods' runner queue keys
-//!   ([`crate::edge_poll`]), unless `edge_poll_hold_secs = 0`.
+//!   ([`crate::edge_poll`]), unless `edge_poll_hold_secs = 0`;
+//! - **connection hand-over**: idle client connections to and from the process
+//!   that replaces this one, or that this one replaces ([`crate::handover`]).
 //!
 //! The listeners depend on the first two (pingora service dependencies), so the proxy
 //! accepts its first connection only with a topology and resolved upstreams in place.
@@ -34,6 +36,7 @@ use crate::admin::Admin;
 use crate::config::{Error, ProxyConfig};
 use crate::edge_poll::{EdgePolls, EdgePollsService};
 use crate::fast::FastPath;
+use crate::handover::{self, Handover, HandoverService};
 use crate::rules;
 use crate::service::PodGate;
 use crate::upstreams::discovery::SystemResolver;
@@ -227,8 +230,18 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
         upgrade: run_options.upgrade,
         ..Opt::default()
     };
+    // The running proxy's hand-over socket is connected to before pingora takes its
+    // listeners over, and before this process's own takes the path.
+    let handover_path = handover::path(&config.upgrade_sock);
+    let predecessor = run_options
+        .upgrade
+        .then(|| handover::connect_predecessor(&handover_path))
+        .flatten();
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
+    let handover_listener = handover::listen(&handover_path)
+        .inspect_err(|e| tracing::warn!(error = %e, "idle connections will not be handed over at an upgrade"))
+        .ok();
 
     let registry_service = server.add_service(background_service(
         "registry",
@@ -269,9 +282,15 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
     // Per-connection read buffer: pingora's default is 64 KiB, held for as long as the
     // connection lives (a long poll: minutes); see `read_buffer_bytes`.
     let buffers = L4BufferSettings::new(config.read_buffer_bytes, DEFAULT_L4_WRITE_BUFFER_SIZE);
-    let fast = FastPath::new(pod_gate, proxy, head_timeout)
+    let handover = Arc::new(Handover::default());
+    let mut fast = FastPath::new(pod_gate, proxy, head_timeout)
         .enabled(config.fast_path)
         .listener_buffers(buffers);
+    if handover_listener.is_some() {
+        fast = fast.handover(handover.clone());
+    }
+    let handover_service =
+        HandoverService::new(handover, handover_listener, predecessor, fast.clone());
     let mut service = Service::new("podgate proxy".into(), fast);
     service.add_listener(ListenerConfig::tcp(config.listen.as_str()).l4_buffer(buffers));
     if let Some(tls) = &config.tls {
@@ -290,6 +309,10 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
     let proxy_service = server.add_service(service);
     proxy_service.add_dependency(&registry_service);
     proxy_service.add_dependency(&upstreams_service);
+    // A successor is told this process serves once its listener does.
+    server
+        .add_service(background_service("connection hand-over", handover_service))
+        .add_dependency(&proxy_service);
     if config.admin_listen != "off" {
         let mut admin = Service::new("podgate admin".into(), Admin::new(classifier, registry));
         admin.add_tcp(&config.admin_listen);

@@ -148,6 +148,19 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// An error and its sources, `: `-separated: hyper-util's "client error (SendRequest)"
+/// says nothing until its source, e.g. "connection closed before message completed".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// A uniform draw in `[0, 1)` for jitter (SplitMix64 over a shared counter: jitter
 /// only has to differ between runners, not be unpredictable).
 pub(super) fn jitter() -> f64 {
@@ -195,10 +208,18 @@ impl Shared {
     ) -> Option<Answer> {
         let started = Instant::now();
         let result = async {
-            let resp = self.client.request(req).await.ok()?;
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| error_chain(&e))?;
             let (parts, body) = resp.into_parts();
-            let body = body.collect().await.ok()?.to_bytes();
-            Some(Answer {
+            let body = body
+                .collect()
+                .await
+                .map_err(|e| error_chain(&e))?
+                .to_bytes();
+            Ok(Answer {
                 status: parts.status,
                 headers: parts.headers,
                 body,
@@ -206,12 +227,12 @@ impl Shared {
         }
         .await;
         // A request cut by the end of the run is not a result.
-        if result.is_none() && self.stop.load(Ordering::SeqCst) {
+        if result.is_err() && self.stop.load(Ordering::SeqCst) {
             return None;
         }
         let micros = started.elapsed().as_micros().max(1) as u64;
-        self.record(runner, endpoint, expected, micros, result.as_ref());
-        result
+        self.record(runner, endpoint, expected, micros, &result);
+        result.ok()
     }
 
     /// Counts a `jobs/request` 204: *held* when it carries no `X-GitLab-Last-Update`
@@ -237,8 +258,9 @@ impl Shared {
         endpoint: &'static str,
         expected: &[u16],
         micros: u64,
-        answer: Option<&Answer>,
+        result: &Result<Answer, String>,
     ) {
+        let answer = result.as_ref().ok();
         let status = answer.map_or(0, |a| a.status.as_u16());
         let misroute = status == 403
             && answer.is_some_and(|a| String::from_utf8_lossy(&a.body).contains("another Pod"));
@@ -248,6 +270,9 @@ impl Shared {
             let s = report.endpoints.entry(endpoint).or_default();
             let _ = s.latency.record(micros);
             *s.statuses.entry(status).or_default() += 1;
+            if let Err(e) = result {
+                *s.transport_errors.entry(e.clone()).or_default() += 1;
+            }
             if unexpected {
                 s.unexpected += 1;
             }

@@ -18,6 +18,9 @@ pub struct EndpointStats {
     pub statuses: BTreeMap<u16, u64>,
     /// Responses with a status the protocol does not expect here.
     pub unexpected: u64,
+    /// Transport errors (status 0) by what the client saw, e.g. "connection closed
+    /// before message completed" (a POST written to a connection the server closed).
+    pub transport_errors: BTreeMap<String, u64>,
 }
 
 impl Default for EndpointStats {
@@ -26,6 +29,7 @@ impl Default for EndpointStats {
             latency: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"),
             statuses: BTreeMap::new(),
             unexpected: 0,
+            transport_errors: BTreeMap::new(),
         }
     }
 }
@@ -226,6 +230,9 @@ pub struct EndpointSummary {
     pub statuses: BTreeMap<u16, u64>,
     /// Unexpected statuses.
     pub unexpected: u64,
+    /// Transport errors by kind (the status 0 count, told apart).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub transport_errors: BTreeMap<String, u64>,
 }
 
 impl Report {
@@ -250,6 +257,7 @@ impl Report {
                 max_ms: s.latency.max() as f64 / 1000.0,
                 statuses: s.statuses.clone(),
                 unexpected: s.unexpected,
+                transport_errors: s.transport_errors.clone(),
             })
             .collect()
     }

@@ -23,7 +23,10 @@
 //! - multipart bodies and bodies above the look-ahead (pingora answers the 413 or
 //!   streams them).
 //!
-//! Once handed off, a connection stays with pingora-proxy.
+//! pingora-proxy serves that one request and gives the connection back, so between
+//! requests every plaintext HTTP/1.1 connection waits here (and is handed to the new
+//! process at an upgrade, [`crate::handover`]); only a head that is not HTTP/1.1
+//! (h2c's preface, HTTP/1.0) leaves the connection with pingora-proxy for good.
 //! `podgate_proxy_fast_path_requests_total{result}` counts both.
 
 mod forward;
@@ -37,10 +40,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use pingora::apps::ServerApp;
+use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::listeners::L4BufferSettings;
 use pingora::prelude::*;
 use pingora::protocols::Stream;
+use pingora::protocols::http::ServerSession;
 use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
@@ -50,6 +54,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::answer::Answer;
 use crate::decision;
 use crate::edge_poll::{self, PollResult, RunnerRequest, Verdict};
+use crate::handover::Handover;
 use crate::metrics::METRICS;
 use crate::params::BodyKind;
 use crate::rules::{ActionKind, Pool, Rule};
@@ -71,16 +76,21 @@ const MAX_ATTEMPTS: usize = 16;
 /// The largest read of a response body relayed at a time.
 const RELAY_CHUNK: usize = 64 * 1024;
 
-/// The fast path, and pingora-proxy's service behind it.
+/// The fast path, and pingora-proxy's service behind it. A clone shares
+/// everything (the upstream pool too): the one serving connections handed over at
+/// an upgrade is a clone of the listener's ([`crate::handover`]).
+#[derive(Clone)]
 pub struct FastPath {
     gate: PodGate,
     proxy: Arc<HttpProxy<PodGate>>,
-    pool: upstream::Pool,
+    pool: Arc<upstream::Pool>,
     head_timeout: Duration,
     enabled: bool,
     /// The listener's buffers, given back to a connection handed to pingora-proxy.
     buffers: L4BufferSettings,
     served: IntCounter,
+    /// Where idle connections go when this process shuts down, if a new one serves.
+    handover: Option<Arc<Handover>>,
 }
 
 impl FastPath {
@@ -91,12 +101,19 @@ impl FastPath {
         FastPath {
             gate,
             proxy: Arc::new(proxy),
-            pool: upstream::Pool::default(),
+            pool: Arc::default(),
             head_timeout,
             enabled: true,
             buffers: L4BufferSettings::default(),
             served: METRICS.fast_path.with_label_values(&["served"]),
+            handover: None,
         }
+    }
+
+    /// Hand idle connections to `handover`'s successor at shutdown.
+    pub fn handover(mut self, handover: Arc<Handover>) -> Self {
+        self.handover = Some(handover);
+        self
     }
 
     /// The listener's buffer settings (`read_buffer_bytes`), restored on a
@@ -162,26 +179,72 @@ impl ServerApp for FastPath {
             buf: Vec::new(),
             shutdown: shutdown.clone(),
         };
-        match self.serve(&mut conn).await {
-            Next::Close => None,
-            Next::HandOff(why) => {
-                METRICS.fast_path.with_label_values(&[why]).inc();
-                let Conn {
-                    mut stream, buf, ..
-                } = conn;
+        let mut buffered = false;
+        loop {
+            let why = match self.serve(&mut conn).await {
+                Next::Close => return None,
+                Next::HandOff(why) => why,
+            };
+            METRICS.fast_path.with_label_values(&[why]).inc();
+            let Conn {
+                mut stream, buf, ..
+            } = conn;
+            if !buffered {
                 // Every write was flushed and every read went into `buf`: the
-                // stream's (empty) buffers can be replaced, and what was read put back.
+                // stream's (empty) buffers can be replaced. They stay: what pingora
+                // read ahead into them is read from them from now on.
                 stream.set_buffer(self.buffers);
-                stream.rewind(&buf);
-                drop(buf);
-                ServerApp::process_new(&self.proxy, stream, shutdown).await
+                buffered = true;
             }
+            stream.rewind(&buf);
+            drop(buf);
+            if matches!(why, "head" | "version") {
+                // Not an HTTP/1.1 head (h2c's preface among them): the connection
+                // is pingora's from here on.
+                return ServerApp::process_new(&self.proxy, stream, shutdown).await;
+            }
+            // One request on pingora-proxy, as its own loop would serve it
+            // (`apps/mod.rs`), and the connection comes back: idle between requests
+            // it is the fast path's, so it is handed over at an upgrade
+            // ([`crate::handover`]) rather than closed by pingora's loop.
+            let mut session = ServerSession::new_http1(stream);
+            session.set_keepalive((!*shutdown.borrow()).then_some(KEEPALIVE.as_secs()));
+            let (stream, _) = self
+                .proxy
+                .process_new_http(session, shutdown)
+                .await?
+                .consume();
+            conn = Conn {
+                stream: stream.into_any().downcast::<L4Stream>().ok()?,
+                buf: Vec::new(),
+                shutdown: shutdown.clone(),
+            };
         }
     }
 
     async fn cleanup(&self) {
         ServerApp::cleanup(&*self.proxy).await;
     }
+}
+
+/// Resolves, with the hand-over, once the server shuts down and a new process
+/// serves; never without.
+async fn handover_due<'h>(
+    handover: Option<&'h Handover>,
+    shutdown: &mut ShutdownWatch,
+) -> &'h Handover {
+    let Some(handover) = handover else {
+        return std::future::pending().await;
+    };
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+    if !handover.has_successor() {
+        return std::future::pending().await;
+    }
+    handover
 }
 
 /// Whether a rule's requests may take the fast path: runner and job endpoints
@@ -231,13 +294,15 @@ impl FastPath {
     /// Shutdown does not cut a keep-alive wait short, unlike pingora's own loop: a
     /// client may have sent its next request on the idle connection the moment the
     /// proxy closes it, and that request fails with a reset (`scripts/drills.sh` R5
-    /// caught a runner's poll so during an upgrade). Instead the wait goes on through
-    /// the grace period, and the next request is served with `Connection: close`
-    /// (`request`), which moves the client to the new process at a point where
-    /// nothing is in flight; a connection idle through the whole grace period is
-    /// dropped with the runtime, as before.
+    /// caught a runner's poll so during an upgrade). At an upgrade, the idle
+    /// connection goes to the new process ([`crate::handover`]; `Ok(None)` here).
+    /// Otherwise the wait goes on through the grace period, and the next request is
+    /// served with `Connection: close` (`request`), which moves the client on at a
+    /// point where nothing is in flight; a connection idle through the whole grace
+    /// period is dropped with the runtime.
     async fn read_head(&self, conn: &mut Conn, first: bool) -> Result<Option<Head>, &'static str> {
         let mut deadline = None;
+        let mut handover = self.handover.as_deref();
         loop {
             if !conn.buf.is_empty() {
                 match head::parse(&conn.buf) {
@@ -253,7 +318,23 @@ impl FastPath {
                         // Idle between requests: nothing is held but the socket.
                         conn.buf = Vec::new();
                     }
-                    tokio::time::timeout(KEEPALIVE, read_more(conn)).await
+                    let mut shutdown = conn.shutdown.clone();
+                    tokio::select! {
+                        // What the client sent, or the stream's buffer holds, first:
+                        // a hand-over must leave no byte of it behind.
+                        biased;
+                        read = tokio::time::timeout(KEEPALIVE, read_more(conn)) => read,
+                        to = handover_due(handover, &mut shutdown) => {
+                            // Nothing of a next request has been read: the socket,
+                            // and whatever the client sends on it, is the new
+                            // process's. A failed send keeps it here.
+                            if to.send(&conn.stream).is_ok() {
+                                return Ok(None);
+                            }
+                            handover = None;
+                            continue;
+                        }
+                    }
                 }
                 Some(d) => tokio::time::timeout_at(d, read_more(conn)).await,
             };

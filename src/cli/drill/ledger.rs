@@ -168,6 +168,12 @@ pub(crate) async fn check(args: LedgerCheckArgs) -> anyhow::Result<ExitCode> {
                 ));
             }
         }
+        for (error, n) in e["transport_errors"].as_object().into_iter().flatten() {
+            failures.push(format!(
+                "{}: {n} x \"{error}\"",
+                e["endpoint"].as_str().unwrap_or("?")
+            ));
+        }
     }
     println!(
         "fleet: requests={requests} failed_requests={failed_requests}{} jobs_done={total_done} misroutes={misroutes} lost_with_killed_pod={lost_with_pod}",
