@@ -104,6 +104,9 @@ HEALTH_MS=${HEALTH_MS:-1000}
 GETPODS_WAIT=${GETPODS_WAIT:-120}
 SOAK_PCT=${SOAK_PCT:-50}   # R7's load, percent of the measured capacity
 LONG_POLL=${LONG_POLL:-10}
+# Jobs pending per Pod at most: the generator (JOB_RATE) pauses there, so a soak's
+# Pods hold a steady backlog rather than every job the fleet had no time for.
+MAX_PENDING=${MAX_PENDING:-200}
 
 W=$(mktemp -d /tmp/podgate-drills.XXXXXX)
 PIDS=()
@@ -149,7 +152,7 @@ redis_start() {
 pod_start() { # pod_start I
   local i=$1
   spawn "$D/pod$i.log" "$PODGATE" pod-sim --pod-id "$i" --listen "127.0.0.1:${POD_PORT[$i]}" \
-    --registration-token "${REG[$i]}" --job-rate "$JOB_RATE" --long-poll "${LONG_POLL}s" \
+    --registration-token "${REG[$i]}" --job-rate "$JOB_RATE" --max-pending "$MAX_PENDING" --long-poll "${LONG_POLL}s" \
     --redis "$REDIS_URL" --external-url "http://127.0.0.1:$PROXY_PORT"
   POD_PID[$i]=$SPAWNED
   wait_port "${POD_PORT[$i]}"

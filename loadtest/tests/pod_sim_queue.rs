@@ -397,3 +397,38 @@ async fn with_redis_every_key_write_is_set_and_published_as_gitlab_does() {
     })
     .await;
 }
+
+/// `max_pending`: the job generator pauses while that many jobs wait (each tick it
+/// skips is counted), and fills the queue up again once a runner takes one.
+#[tokio::test(start_paused = true)]
+async fn the_generator_keeps_at_most_max_pending_jobs_waiting() {
+    let sim = sim_with(2, |c| {
+        c.job_rate = 100.0;
+        c.max_pending = 3;
+    })
+    .await;
+    let skipped = |sim: &PodSim| metric(sim, "podsim_generator_skipped_total", "");
+    eventually(
+        Duration::from_secs(5),
+        "skipped generator ticks",
+        || async { (skipped(&sim) >= 20).then_some(()) },
+    )
+    .await;
+    assert_eq!(sim.state().queued(), 3);
+    assert_eq!(sim.state().jobs_created(), 3);
+
+    let runner = common::register(&sim).await;
+    let r = request(&sim, json!({"token": runner})).await;
+    assert_eq!(r.status, 201, "{:?}", r.json());
+    eventually(Duration::from_secs(5), "the queue filled again", || async {
+        (sim.state().jobs_created() == 4).then_some(())
+    })
+    .await;
+    let before = skipped(&sim);
+    eventually(Duration::from_secs(5), "more skipped ticks", || async {
+        (skipped(&sim) >= before + 20).then_some(())
+    })
+    .await;
+    assert_eq!(sim.state().queued(), 3);
+    assert_eq!(sim.state().jobs_created(), 4);
+}

@@ -33,6 +33,10 @@ pub(crate) struct PodSimArgs {
     /// Jobs queued per second.
     #[arg(long, default_value_t = 1.0)]
     job_rate: f64,
+    /// The generator skips a tick while this many jobs are pending (0: no bound):
+    /// a steady backlog for a soak whose runners take fewer jobs than `--job-rate`.
+    #[arg(long, default_value_t = 0)]
+    max_pending: usize,
     /// Longest hold of a `jobs/request` long poll on the runner's queue key, as
     /// Workhorse's `apiCiLongPollingDuration` (GitLab.com: 50 s), e.g. `50s`.
     #[arg(long, default_value = "50s", value_parser = super::parse_duration_secs)]
@@ -125,6 +129,7 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
     config.keys = keys;
     config.registration_token = args.registration_token;
     config.job_rate = args.job_rate;
+    config.max_pending = args.max_pending;
     config.long_poll = Duration::from_secs(args.long_poll);
     config.projects = args.projects;
     if let Some(sets) = &args.job_tags {

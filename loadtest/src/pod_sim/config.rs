@@ -65,6 +65,11 @@ pub struct PodSimConfig {
     pub registration_token: Option<String>,
     /// Jobs queued per second (0: only through [`PodSim::enqueue`](super::PodSim::enqueue)).
     pub job_rate: f64,
+    /// The `job_rate` generator skips a tick while this many jobs are pending (0: no
+    /// bound). GitLab queues whatever pipelines create; a soak whose runners take
+    /// fewer jobs than are generated would otherwise measure a growing backlog in the
+    /// simulator, not the system under test (`scripts/drills.sh` R7).
+    pub max_pending: usize,
     /// How long Workhorse holds a `jobs/request` poll whose runner's queue key has not
     /// changed (`apiCiLongPollingDuration`; GitLab.com: 50 s).
     pub long_poll: Duration,
@@ -110,6 +115,7 @@ impl PodSimConfig {
             keys: KeySet::new(),
             registration_token: None,
             job_rate: 0.0,
+            max_pending: 0,
             long_poll: Duration::from_secs(50),
             projects: 2,
             job_tag_sets: super::state::default_job_tag_sets(),

@@ -19,6 +19,8 @@ pub struct SimMetrics {
     pub requests: IntCounterVec,
     /// `podsim_jobs_queued`.
     pub queued: IntGauge,
+    /// `podsim_generator_skipped_total`: generator ticks skipped at `max_pending`.
+    pub generator_skipped: IntCounter,
     /// `podsim_artifact_bytes_total`: artifact bytes received.
     pub artifact_bytes: IntCounter,
     /// `podsim_workspaces{desired_state,actual_state}`: workspaces by state.
@@ -84,6 +86,11 @@ impl SimMetrics {
         .expect("valid metric");
         let queued = IntGauge::new("podsim_jobs_queued", "Jobs waiting for a runner.")
             .expect("valid metric");
+        let generator_skipped = IntCounter::new(
+            "podsim_generator_skipped_total",
+            "Job generator ticks skipped because max_pending jobs were waiting.",
+        )
+        .expect("valid metric");
         let artifact_bytes =
             IntCounter::new("podsim_artifact_bytes_total", "Artifact bytes received.")
                 .expect("valid metric");
@@ -155,6 +162,7 @@ impl SimMetrics {
             Box::new(redis_errors.clone()),
             Box::new(requests.clone()),
             Box::new(queued.clone()),
+            Box::new(generator_skipped.clone()),
             Box::new(artifact_bytes.clone()),
             Box::new(workspaces.clone()),
             Box::new(workspace_reconciles.clone()),
@@ -166,6 +174,7 @@ impl SimMetrics {
             misrouted,
             requests,
             queued,
+            generator_skipped,
             artifact_bytes,
             workspaces,
             workspace_reconciles,

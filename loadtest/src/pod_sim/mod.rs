@@ -211,6 +211,11 @@ impl PodSim {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
                 loop {
                     tick.tick().await;
+                    let max = s.config.max_pending;
+                    if max > 0 && s.state.queued() >= max {
+                        s.metrics.generator_skipped.inc();
+                        continue;
+                    }
                     if s.state.enqueue().is_ok() {
                         s.metrics.queued.set(s.state.queued() as i64);
                     }
