@@ -364,14 +364,15 @@ drill_R2() {
   say "  kas$local_kas during the outage, GetPods for its own agent: $during_outage"
   # GetPods on the same kas once Redis is back, each call given 25 s, until one is
   # answered (asking for at most GETPODS_WAIT s).
-  local after_get="" get_ms=0 stalled=0 get_until
-  get_until=$(( $(now_ms) + GETPODS_WAIT * 1000 ))
+  local after_get="" get_ms=0 stalled=0 get_until get_start
+  get_start=$(now_ms)
+  get_until=$(( get_start + GETPODS_WAIT * 1000 ))
   while [ "$(now_ms)" -lt "$get_until" ]; do
     after_get=$(get_pods "$local_kas" 25s)
     if [ "$(jq -r .ok <<<"$after_get")" = true ]; then get_ms=$(( $(now_ms) - restart_ms )); break; fi
     stalled=$(( stalled + 1 ))
   done
-  say "  GetPods on kas$local_kas after the restart: $([ "$get_ms" != 0 ] && echo "answered $get_ms ms after the restart ($stalled calls unanswered in 25 s before)" || echo "not answered within ${GETPODS_WAIT} s"): $after_get"
+  say "  GetPods on kas$local_kas after the restart (asked once the fleet's run ended, $(( get_start - restart_ms )) ms after it): $([ "$get_ms" != 0 ] && echo "answered in $(jq .ms <<<"$after_get") ms; $stalled calls before it unanswered in 25 s" || echo "not answered within ${GETPODS_WAIT} s"): $after_get"
   say "  fleet: $(jq -c '{jobs_done, misroutes, unexpected, jobs_request}' "$D/fleet.json")"
   check "routing during the outage" "$([ "$(jq .failed <<<"$outage")" = 0 ] && [ "$(jq .requests <<<"$outage")" -gt 0 ] && echo ok)" "failed or no probe requests during the outage"
   check "recovered without an operator" "$([ "$back_ms" != 0 ] && [ "$up_ms" != 0 ] && [ "$agent_ms" != 0 ] && echo ok)" "topology, registry or agent presence not back"
