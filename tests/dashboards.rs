@@ -247,7 +247,7 @@ mod proxy {
     const DASHBOARD: &str = include_str!("../proxy/dashboards/podgate-proxy.json");
 
     /// Every metric the proxy defines in `metrics.rs`.
-    const EXPECTED: [&str; 9] = [
+    const EXPECTED: [&str; 15] = [
         "podgate_proxy_requests_total",
         "podgate_proxy_request_duration_seconds",
         "podgate_proxy_decision_duration_seconds",
@@ -257,7 +257,27 @@ mod proxy {
         "podgate_classifier_cache_hits_total",
         "podgate_classifier_cache_misses_total",
         "podgate_proxy_fast_path_requests_total",
+        "podgate_proxy_upgrade_connections_total",
+        "podgate_proxy_edge_polls_held",
+        "podgate_proxy_edge_polls_total",
+        "podgate_proxy_edge_poll_redis_up",
+        "podgate_proxy_edge_poll_redis_errors_total",
+        "podgate_proxy_edge_poll_notifications_total",
     ];
+
+    /// EXPECTED is what `metrics.rs` declares: a metric added there and touched
+    /// nowhere in [`registered`] would otherwise go unseen (five edge-poll metrics
+    /// did, uncharted).
+    #[test]
+    fn expected_is_every_metric_metrics_rs_declares() {
+        let source = include_str!("../proxy/src/metrics.rs");
+        let declared: BTreeSet<&str> = regex::Regex::new(r#"\n\s*"(podgate_[a-z0-9_]+)","#)
+            .unwrap()
+            .captures_iter(source)
+            .map(|c| c.get(1).unwrap().as_str())
+            .collect();
+        assert_eq!(declared, EXPECTED.into_iter().collect());
+    }
 
     fn dashboard() -> Value {
         super::parse(DASHBOARD)
@@ -284,6 +304,12 @@ mod proxy {
             .inc();
         m.connect_failures.with_label_values(&["1"]).inc();
         m.fast_path.with_label_values(&["served"]).inc();
+        m.upgrade_connections.with_label_values(&["sent"]).inc();
+        m.edge_polls_held.with_label_values(&["2"]).set(1);
+        m.edge_polls.with_label_values(&["2", "timeout"]).inc();
+        m.edge_poll_redis_up.with_label_values(&["2"]).set(1);
+        m.edge_poll_redis_errors.with_label_values(&["2"]).inc();
+        m.edge_poll_notifications.with_label_values(&["2"]).inc();
         m.set_cache(1, 1);
         // `render` is the whole default registry. A running proxy also serves its
         // presence registry's `podgate_registry_*` families there (charted on the
