@@ -18,6 +18,7 @@
 //! Pod. They all share the Pod's one Git repository (`group/project-<pod>`): jobs of
 //! any project clone it; only the project id in their payload tells them apart.
 
+mod archive;
 mod jobs;
 mod ledger;
 mod runners;
@@ -31,9 +32,7 @@ use super::queue::{BuildMatcher, RunnerMatcher, RunnerQueues};
 use super::{Error, TokenFormat};
 
 pub use super::queue::{AccessLevel, RunnerType};
-pub use jobs::{
-    Artifact, Job, JobSpec, JobState, Pick, TRACE_KEPT, TRACE_TEXT_FINISHED, Trace, Update,
-};
+pub use jobs::{Artifact, FINISHED_KEPT, Job, JobSpec, JobState, Pick, TRACE_KEPT, Trace, Update};
 pub use ledger::{LedgerEntry, LedgerSummary};
 pub use runners::{Runner, RunnerSpec};
 
@@ -91,9 +90,10 @@ struct Inner {
     in_turn: u64,
     /// Who got each job and how it ended ([`State::ledger`]).
     ledger: ledger::Ledger,
-    /// Finished jobs whose trace text is still held, oldest first (at most
-    /// [`TRACE_TEXT_FINISHED`]).
-    finished_with_text: VecDeque<u64>,
+    /// Finished jobs still held whole, oldest first (at most [`FINISHED_KEPT`]).
+    finished_whole: VecDeque<u64>,
+    /// Finished jobs before those ([`archive`]).
+    archive: archive::Archive,
 }
 
 /// The Pod's state.

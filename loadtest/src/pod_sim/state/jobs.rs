@@ -105,12 +105,9 @@ impl Default for JobSpec {
 /// Largest trace text kept per job (the length and CRC cover all of it).
 pub const TRACE_KEPT: usize = 1 << 20;
 
-/// Finished jobs whose trace text is kept: the text of older finished jobs is
-/// dropped, their length and CRC kept. GitLab moves a finished job's trace out of
-/// its live chunks to object storage (`Ci::ArchiveTraceService`); a Pod simulator
-/// that kept every text would grow ~1.5 KB per job in a soak (`scripts/drills.sh`
-/// R7), which is the simulator's memory, not the system's under test.
-pub const TRACE_TEXT_FINISHED: usize = 1024;
+/// Finished jobs kept whole; older ones are archived: their state, runner, project,
+/// trace length and CRC kept, the rest dropped ([`super::archive`]).
+pub const FINISHED_KEPT: usize = 1024;
 
 /// A job.
 #[derive(Clone, Debug)]
@@ -204,7 +201,10 @@ impl State {
             let id = inner.next_job + 1;
             let dependencies = match spec.dependencies {
                 Some(deps) => {
-                    if let Some(d) = deps.iter().find(|d| !inner.jobs.contains_key(d)) {
+                    if let Some(d) = deps
+                        .iter()
+                        .find(|d| !inner.jobs.contains_key(d) && !inner.archive.contains(**d))
+                    {
                         return Err(Error::Config(format!(
                             "dependencies: job {d} does not exist"
                         )));
@@ -297,13 +297,24 @@ impl State {
 
     /// The job `token` belongs to.
     pub fn job_by_token(&self, token: &str) -> Owner<u64> {
-        let found = self.lock().job_tokens.get(token).copied();
+        let found = {
+            let inner = self.lock();
+            inner
+                .job_tokens
+                .get(token)
+                .copied()
+                .or_else(|| inner.archive.by_token(token))
+        };
         self.owner(token, found)
     }
 
-    /// A copy of job `id`.
+    /// A copy of job `id` (of an archived job, what is left of it).
     pub fn job(&self, id: u64) -> Option<Job> {
-        self.lock().jobs.get(&id).cloned()
+        let inner = self.lock();
+        match inner.jobs.get(&id) {
+            Some(j) => Some(j.clone()),
+            None => inner.archive.job(id),
+        }
     }
 
     /// Tokens of job `id`'s dependencies, with their artifacts.
@@ -331,7 +342,15 @@ impl State {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let Some(job) = inner.jobs.get_mut(&id) else {
-            return Update::NotFound;
+            return match inner.archive.state(id) {
+                Some(done) => {
+                    if state.is_final() {
+                        inner.ledger.duplicate(id);
+                    }
+                    Update::Forbidden(done)
+                }
+                None => Update::NotFound,
+            };
         };
         // `authenticate_job!`: "Job is not processing on runner" (403 + Job-Status).
         if job.state != JobState::Running {
@@ -346,12 +365,13 @@ impl State {
         job.state = state;
         if state.is_final() {
             inner.ledger.finished(id, state);
-            inner.finished_with_text.push_back(id);
-            if inner.finished_with_text.len() > TRACE_TEXT_FINISHED
-                && let Some(old) = inner.finished_with_text.pop_front()
-                && let Some(job) = inner.jobs.get_mut(&old)
+            inner.finished_whole.push_back(id);
+            if inner.finished_whole.len() > FINISHED_KEPT
+                && let Some(old) = inner.finished_whole.pop_front()
+                && let Some(job) = inner.jobs.remove(&old)
             {
-                job.trace = Vec::new();
+                inner.job_tokens.remove(&job.token);
+                inner.archive.insert(job);
             }
         }
         Update::Ok
@@ -362,7 +382,11 @@ impl State {
     /// duplicate in the ledger when the job had finished already.
     pub fn final_refused(&self, id: u64, state: JobState) {
         let mut inner = self.lock();
-        if state.is_final() && inner.jobs.get(&id).is_some_and(|j| j.state.is_final()) {
+        let finished = match inner.jobs.get(&id) {
+            Some(j) => j.state.is_final(),
+            None => inner.archive.contains(id),
+        };
+        if state.is_final() && finished {
             inner.ledger.duplicate(id);
         }
     }
@@ -384,7 +408,10 @@ impl State {
     pub fn append_trace(&self, id: u64, start: u64, data: &[u8]) -> Trace {
         let mut inner = self.lock();
         let Some(job) = inner.jobs.get_mut(&id) else {
-            return Trace::NotFound;
+            return match inner.archive.state(id) {
+                Some(done) => Trace::Forbidden(done),
+                None => Trace::NotFound,
+            };
         };
         if job.state != JobState::Running {
             return Trace::Forbidden(job.state);

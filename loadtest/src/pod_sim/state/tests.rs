@@ -250,23 +250,23 @@ fn generated_jobs_cycle_through_tag_sets_and_projects() {
 }
 
 #[test]
-fn only_the_last_finished_jobs_keep_their_trace_text() {
+fn finished_jobs_past_the_window_are_archived() {
     let p = pod(2).with_job_tag_sets(vec![vec![]]).unwrap();
     let (runner, _) = p.register().unwrap();
     let mut finished = Vec::new();
-    while finished.len() < TRACE_TEXT_FINISHED + 3 {
+    while finished.len() < FINISHED_KEPT + 3 {
         p.enqueue().unwrap();
         // Every third pick is a simulated race: pick until a job comes.
-        let id = loop {
+        let job = loop {
             if let Pick::Job(j) = p.pick(runner) {
-                break j.id;
+                break j;
             }
         };
-        assert_eq!(p.append_trace(id, 0, b"line\n"), Trace::Ok(5));
-        assert_eq!(p.update(id, JobState::Success, Some(5)), Update::Ok);
-        finished.push(id);
+        assert_eq!(p.append_trace(job.id, 0, b"line\n"), Trace::Ok(5));
+        assert_eq!(p.update(job.id, JobState::Success, Some(5)), Update::Ok);
+        finished.push((job.id, job.token));
     }
-    // A running job keeps its text however many have finished.
+    // A running job is whole however many have finished.
     p.enqueue().unwrap();
     let running = loop {
         if let Pick::Job(j) = p.pick(runner) {
@@ -274,18 +274,37 @@ fn only_the_last_finished_jobs_keep_their_trace_text() {
         }
     };
     assert_eq!(p.append_trace(running, 0, b"still"), Trace::Ok(5));
-    for (n, id) in finished.iter().enumerate() {
+    for (n, (id, token)) in finished.iter().enumerate() {
         let job = p.job(*id).unwrap();
-        // Length and CRC are kept for every job, the text for the last ones only.
+        // State, runner, project, trace length and CRC are kept for every job, and
+        // its token still names it; the rest for the last ones only.
+        assert_eq!(job.state, JobState::Success);
+        assert_eq!(job.runner, Some(runner));
         assert_eq!(
             (job.trace_len, job.trace_crc),
             (5, crc32fast::hash(b"line\n"))
         );
-        let kept = n >= 3;
-        assert_eq!(job.trace.is_empty(), !kept, "job {n}");
+        assert_eq!(p.job_by_token(token), Owner::Ours(*id), "job {n}");
+        let whole = n >= 3;
+        assert_eq!(job.trace == b"line\n", whole, "job {n}");
+        assert_eq!(!job.name.is_empty(), whole, "job {n}");
     }
     assert_eq!(p.job(running).unwrap().trace, b"still");
     // The ledger still has every job finished once.
     let (summary, _) = p.ledger();
     assert_eq!(summary.finished_once, finished.len() as u64);
+    // An archived job answers late requests as a finished one: no more trace, and a
+    // second final state is refused and counted a duplicate.
+    let (oldest, _) = finished[0];
+    assert_eq!(
+        p.append_trace(oldest, 5, b"late"),
+        Trace::Forbidden(JobState::Success)
+    );
+    assert_eq!(
+        p.update(oldest, JobState::Failed, Some(5)),
+        Update::Forbidden(JobState::Success)
+    );
+    let (summary, _) = p.ledger();
+    assert_eq!(summary.duplicates, 1);
+    assert_eq!(summary.finished_once, finished.len() as u64 - 1);
 }
