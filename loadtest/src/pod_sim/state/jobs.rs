@@ -106,7 +106,7 @@ impl Default for JobSpec {
 pub const TRACE_KEPT: usize = 1 << 20;
 
 /// Finished jobs kept whole; older ones are archived: their state, runner, project,
-/// trace length and CRC kept, the rest dropped ([`super::archive`]).
+/// trace length and CRC kept, the rest dropped (`state/archive.rs`).
 pub const FINISHED_KEPT: usize = 1024;
 
 /// A job.
