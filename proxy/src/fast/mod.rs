@@ -132,9 +132,10 @@ impl FastPath {
 
 /// A client connection and the bytes read from it not yet consumed.
 struct Conn {
-    /// Unbuffered while the fast path has it: it reads into `buf` and writes whole
-    /// buffers, so the listener's buffers would only cost memory (1.4 KiB per held
-    /// poll).
+    /// Unbuffered until pingora-proxy has served a request on it: the fast path
+    /// reads into `buf` and writes whole buffers (each write flushed), so the
+    /// listener's buffers would only cost memory (1.4 KiB per held poll). Once
+    /// pingora has used them they stay, since it may have read ahead into them.
     stream: Box<L4Stream>,
     buf: Vec<u8>,
     /// The server's shutdown: an answer written once it is on says
