@@ -23,6 +23,15 @@ fn signal(child: &std::process::Child, sig: &str) {
     assert!(ok, "kill {sig}");
 }
 
+/// Stubs for Pods 1 (the default), 2 and 3.
+async fn three_stubs() -> (Stub, Stub, Stub) {
+    (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    )
+}
+
 /// The value of the first metric line starting with `prefix` (labels included).
 fn metric(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
@@ -33,11 +42,7 @@ fn metric(text: &str, prefix: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_and_metrics_report_what_happened() {
-    let (legacy, pod2, pod3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
+    let (legacy, pod2, pod3) = three_stubs().await;
     let dir = tempfile::tempdir().unwrap();
     let mint = jwt_minter(dir.path());
     let keys = format!("keys = [\"{}\"]", dir.path().display());
@@ -196,11 +201,7 @@ async fn health_checks_take_sick_upstreams_out_and_bring_them_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tls_listener_routes_like_the_plaintext_one() {
-    let (legacy, pod2, pod3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
+    let (legacy, pod2, pod3) = three_stubs().await;
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = podgate_agent::testing::fixtures::self_signed_cert(dir.path());
     let tls_port = podgate_registry::testing::free_port();
@@ -245,11 +246,7 @@ async fn the_tls_listener_routes_like_the_plaintext_one() {
 /// answered within the grace period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_requests_finish() {
-    let (legacy, pod2, pod3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
+    let (legacy, pod2, pod3) = three_stubs().await;
     let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 3");
     let mut proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let port = proxy.port;
@@ -296,11 +293,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
 /// (SIGQUIT hands it over): a client sending requests throughout sees no failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binary_upgrade_drops_no_request() {
-    let (legacy, pod2, pod3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
+    let (legacy, pod2, pod3) = three_stubs().await;
     let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 2");
     let mut old = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let port = old.port;
@@ -440,11 +433,7 @@ async fn exits_cleanly(mut proxy: common::Proxy) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_accepted_before_sigterm_is_served_after_it() {
-    let (legacy, pod2, pod3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
+    let (legacy, pod2, pod3) = three_stubs().await;
     let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 2");
     let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let (port, pid) = (proxy.port, proxy.child.id());
@@ -496,11 +485,7 @@ async fn served_by_and_kept_alive(conn: &mut TcpStream, request: &str, pod: u8) 
 /// the close). pingora's own loop, and the fast path before, closed it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
-    let (legacy, pod2, pod3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
+    let (legacy, pod2, pod3) = three_stubs().await;
     let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 3");
     let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let mut conn = TcpStream::connect(("127.0.0.1", proxy.port)).await.unwrap();
@@ -526,11 +511,7 @@ async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
 /// such a connection and close it, idle, the moment shutdown began.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_outlives_the_old_process_at_an_upgrade() {
-    let (legacy, pod2, pod3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
+    let (legacy, pod2, pod3) = three_stubs().await;
     let config = three_pods(&legacy, &pod2, &pod3, "grace_period_secs = 1");
     let mut old = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let mut conn = TcpStream::connect(("127.0.0.1", old.port)).await.unwrap();

@@ -319,13 +319,15 @@ impl FastPath {
                         // Idle between requests: nothing is held but the socket.
                         conn.buf = Vec::new();
                     }
-                    let mut shutdown = conn.shutdown.clone();
                     tokio::select! {
                         // What the client sent, or the stream's buffer holds, first:
                         // a hand-over must leave no byte of it behind.
                         biased;
-                        read = tokio::time::timeout(KEEPALIVE, read_more(conn)) => read,
-                        to = handover_due(handover, &mut shutdown) => {
+                        read = tokio::time::timeout(
+                            KEEPALIVE,
+                            read_more(&mut conn.stream, &mut conn.buf),
+                        ) => read,
+                        to = handover_due(handover, &mut conn.shutdown) => {
                             // Nothing of a next request has been read: the socket,
                             // and whatever the client sends on it, is the new
                             // process's. A failed send keeps it here.
@@ -337,7 +339,9 @@ impl FastPath {
                         }
                     }
                 }
-                Some(d) => tokio::time::timeout_at(d, read_more(conn)).await,
+                Some(d) => {
+                    tokio::time::timeout_at(d, read_more(&mut conn.stream, &mut conn.buf)).await
+                }
             };
             match read {
                 Ok(Ok(n)) if n > 0 => {}
@@ -550,13 +554,13 @@ impl FastPath {
     }
 }
 
-/// Read more of the request into the connection's buffer.
-async fn read_more(conn: &mut Conn) -> std::io::Result<usize> {
-    if conn.buf.capacity() - conn.buf.len() < 512 {
-        conn.buf
-            .reserve(if conn.buf.is_empty() { 2048 } else { 4096 });
+/// Read more of the request into the connection's buffer (`buf`); the fields,
+/// not the `Conn`, so that its shutdown watch can be awaited beside the read.
+async fn read_more(stream: &mut L4Stream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    if buf.capacity() - buf.len() < 512 {
+        buf.reserve(if buf.is_empty() { 2048 } else { 4096 });
     }
-    conn.stream.read_buf(&mut conn.buf).await
+    stream.read_buf(buf).await
 }
 
 /// Write all of `bytes` and flush (the listener's write buffer coalesces nothing
