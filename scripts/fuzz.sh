@@ -80,6 +80,18 @@ else
 fi
 echo "built in $((SECONDS - started)) s"
 
+# The targets run on libFuzzer's main thread, whose stack is RLIMIT_STACK. The long
+# runs get kas's and agentk's: a tokio worker's 2 MiB, so a recursion that would
+# abort them crashes here. Unoptimised frames are 10-100 times larger (the `cel`
+# crate's evaluator, `#[inline(always)]` and so built unoptimised inside
+# podgate-agent, takes ~57 KB a level against <2 KB in release: a 230-term chain
+# within cel-go's limit of 250 overflowed 8 MiB in CI), so --quick gets 64 MiB.
+if [[ $quick == 1 ]]; then
+    ulimit -s 65536
+else
+    ulimit -s 2048
+fi
+
 if [[ $# -gt 0 ]]; then
     targets=("$@")
 else

@@ -71,7 +71,11 @@ fn committed_inputs_replay_without_a_crash() {
         assert!(!files.is_empty(), "{target}: no committed corpus");
         files.extend(inputs(&root.join("regressions").join(target)));
         // Each input runs once; a hang is a failure too (libFuzzer's -timeout).
-        let out = Command::new(bin)
+        // These binaries are unoptimised, with frames 10-100 times release's, so
+        // their main thread gets the 64 MiB stack `scripts/fuzz.sh --quick` gives
+        // (the long runs check release-like frames on a tokio worker's 2 MiB).
+        let out = Command::new("sh")
+            .args(["-c", r#"ulimit -s 65536 && exec "$0" "$@""#, bin])
             .arg("-timeout=30")
             .arg("-rss_limit_mb=2048")
             .args(&files)
