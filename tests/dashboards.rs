@@ -247,13 +247,16 @@ mod proxy {
     const DASHBOARD: &str = include_str!("../proxy/dashboards/podgate-proxy.json");
 
     /// Every metric the proxy defines in `metrics.rs`.
-    const EXPECTED: [&str; 15] = [
+    const EXPECTED: [&str; 18] = [
         "podgate_proxy_requests_total",
         "podgate_proxy_request_duration_seconds",
         "podgate_proxy_decision_duration_seconds",
         "podgate_proxy_upstream_healthy",
         "podgate_proxy_health_check_failures_total",
         "podgate_proxy_upstream_connect_failures_total",
+        "podgate_proxy_upstream_in_use",
+        "podgate_proxy_upstream_queue",
+        "podgate_proxy_upstream_queued_total",
         "podgate_classifier_cache_hits_total",
         "podgate_classifier_cache_misses_total",
         "podgate_proxy_fast_path_requests_total",
@@ -303,6 +306,11 @@ mod proxy {
             .with_label_values(&["1", "127.0.0.1:1"])
             .inc();
         m.connect_failures.with_label_values(&["1"]).inc();
+        m.upstream_in_use.with_label_values(&["1"]).set(1);
+        m.upstream_queue.with_label_values(&["1"]).set(0);
+        m.upstream_queued
+            .with_label_values(&["1", "admitted"])
+            .inc();
         m.fast_path.with_label_values(&["served"]).inc();
         m.upgrade_connections.with_label_values(&["sent"]).inc();
         m.edge_polls_held.with_label_values(&["2"]).set(1);

@@ -185,3 +185,119 @@ async fn a_dead_hostname_upstream_fails_over_within_its_pod() {
         "round robin tries the dead address for some requests: {failures}"
     );
 }
+
+/// `[upstreams] max_connections_per_address`: with one request in flight to Pod 2's
+/// only address (a long poll the Pod holds), the next waits in the proxy — on
+/// pingora's path (HTTP/1.0) as on the fast path — and reaches the Pod only once
+/// the first is answered; past `queue_timeout_ms` one is answered 503 with
+/// `Retry-After`, having never reached the Pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
+    let (legacy, pod2) = (Stub::start(1).await, Stub::start(2).await);
+    for (queue_timeout_ms, http10) in [(60_000, true), (300, false)] {
+        let config = format!(
+            r#"[upstreams]
+            max_connections_per_address = 1
+            queue_timeout_ms = {queue_timeout_ms}
+            [topology]
+            default_pod = 1
+            [[topology.pods]]
+            id = 1
+            name = "legacy"
+            web = ["{}"]
+            [[topology.pods]]
+            id = 2
+            name = "pod-2"
+            web = ["{}"]
+            "#,
+            legacy.addr, pod2.addr
+        );
+        let proxy = start_proxy_logged(&config, tempfile::tempdir().unwrap()).await;
+        let port = proxy.port;
+        let before = pod2.seen().len();
+        let held = tokio::spawn(async move {
+            send(
+                port,
+                &format!("{}\r\nx-test-long-poll: 60", runner_request(2)),
+                b"{}",
+            )
+            .await
+        });
+        eventually(
+            Duration::from_secs(10),
+            "Pod 2 to hold the poll",
+            || async { (pod2.seen().len() > before).then_some(()) },
+        )
+        .await;
+        let version = if http10 { "HTTP/1.0" } else { "HTTP/1.1" };
+        let second = tokio::spawn(async move {
+            send(
+                port,
+                &format!("POST /api/v4/runners/verify {version}\r\ncontent-type: application/json"),
+                format!(r#"{{"token":"{}"}}"#, v1(2)).as_bytes(),
+            )
+            .await
+        });
+        if http10 {
+            eventually(Duration::from_secs(10), "the second to queue", || async {
+                let (_, text) = admin_get(&proxy, "/metrics").await;
+                (metric(&text, "podgate_proxy_upstream_queue{pod=\"2\"}") == Some(1.0))
+                    .then_some(())
+            })
+            .await;
+            assert_eq!(
+                pod2.seen().len(),
+                before + 1,
+                "the second reached the Pod past the bound"
+            );
+            pod2.queue_job();
+            assert_eq!(held.await.unwrap().0, 201);
+            let (status, _, body) = second.await.unwrap();
+            assert_eq!((status, body.as_str()), (200, r#"{"pod":2}"#));
+            assert_eq!(pod2.seen().len(), before + 2);
+            let (_, text) = admin_get(&proxy, "/metrics").await;
+            assert_eq!(
+                metric(
+                    &text,
+                    "podgate_proxy_upstream_queued_total{pod=\"2\",result=\"admitted\"}"
+                ),
+                Some(1.0),
+                "{text}"
+            );
+            assert_eq!(
+                metric(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
+                Some(0.0)
+            );
+        } else {
+            let (status, headers, body) = second.await.unwrap();
+            assert_eq!(status, 503, "{body}");
+            assert!(headers.contains_key("retry-after"), "{headers:?}");
+            assert_eq!(
+                pod2.seen().len(),
+                before + 1,
+                "the refused one reached the Pod"
+            );
+            let (_, text) = admin_get(&proxy, "/metrics").await;
+            assert_eq!(
+                metric(
+                    &text,
+                    "podgate_proxy_upstream_queued_total{pod=\"2\",result=\"timed_out\"}"
+                ),
+                Some(1.0),
+                "{text}"
+            );
+            assert_eq!(
+                metric(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
+                Some(1.0),
+                "the held poll"
+            );
+            let log = plain(&proxy_log(&proxy));
+            assert!(
+                log.contains("none finished within 300 ms"),
+                "the log names the bound:\n{log}"
+            );
+            pod2.queue_job();
+            assert_eq!(held.await.unwrap().0, 201);
+        }
+    }
+}

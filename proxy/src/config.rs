@@ -20,6 +20,8 @@
 //! [upstreams]                      # names in the topology (defaults shown)
 //! resolve_interval_ms = 30000     # re-resolved this often, off the request path
 //! resolve_timeout_ms = 2000       # a name that fails keeps its last good addresses
+//! max_connections_per_address = 1024 # requests in flight to one web address; 0: no bound
+//! queue_timeout_ms = 2000         # past the bound, waited this long, then 503
 //!
 //! [tls]                            # optional HTTPS listener (h1 + h2 by ALPN)
 //! listen = "0.0.0.0:8443"

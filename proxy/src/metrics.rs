@@ -65,6 +65,14 @@ pub struct Metrics {
     pub fast_path: IntCounterVec,
     /// Idle client connections handed over at a binary upgrade (`crate::handover`).
     pub upgrade_connections: IntCounterVec,
+    /// `podgate_proxy_upstream_in_use{pod}`: requests in flight to the Pod's web
+    /// upstreams under `upstreams.max_connections_per_address`.
+    pub upstream_in_use: IntGaugeVec,
+    /// `podgate_proxy_upstream_queue{pod}`: requests waiting now under that bound.
+    pub upstream_queue: IntGaugeVec,
+    /// `podgate_proxy_upstream_queued_total{pod,result}`: requests that found their
+    /// address at that bound and waited: `admitted` or `timed_out` (503).
+    pub upstream_queued: IntCounterVec,
 }
 
 impl Metrics {
@@ -171,6 +179,27 @@ impl Metrics {
                 ),
                 &["result"],
             )?,
+            upstream_in_use: IntGaugeVec::new(
+                Opts::new(
+                    "podgate_proxy_upstream_in_use",
+                    "Requests in flight to the Pod's web upstreams, each on its own connection (bounded per address by upstreams.max_connections_per_address).",
+                ),
+                &["pod"],
+            )?,
+            upstream_queue: IntGaugeVec::new(
+                Opts::new(
+                    "podgate_proxy_upstream_queue",
+                    "Requests waiting now for a slot under upstreams.max_connections_per_address.",
+                ),
+                &["pod"],
+            )?,
+            upstream_queued: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_upstream_queued_total",
+                    "Requests that found their upstream address at upstreams.max_connections_per_address and waited: admitted, or timed_out (answered 503).",
+                ),
+                &["pod", "result"],
+            )?,
         };
         registry.register(Box::new(m.requests.clone()))?;
         registry.register(Box::new(m.duration.clone()))?;
@@ -178,6 +207,9 @@ impl Metrics {
         registry.register(Box::new(m.upstream_healthy.clone()))?;
         registry.register(Box::new(m.health_failures.clone()))?;
         registry.register(Box::new(m.connect_failures.clone()))?;
+        registry.register(Box::new(m.upstream_in_use.clone()))?;
+        registry.register(Box::new(m.upstream_queue.clone()))?;
+        registry.register(Box::new(m.upstream_queued.clone()))?;
         registry.register(Box::new(m.cache_hits.clone()))?;
         registry.register(Box::new(m.cache_misses.clone()))?;
         registry.register(Box::new(m.edge_polls_held.clone()))?;

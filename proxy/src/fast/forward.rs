@@ -37,6 +37,10 @@ impl FastPath {
         let request = upstream_request(&conn.buf, head, total, rule, &pod, &ctx.request_id);
         let read_timeout = Duration::from_secs(rule.read_timeout_secs);
         let mut fresh_for: Option<SocketAddr> = None;
+        // The attempt's slot under `upstreams.max_connections_per_address`, kept
+        // while its connection is in use (a retry on a fresh connection to the same
+        // address keeps it).
+        let mut _slot = None;
         for _ in 0..MAX_ATTEMPTS {
             let fresh = fresh_for.is_some();
             let addr = match fresh_for.take() {
@@ -58,6 +62,11 @@ impl FastPath {
                         ));
                     };
                     ctx.tried.push(addr);
+                    _slot = None;
+                    match self.gate.upstreams.admit(pod.id, rule.pool, addr).await {
+                        Ok(slot) => _slot = slot,
+                        Err(e) => return Err(Failed::before(e)),
+                    }
                     addr
                 }
             };

@@ -46,6 +46,9 @@ pub struct Ctx {
     pub(crate) started: Option<Instant>,
     /// How an edge hold ended, if the poll went through one.
     pub(crate) edge: Option<PollResult>,
+    /// The request's slot among those in flight to its upstream address
+    /// (`upstreams.max_connections_per_address`), held until the request ends.
+    pub(crate) slot: Option<crate::upstreams::Slot>,
 }
 
 impl Ctx {
@@ -367,6 +370,9 @@ impl ProxyHttp for PodGate {
             ));
         };
         ctx.tried.push(addr);
+        // A retry's address takes its own slot; the failed one's is given back.
+        ctx.slot = None;
+        ctx.slot = self.upstreams.admit(pod.id, rule.pool, addr).await?;
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(Duration::from_secs(2));
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));

@@ -30,6 +30,7 @@
 //! periodically until shutdown.
 
 pub mod discovery;
+mod limit;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -57,6 +58,7 @@ use crate::metrics::METRICS;
 use crate::rules::Pool;
 use crate::server::RegistryHandle;
 use discovery::{Discovery, NameDiscovery, Resolve};
+pub(crate) use limit::{ConnLimits, Slot};
 
 /// Why an upstream has no address. Not fatal: the last good addresses stay in use
 /// and the next round retries.
@@ -87,6 +89,14 @@ fn default_resolve_interval() -> u64 {
 fn default_resolve_timeout() -> u64 {
     2_000
 }
+fn default_max_connections() -> usize {
+    1_024
+}
+fn default_queue_timeout() -> u64 {
+    2_000
+}
+/// Longest `upstreams.queue_timeout_ms`.
+pub const MAX_QUEUE_TIMEOUT_MS: u64 = 60_000;
 
 /// `[upstreams]` in `proxy.toml`: name resolution of the topology's upstreams.
 #[derive(Clone, Debug, Deserialize)]
@@ -100,6 +110,17 @@ pub struct UpstreamsConfig {
     /// (its last good addresses stay). Default 2000.
     #[serde(default = "default_resolve_timeout")]
     pub resolve_timeout_ms: u64,
+    /// Most requests in flight to one address of a Pod's web pool, each on its own
+    /// connection (HAProxy's per-server `maxconn`); more wait for one to finish
+    /// ([`limit`]). Long polls the edge does not hold count while the Pod holds
+    /// them. 0: unbounded. Default 1024.
+    #[serde(default = "default_max_connections")]
+    pub max_connections_per_address: usize,
+    /// Milliseconds a request waits for a slot under that bound before it is
+    /// answered 503 + `Retry-After` (HAProxy's `timeout queue`, which defaults to
+    /// its connect timeout: pingora's 2 s here). Default 2000.
+    #[serde(default = "default_queue_timeout")]
+    pub queue_timeout_ms: u64,
 }
 
 impl Default for UpstreamsConfig {
@@ -107,6 +128,8 @@ impl Default for UpstreamsConfig {
         UpstreamsConfig {
             resolve_interval_ms: default_resolve_interval(),
             resolve_timeout_ms: default_resolve_timeout(),
+            max_connections_per_address: default_max_connections(),
+            queue_timeout_ms: default_queue_timeout(),
         }
     }
 }
@@ -122,6 +145,11 @@ impl UpstreamsConfig {
             bad.push(
                 "upstreams.resolve_timeout_ms: positive and at most resolve_interval_ms".into(),
             );
+        }
+        if self.queue_timeout_ms == 0 || self.queue_timeout_ms > MAX_QUEUE_TIMEOUT_MS {
+            bad.push(format!(
+                "upstreams.queue_timeout_ms: positive and at most {MAX_QUEUE_TIMEOUT_MS}"
+            ));
         }
         bad
     }
@@ -307,6 +335,7 @@ pub struct Upstreams {
     health: HealthConfig,
     config: UpstreamsConfig,
     resolver: Arc<dyn Resolve>,
+    limits: ConnLimits,
 }
 
 impl Upstreams {
@@ -333,6 +362,10 @@ impl Upstreams {
             kas_workspaces_health: registry(Pool::KasWorkspaces),
             shared: shared.clone(),
             health,
+            limits: ConnLimits::new(
+                config.max_connections_per_address,
+                Duration::from_millis(config.queue_timeout_ms),
+            ),
             config,
             resolver,
         }
@@ -403,6 +436,21 @@ impl Upstreams {
             .or_else(|| all.iter().find(|b| untried(b)).cloned())
             .as_ref()
             .and_then(inet)
+    }
+
+    /// A slot among the requests in flight to `addr` of `pod`'s `pool`, once it
+    /// has one under `upstreams.max_connections_per_address` ([`limit`]; web pools
+    /// only). Held until the request is done with its connection.
+    pub(crate) async fn admit(
+        &self,
+        pod: PodId,
+        pool: Pool,
+        addr: SocketAddr,
+    ) -> Result<Option<Slot>, Box<pingora::Error>> {
+        if pool != Pool::Web {
+            return Ok(None);
+        }
+        self.limits.admit(pod, addr).await.map(Some)
     }
 
     /// Whether `pod`'s `pool` has an address this request has not `tried`.

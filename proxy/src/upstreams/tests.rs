@@ -246,6 +246,7 @@ async fn the_service_loop_re_resolves_periodically_and_follows_the_topology() {
     let config = UpstreamsConfig {
         resolve_interval_ms: 1_000,
         resolve_timeout_ms: 500,
+        ..UpstreamsConfig::default()
     };
     let u = Arc::new(Upstreams::new(no_checks(), config, names.clone()));
     let (topo_tx, topo_rx) =
@@ -395,12 +396,15 @@ fn config_problems_name_fields() {
     let bad = UpstreamsConfig {
         resolve_interval_ms: 10,
         resolve_timeout_ms: 0,
+        max_connections_per_address: 0,
+        queue_timeout_ms: 0,
     }
     .problems()
     .join("\n");
     for f in [
         "upstreams.resolve_interval_ms",
         "upstreams.resolve_timeout_ms",
+        "upstreams.queue_timeout_ms",
     ] {
         assert!(bad.contains(f), "{f}: {bad}");
     }

@@ -1,0 +1,209 @@
+//! A bound on the requests in flight to one upstream address of a Pod's web pool,
+//! HAProxy's per-server `maxconn` with its queue (`timeout queue`): past
+//! `upstreams.max_connections_per_address`, a request waits for one of them to
+//! finish, up to `upstreams.queue_timeout_ms`, then gets the 503 + `Retry-After` a
+//! Pod that cannot take it gets.
+//!
+//! Each request in flight holds one upstream connection (HTTP/1: one request per
+//! connection at a time), so the bound is on the connections in use or being
+//! opened; idle ones kept for reuse are apart (at most 128 per address, as
+//! pingora's pool). Without it a burst of clients became a burst of connects: at
+//! 14,000 req/s from a standing start the fast path opened connections to one Pod
+//! faster than it accepted them, its listen backlog overflowed, and 38 requests got
+//! a 503 after the 2 s connect timeout (drill R7), while the Pod's memory rose with
+//! its connection count. Queued, they wait for a connection the Pod has already
+//! accepted.
+//!
+//! Only the web pools are bounded: kas pools carry agentk's long-lived streams,
+//! whose number is the number of agents.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pingora::{Error, ErrorType};
+use podgate_tokens::PodId;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::METRICS;
+
+/// The bound of every address, and each address's slots.
+#[derive(Debug)]
+pub(crate) struct ConnLimits {
+    /// Requests in flight per address; 0: unbounded.
+    max: usize,
+    queue_timeout: Duration,
+    slots: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
+}
+
+/// A request's place among its address's requests in flight; given back when
+/// dropped (the request finished, or its connection failed and the next attempt
+/// takes another).
+#[derive(Debug)]
+pub(crate) struct Slot {
+    _permit: Option<OwnedSemaphorePermit>,
+    pod: PodId,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self._permit.is_some() {
+            in_use(self.pod).dec();
+        }
+    }
+}
+
+fn in_use(pod: PodId) -> prometheus::IntGauge {
+    METRICS
+        .upstream_in_use
+        .with_label_values(&[pod.to_string().as_str()])
+}
+
+impl ConnLimits {
+    pub(crate) fn new(max: usize, queue_timeout: Duration) -> Self {
+        ConnLimits {
+            max,
+            queue_timeout,
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A slot for a request to `addr` of `pod`: at once while the address has fewer
+    /// than the bound in flight, else after waiting for one to finish (counted in
+    /// `podgate_proxy_upstream_queued_total`). Past the queue timeout, an error
+    /// pingora's types call `ConnectTimedout`, answered 503 + `Retry-After`
+    /// ([`crate::answer`]).
+    pub(crate) async fn admit(&self, pod: PodId, addr: SocketAddr) -> Result<Slot, Box<Error>> {
+        if self.max == 0 {
+            return Ok(Slot { _permit: None, pod });
+        }
+        let slots = self.slots_of(addr);
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let label = pod.to_string();
+                let queue = METRICS.upstream_queue.with_label_values(&[label.as_str()]);
+                queue.inc();
+                let waited = tokio::time::timeout(self.queue_timeout, slots.acquire_owned()).await;
+                queue.dec();
+                let result = if waited.is_ok() {
+                    "admitted"
+                } else {
+                    "timed_out"
+                };
+                METRICS
+                    .upstream_queued
+                    .with_label_values(&[label.as_str(), result])
+                    .inc();
+                match waited {
+                    Ok(Ok(p)) => p,
+                    // Never closed; timed out.
+                    _ => {
+                        return Err(Error::explain(
+                            ErrorType::ConnectTimedout,
+                            format!(
+                                "{} requests in flight to {addr} (upstreams.max_connections_per_address); none finished within {} ms",
+                                self.max,
+                                self.queue_timeout.as_millis()
+                            ),
+                        )
+                        .into_up());
+                    }
+                }
+            }
+        };
+        in_use(pod).inc();
+        Ok(Slot {
+            _permit: Some(permit),
+            pod,
+        })
+    }
+
+    fn slots_of(&self, addr: SocketAddr) -> Arc<Semaphore> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots
+            .entry(addr)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.max)))
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(n: u8) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, n], 8080))
+    }
+
+    fn queued(pod: PodId, result: &str) -> u64 {
+        METRICS
+            .upstream_queued
+            .with_label_values(&[pod.to_string().as_str(), result])
+            .get()
+    }
+
+    /// Past the bound a request waits for one in flight to finish, and gets its
+    /// slot as soon as it does; another address is not held up meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn past_the_bound_a_request_waits_for_one_to_finish() {
+        let pod = PodId::new(9101).unwrap();
+        let limits = Arc::new(ConnLimits::new(2, Duration::from_secs(2)));
+        let a = limits.admit(pod, addr(1)).await.unwrap();
+        let _b = limits.admit(pod, addr(1)).await.unwrap();
+        assert_eq!(in_use(pod).get(), 2);
+        let waiting = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.admit(pod, addr(1)).await }
+        });
+        // Another address has its own slots.
+        let _other = limits.admit(pod, addr(2)).await.unwrap();
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "admitted past the bound");
+        let queue = METRICS.upstream_queue.with_label_values(&["9101"]);
+        assert_eq!(queue.get(), 1);
+        drop(a);
+        let c = waiting.await.unwrap().expect("admitted once one finished");
+        assert_eq!(queued(pod, "admitted"), 1);
+        assert_eq!(queue.get(), 0);
+        assert_eq!(in_use(pod).get(), 3);
+        drop(c);
+        assert_eq!(in_use(pod).get(), 2);
+    }
+
+    /// Nothing finishes within the queue timeout: a ConnectTimedout naming the
+    /// bound, which the proxy answers 503 + Retry-After.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_queued_past_the_timeout_is_refused() {
+        let pod = PodId::new(9102).unwrap();
+        let limits = ConnLimits::new(1, Duration::from_millis(1500));
+        let _a = limits.admit(pod, addr(1)).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let e = limits.admit(pod, addr(1)).await.unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_millis(1500));
+        assert_eq!(e.etype(), &ErrorType::ConnectTimedout);
+        assert!(
+            e.to_string()
+                .contains("max_connections_per_address); none finished within 1500 ms"),
+            "{e}"
+        );
+        assert_eq!(queued(pod, "timed_out"), 1);
+        assert_eq!(in_use(pod).get(), 1);
+        let (status, answer) = crate::answer::Answer::for_error(&e);
+        assert_eq!(status, 503);
+        assert!(answer.is_some());
+    }
+
+    #[tokio::test]
+    async fn zero_is_unbounded() {
+        let pod = PodId::new(9103).unwrap();
+        let limits = ConnLimits::new(0, Duration::from_millis(1));
+        let held: Vec<Slot> =
+            futures_util::future::try_join_all((0..10_000).map(|_| limits.admit(pod, addr(1))))
+                .await
+                .unwrap();
+        assert_eq!(held.len(), 10_000);
+        assert_eq!(in_use(pod).get(), 0, "unbounded slots are not counted");
+    }
+}
