@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use pingora::{Error, ErrorType};
 use podgate_tokens::PodId;
+use prometheus::{IntCounter, IntGauge};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::METRICS;
@@ -34,7 +35,25 @@ pub(crate) struct ConnLimits {
     /// Requests in flight per address; 0: unbounded.
     max: usize,
     queue_timeout: Duration,
-    slots: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
+    by_addr: Mutex<Known>,
+}
+
+/// What requests so far met: each address's slots, each (Pod, address)'s entry.
+#[derive(Debug, Default)]
+struct Known {
+    slots: HashMap<SocketAddr, Arc<Semaphore>>,
+    entries: HashMap<(PodId, SocketAddr), Entry>,
+}
+
+/// One (Pod, address): its address's slots and the Pod's metric children, resolved
+/// once (no label hashing per request).
+#[derive(Clone, Debug)]
+struct Entry {
+    slots: Arc<Semaphore>,
+    in_use: IntGauge,
+    queue: IntGauge,
+    admitted: IntCounter,
+    timed_out: IntCounter,
 }
 
 /// A request's place among its address's requests in flight; given back when
@@ -42,22 +61,15 @@ pub(crate) struct ConnLimits {
 /// takes another).
 #[derive(Debug)]
 pub(crate) struct Slot {
-    _permit: Option<OwnedSemaphorePermit>,
-    pod: PodId,
+    held: Option<(OwnedSemaphorePermit, IntGauge)>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if self._permit.is_some() {
-            in_use(self.pod).dec();
+        if let Some((_, in_use)) = &self.held {
+            in_use.dec();
         }
     }
-}
-
-fn in_use(pod: PodId) -> prometheus::IntGauge {
-    METRICS
-        .upstream_in_use
-        .with_label_values(&[pod.to_string().as_str()])
 }
 
 impl ConnLimits {
@@ -65,7 +77,7 @@ impl ConnLimits {
         ConnLimits {
             max,
             queue_timeout,
-            slots: Mutex::new(HashMap::new()),
+            by_addr: Mutex::default(),
         }
     }
 
@@ -76,30 +88,25 @@ impl ConnLimits {
     /// ([`crate::answer`]).
     pub(crate) async fn admit(&self, pod: PodId, addr: SocketAddr) -> Result<Slot, Box<Error>> {
         if self.max == 0 {
-            return Ok(Slot { _permit: None, pod });
+            return Ok(Slot { held: None });
         }
-        let slots = self.slots_of(addr);
-        let permit = match slots.clone().try_acquire_owned() {
+        let entry = self.entry(pod, addr);
+        let permit = match entry.slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                let label = pod.to_string();
-                let queue = METRICS.upstream_queue.with_label_values(&[label.as_str()]);
-                queue.inc();
-                let waited = tokio::time::timeout(self.queue_timeout, slots.acquire_owned()).await;
-                queue.dec();
-                let result = if waited.is_ok() {
-                    "admitted"
-                } else {
-                    "timed_out"
-                };
-                METRICS
-                    .upstream_queued
-                    .with_label_values(&[label.as_str(), result])
-                    .inc();
+                entry.queue.inc();
+                let waited =
+                    tokio::time::timeout(self.queue_timeout, entry.slots.clone().acquire_owned())
+                        .await;
+                entry.queue.dec();
                 match waited {
-                    Ok(Ok(p)) => p,
+                    Ok(Ok(p)) => {
+                        entry.admitted.inc();
+                        p
+                    }
                     // Never closed; timed out.
                     _ => {
+                        entry.timed_out.inc();
                         return Err(Error::explain(
                             ErrorType::ConnectTimedout,
                             format!(
@@ -113,25 +120,50 @@ impl ConnLimits {
                 }
             }
         };
-        in_use(pod).inc();
+        entry.in_use.inc();
         Ok(Slot {
-            _permit: Some(permit),
-            pod,
+            held: Some((permit, entry.in_use)),
         })
     }
 
-    fn slots_of(&self, addr: SocketAddr) -> Arc<Semaphore> {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots
+    fn entry(&self, pod: PodId, addr: SocketAddr) -> Entry {
+        let mut known = self.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = known.entries.get(&(pod, addr)) {
+            return e.clone();
+        }
+        let max = self.max;
+        let slots = known
+            .slots
             .entry(addr)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.max)))
-            .clone()
+            .or_insert_with(|| Arc::new(Semaphore::new(max)))
+            .clone();
+        let label = pod.to_string();
+        let queued = |result| {
+            METRICS
+                .upstream_queued
+                .with_label_values(&[label.as_str(), result])
+        };
+        let e = Entry {
+            slots,
+            in_use: METRICS.upstream_in_use.with_label_values(&[label.as_str()]),
+            queue: METRICS.upstream_queue.with_label_values(&[label.as_str()]),
+            admitted: queued("admitted"),
+            timed_out: queued("timed_out"),
+        };
+        known.entries.insert((pod, addr), e.clone());
+        e
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn in_use(pod: PodId) -> IntGauge {
+        METRICS
+            .upstream_in_use
+            .with_label_values(&[pod.to_string().as_str()])
+    }
 
     fn addr(n: u8) -> SocketAddr {
         SocketAddr::from(([10, 0, 0, n], 8080))
