@@ -5,9 +5,11 @@
 # (Redis tests run a real server), protobuf-compiler (tonic), libssl-dev and
 # pkg-config (link the system OpenSSL instead of vendoring it), git (each simulated
 # Pod serves its repository with `git http-backend`; runners clone with git),
-# jq and curl (scripts/drills.sh, which a test runs in its smoke mode); kubectl is
-# optional and only used when present.
-PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git jq curl)
+# jq and curl (scripts/drills.sh, which a test runs in its smoke mode), prometheus
+# (its server and promtool: tests/prometheus.rs checks the rules and evaluates every
+# dashboard panel against a real one); kubectl is optional and only used when
+# present.
+PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git jq curl prometheus)
 
 podgate_ensure_system_packages() {
   local missing=()

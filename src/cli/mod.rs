@@ -12,6 +12,7 @@ pub(crate) mod registry;
 pub(crate) mod token;
 pub(crate) mod up;
 pub(crate) mod up_graph;
+pub(crate) mod up_prometheus;
 pub(crate) mod up_proxy;
 pub(crate) mod up_redis;
 pub(crate) mod up_table;

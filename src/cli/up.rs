@@ -98,6 +98,14 @@ pub(crate) struct UpArgs {
     /// for (GitLab's default 10; full ones every hour).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     workspaces_partial_interval: u64,
+    /// Write a Prometheus configuration scraping every process here (podgate's
+    /// alert and recording rules beside it) to this file, for `prometheus
+    /// --config.file <FILE>` ([`super::up_prometheus`]).
+    #[arg(long)]
+    prometheus_config: Option<std::path::PathBuf>,
+    /// Its scrape and rule evaluation interval, e.g. 5s.
+    #[arg(long, default_value = "5s", value_parser = super::parse_duration_secs)]
+    prometheus_interval: u64,
 }
 
 pub(crate) fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -340,6 +348,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         if !k.settled {
             say("  note: kube-sim's Deployments were still rolling out when the churn started");
         }
+        say(&format!(
+            "  metrics    kas http://{}/metrics (bearer token: --prometheus-config writes it to a file), agentk {}",
+            k.kas_observability,
+            k.agentk_observability
+                .map_or("-".to_owned(), |a| format!("http://{a}/metrics"))
+        ));
         let ws = super::up_workspaces::first_workspace(&sims[0], super::up_graph::AGENT_ID).await?;
         for line in super::up_workspaces::start_lines(
             &sims[0],
@@ -350,6 +364,27 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         ) {
             say(&line);
         }
+    }
+
+    if let Some(path) = &args.prometheus_config {
+        let targets = super::up_prometheus::Targets {
+            proxy_admin: args.admin,
+            kas: kube
+                .as_ref()
+                .map(|k| (k.kas_observability, k.metrics_token.clone())),
+            agentk: kube.as_ref().and_then(|k| k.agentk_observability),
+            pods: sims.iter().map(|s| s.addr()).collect(),
+        };
+        super::up_prometheus::write(
+            path,
+            &targets,
+            Duration::from_secs(args.prometheus_interval),
+        )?;
+        say(&format!(
+            "  prometheus config={} (prometheus --config.file {})",
+            path.display(),
+            path.display()
+        ));
     }
 
     let duration = Duration::from_secs(args.duration.unwrap_or(365 * 24 * 3600));

@@ -55,6 +55,13 @@ pub(crate) struct KubeSide {
     pub(crate) agent_config: super::up_workspaces::AgentConfigDir,
     /// Whether the controllers' first rollout settled before the churn started.
     pub(crate) settled: bool,
+    /// kas's observability listener (`/metrics` behind [`KubeSide::metrics_token`],
+    /// `/healthz`, `/readyz`).
+    pub(crate) kas_observability: SocketAddr,
+    /// The bearer token kas's `/metrics` requires.
+    pub(crate) metrics_token: String,
+    /// agentk's observability listener, once it runs.
+    pub(crate) agentk_observability: Option<SocketAddr>,
     churn_rate: f64,
     keys: KeySet,
     sim: KubeSim,
@@ -113,6 +120,8 @@ pub(crate) async fn start(
     let registry = Registry::connect(RegistryConfig::default())
         .await
         .context("kas's registry")?;
+    // Every kas endpoint is authenticated, `/metrics` too.
+    let metrics_token: String = secret().iter().map(|b| format!("{b:02x}")).collect();
     let kas = Kas::start(
         KasConfig {
             external_listen: any,
@@ -125,9 +134,9 @@ pub(crate) async fn start(
             advertise_internal: None,
             max_wait: Duration::from_secs(30),
             max_idle_tunnels_per_agent: podgate_agent::kas::DEFAULT_MAX_IDLE_TUNNELS_PER_AGENT,
-            observability_listen: None,
+            observability_listen: Some(any),
             agent_info: None,
-            metrics_token: None,
+            metrics_token: Some(metrics_token.clone()),
             k8s_proxy: Some(K8sProxyConfig {
                 // GitLab's Omnibus layout: the proxy on GitLab's host, the prefix
                 // kept (kas `kubernetes_api.url_path_prefix`).
@@ -146,6 +155,11 @@ pub(crate) async fn start(
     .await
     .context("starting kas")?;
     Ok(KubeSide {
+        kas_observability: kas
+            .observability_addr()
+            .context("kas has no observability listener")?,
+        metrics_token,
+        agentk_observability: None,
         kas_agent: kas.agent_addr(),
         kas_k8s_proxy: kas
             .k8s_proxy_addr()
@@ -263,7 +277,7 @@ impl KubeSide {
             pod_name: "agentk-up".into(),
             idle_tunnels: 4,
             max_busy_tunnels: 500,
-            observability_listen: None,
+            observability_listen: Some("127.0.0.1:0".parse()?),
             kubeconfig: Some(kubeconfig),
             ca_file: None,
             graph_sync_timeout: Duration::from_secs(30),
@@ -273,6 +287,7 @@ impl KubeSide {
         tokio::time::timeout(Duration::from_secs(30), agentk.connected())
             .await
             .context("agentk did not connect to kas through the proxy in 30 s")?;
+        self.agentk_observability = agentk.observability_addr();
         self.agentk = Some(agentk);
         Ok(())
     }

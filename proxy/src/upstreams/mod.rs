@@ -112,7 +112,7 @@ pub struct UpstreamsConfig {
     pub resolve_timeout_ms: u64,
     /// Most requests in flight to one address of a Pod's web pool, each on its own
     /// connection (HAProxy's per-server `maxconn`); more wait for one to finish
-    /// ([`limit`]). Long polls the edge does not hold count while the Pod holds
+    /// (`upstreams/limit.rs`). Long polls the edge does not hold count while the Pod holds
     /// them. 0: unbounded. Default 1024.
     #[serde(default = "default_max_connections")]
     pub max_connections_per_address: usize,
