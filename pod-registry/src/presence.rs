@@ -124,12 +124,29 @@ impl OwnedConn {
 /// from the monotonic one. In a running process the two agree and this is the wall
 /// clock; under `tokio::time::pause` expiries follow the paused clock, so tests of
 /// TTLs advance time instead of waiting for it.
+///
+/// The wall and monotonic clocks are read as a bracketed pair (wall, monotonic,
+/// wall), again if the two wall readings are more than 1 ms apart: a thread
+/// preempted between two unbracketed readings moved "now" back by as long as it
+/// was off the CPU, and an expiry checked just after its TTL passed looked alive
+/// (the Redis conformance TTL test failed once so in a loaded CI run).
 pub(crate) fn now_ms() -> u64 {
-    let wall = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i128);
+    fn wall_us() -> i128 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i128)
+    }
+    let (mut wall, mut std_now) = (0i128, std::time::Instant::now());
+    for _ in 0..4 {
+        let before = wall_us();
+        std_now = std::time::Instant::now();
+        let after = wall_us();
+        wall = before + (after - before) / 2;
+        if after - before <= 1_000 {
+            break;
+        }
+    }
     let tokio_now = tokio::time::Instant::now().into_std();
-    let std_now = std::time::Instant::now();
     let offset = if tokio_now >= std_now {
         tokio_now.duration_since(std_now).as_micros() as i128
     } else {
