@@ -72,6 +72,22 @@ impl Drop for Slot {
     }
 }
 
+/// One request in `podgate_proxy_upstream_queue` until dropped.
+struct Waiting<'a>(&'a IntGauge);
+
+impl<'a> Waiting<'a> {
+    fn new(queue: &'a IntGauge) -> Self {
+        queue.inc();
+        Waiting(queue)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 impl ConnLimits {
     pub(crate) fn new(max: usize, queue_timeout: Duration) -> Self {
         ConnLimits {
@@ -94,11 +110,13 @@ impl ConnLimits {
         let permit = match entry.slots.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
-                entry.queue.inc();
+                // Counted while it waits, also when the wait is dropped (its client
+                // went away and the request with it).
+                let queued = Waiting::new(&entry.queue);
                 let waited =
                     tokio::time::timeout(self.queue_timeout, entry.slots.clone().acquire_owned())
                         .await;
-                entry.queue.dec();
+                drop(queued);
                 match waited {
                     Ok(Ok(p)) => {
                         entry.admitted.inc();
@@ -225,6 +243,25 @@ mod tests {
         let (status, answer) = crate::answer::Answer::for_error(&e);
         assert_eq!(status, 503);
         assert!(answer.is_some());
+    }
+
+    /// A request dropped while it waits (its client went away) leaves the queue.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_dropped_leaves_the_queue() {
+        let pod = PodId::new(9104).unwrap();
+        let limits = Arc::new(ConnLimits::new(1, Duration::from_secs(60)));
+        let _a = limits.admit(pod, addr(1)).await.unwrap();
+        let waiting = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.admit(pod, addr(1)).await }
+        });
+        let queue = METRICS.upstream_queue.with_label_values(&["9104"]);
+        while queue.get() == 0 {
+            tokio::task::yield_now().await;
+        }
+        waiting.abort();
+        assert!(waiting.await.unwrap_err().is_cancelled());
+        assert_eq!(queue.get(), 0, "a dropped wait stayed in the queue");
     }
 
     #[tokio::test]
