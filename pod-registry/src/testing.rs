@@ -7,18 +7,36 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1 (bound once, then released for the server to take).
+/// Where [`free_port`] picks: below the kernel's ephemeral range (32768–60999 by
+/// default), which every `bind(":0")` of the processes under test draws from, so a
+/// port handed to a test is never also given to one of them in the moment between
+/// its check here and its server's bind (`podgate up` binds a dozen listeners on
+/// port 0; CI once lost a proxy port that way). Redis cluster bus ports are port +
+/// 10000: still valid.
+const PORTS: std::ops::Range<u16> = 15_000..32_000;
+
+/// A free TCP port on 127.0.0.1 (bound once, then released for the server to take):
+/// each call in a process a different one, from [`PORTS`], starting at an offset
+/// of the process's own.
 pub fn free_port() -> u16 {
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("bind an ephemeral port");
-        // Cluster bus ports are port + 10000; keep both valid, and never 6379.
-        if port != 6379 && port < 55_000 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = u32::from(PORTS.end - PORTS.start);
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let start = (std::process::id().wrapping_mul(7_919) ^ nanos) % span;
+        let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = PORTS.start + n as u16;
+        if port != 6379 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
+    panic!("no free port in {PORTS:?}");
 }
 
 /// One `redis-server` process.
