@@ -17,6 +17,9 @@
 //! created at start (`workspace id=… name=… namespace=… url=…`), the periodic table
 //! lists every workspace with its desired and actual state, and a `try: podgate
 //! workspaces --gitlab …` line tells how to create, stop and restart them.
+//!
+//! `--prometheus-config FILE` writes a Prometheus configuration for all of it, with
+//! podgate's rules ([`super::up_prometheus`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -100,7 +103,7 @@ pub(crate) struct UpArgs {
     workspaces_partial_interval: u64,
     /// Write a Prometheus configuration scraping every process here (podgate's
     /// alert and recording rules beside it) to this file, for `prometheus
-    /// --config.file <FILE>` ([`super::up_prometheus`]).
+    /// --config.file <FILE>`.
     #[arg(long)]
     prometheus_config: Option<std::path::PathBuf>,
     /// Its scrape and rule evaluation interval, e.g. 5s.
