@@ -369,9 +369,8 @@ mod kas {
     /// The dashboard, embedded at compile time so the test needs no working directory.
     const DASHBOARD: &str = include_str!("../agent/dashboards/podgate-kas.json");
 
-    /// Every metric kas (`agent/src/kas/metrics.rs`, `agent_auth.rs`), the presence
-    /// registry it serves beside them (`pod-registry/src/metrics.rs`) and agentk
-    /// (`agent/src/agentk/metrics.rs`) define.
+    /// Every metric kas, the presence registry it serves beside them and agentk
+    /// define (in [`SOURCES`]).
     const EXPECTED: [&str; 41] = [
         "podgate_kas_connected_agents",
         "podgate_kas_tunnels",
