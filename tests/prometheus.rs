@@ -98,6 +98,22 @@ impl Drop for Running {
     }
 }
 
+/// `promtool ARGS` in `dir`, which must succeed.
+fn promtool(args: &[String], dir: &Path) {
+    let out = Command::new(tool("promtool"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool {}:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn promtool_checks_and_unit_tests_the_rules() {
     for (dir, name) in [
@@ -117,18 +133,7 @@ fn promtool_checks_and_unit_tests_the_rules() {
                 format!("{name}.rules.test.yml"),
             ],
         ] {
-            let out = Command::new(tool("promtool"))
-                .args(&args)
-                .current_dir(&dir)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "promtool {}:\n{}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            promtool(&args, &dir);
         }
     }
 }
@@ -271,16 +276,13 @@ async fn a_real_prometheus_scraping_podgate_up_fills_every_panel() {
         .to_owned();
     let reply = raw(listen, &format!("GET / HTTP/1.1\r\nhost: {workspace}")).await;
     assert!(reply.status >= 200, "{}", reply.status);
-    let out = Command::new(tool("promtool"))
-        .args(["check", "config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check config:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    promtool(
+        &[
+            "check".into(),
+            "config".into(),
+            config.display().to_string(),
+        ],
+        dir.path(),
     );
 
     let port = free_port();
@@ -371,7 +373,10 @@ async fn a_real_prometheus_scraping_podgate_up_fills_every_panel() {
     };
     // Polled like `eventually`, keeping the list of empty queries for the message.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut scrape = tokio::time::interval(Duration::from_millis(500));
     loop {
+        // Each round after Prometheus's next scrapes (1 s apart).
+        scrape.tick().await;
         let mut empty = Vec::new();
         for (name, id, ref_id, expr) in &queries {
             if !idle(name, *id, ref_id) && query(port, expr).await.is_empty() {
@@ -386,7 +391,6 @@ async fn a_real_prometheus_scraping_podgate_up_fills_every_panel() {
             "panel queries with no data after 60 s:\n{}",
             empty.join("\n")
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
     // The recording rules produce their series, and no alert fires.

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Stub, admin_get, proxy_log, send, start_proxy_logged, v1};
+use common::{Stub, admin_get, proxy_log, send, start_proxy_logged, three_pods, v1};
 use podgate_registry::testing::{eventually, free_port};
 
 /// The value of the metric line starting with `prefix` (labels included).
@@ -193,24 +193,19 @@ async fn a_dead_hostname_upstream_fails_over_within_its_pod() {
 /// `Retry-After`, having never reached the Pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
-    let (legacy, pod2) = (Stub::start(1).await, Stub::start(2).await);
+    let (legacy, pod2, pod3) = (
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    );
     for (queue_timeout_ms, http10) in [(60_000, true), (300, false)] {
-        let config = format!(
-            r#"[upstreams]
-            max_connections_per_address = 1
-            queue_timeout_ms = {queue_timeout_ms}
-            [topology]
-            default_pod = 1
-            [[topology.pods]]
-            id = 1
-            name = "legacy"
-            web = ["{}"]
-            [[topology.pods]]
-            id = 2
-            name = "pod-2"
-            web = ["{}"]
-            "#,
-            legacy.addr, pod2.addr
+        let config = three_pods(
+            &legacy,
+            &pod2,
+            &pod3,
+            &format!(
+                "[upstreams]\nmax_connections_per_address = 1\nqueue_timeout_ms = {queue_timeout_ms}"
+            ),
         );
         let proxy = start_proxy_logged(&config, tempfile::tempdir().unwrap()).await;
         let port = proxy.port;

@@ -42,12 +42,12 @@ pub(crate) struct ConnLimits {
 #[derive(Debug, Default)]
 struct Known {
     slots: HashMap<SocketAddr, Arc<Semaphore>>,
-    entries: HashMap<(PodId, SocketAddr), Entry>,
+    entries: HashMap<(PodId, SocketAddr), Arc<Entry>>,
 }
 
 /// One (Pod, address): its address's slots and the Pod's metric children, resolved
-/// once (no label hashing per request).
-#[derive(Clone, Debug)]
+/// once (no label hashing per request) and shared by its requests.
+#[derive(Debug)]
 struct Entry {
     slots: Arc<Semaphore>,
     in_use: IntGauge,
@@ -61,13 +61,13 @@ struct Entry {
 /// takes another).
 #[derive(Debug)]
 pub(crate) struct Slot {
-    held: Option<(OwnedSemaphorePermit, IntGauge)>,
+    held: Option<(OwnedSemaphorePermit, Arc<Entry>)>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some((_, in_use)) = &self.held {
-            in_use.dec();
+        if let Some((_, entry)) = &self.held {
+            entry.in_use.dec();
         }
     }
 }
@@ -140,11 +140,11 @@ impl ConnLimits {
         };
         entry.in_use.inc();
         Ok(Slot {
-            held: Some((permit, entry.in_use)),
+            held: Some((permit, entry)),
         })
     }
 
-    fn entry(&self, pod: PodId, addr: SocketAddr) -> Entry {
+    fn entry(&self, pod: PodId, addr: SocketAddr) -> Arc<Entry> {
         let mut known = self.by_addr.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = known.entries.get(&(pod, addr)) {
             return e.clone();
@@ -161,13 +161,13 @@ impl ConnLimits {
                 .upstream_queued
                 .with_label_values(&[label.as_str(), result])
         };
-        let e = Entry {
+        let e = Arc::new(Entry {
             slots,
             in_use: METRICS.upstream_in_use.with_label_values(&[label.as_str()]),
             queue: METRICS.upstream_queue.with_label_values(&[label.as_str()]),
             admitted: queued("admitted"),
             timed_out: queued("timed_out"),
-        };
+        });
         known.entries.insert((pod, addr), e.clone());
         e
     }
