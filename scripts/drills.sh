@@ -139,7 +139,9 @@ spawn() { # spawn LOG CMD… : start in the background, remember the pid in $SPA
   SPAWNED=$!
   PIDS+=("$SPAWNED")
 }
-rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || true; }
+# Resident memory of pid $1 in kB: "VmRSS RssAnon RssFile" (the whole, the anonymous
+# part: heap and stacks, and the file-backed part: pages of the mapped executable).
+rss_kb() { awk '/^VmRSS:/ {r=$2} /^RssAnon:/ {a=$2} /^RssFile:/ {f=$2} END {if (r != "") print r, a, f}' "/proc/$1/status" 2>/dev/null || true; }
 
 # --- the system ------------------------------------------------------------------
 
@@ -507,13 +509,18 @@ drill_R7() {
   # whose queue is the measurement's own).
   local names=(redis pod1 pod2 pod3 proxy owner fleet probe)
   local pids=("$REDIS_PID" "${POD_PID[1]}" "${POD_PID[2]}" "${POD_PID[3]}" "$PROXY_PID" "$OWNER_PID" "$FLEET_PID" "$PROBE_PID")
-  : >"$D/rss.txt"
-  local k kb t
+  : >"$D/rss.txt"; : >"$D/rss-anon.txt"; : >"$D/rss-file.txt"
+  local k kb t r a f
   while kill -0 "$soak_pid" 2>/dev/null; do
     t=$(now_ms)
     for k in "${!names[@]}"; do
       kb=$(rss_kb "${pids[$k]}")
-      if [ -n "$kb" ]; then echo "$t ${names[$k]} $kb" >>"$D/rss.txt"; fi
+      if [ -n "$kb" ]; then
+        read -r r a f <<<"$kb"
+        echo "$t ${names[$k]} $r" >>"$D/rss.txt"
+        echo "$t ${names[$k]} $a" >>"$D/rss-anon.txt"
+        echo "$t ${names[$k]} $f" >>"$D/rss-file.txt"
+      fi
     done
     sleep "$RSS_EVERY"
   done
@@ -524,6 +531,10 @@ drill_R7() {
   say "  soak load: $(jq -c '{sent, achieved_rate, p50_ms, p99_ms, max_ms, statuses}' "$D/soak.json")"
   say "  probe: $(probe_stats | jq -c '{requests, failed, statuses}')"
   "$PODGATE" loadtest drill rss-check --samples "$D/rss.txt" | sed 's/^/  /' || DRILL_OK=0
+  say "  of which anonymous (heap, stacks):"
+  "$PODGATE" loadtest drill rss-check --samples "$D/rss-anon.txt" | sed 's/^/    /' || true
+  say "  of which file-backed (the executable's pages):"
+  "$PODGATE" loadtest drill rss-check --samples "$D/rss-file.txt" | sed 's/^/    /' || true
   check "no failed soak request" "$([ "$soak_failed" = 0 ] && [ "$(probe_stats | jq .failed)" = 0 ] && echo ok)" "$soak_failed soak requests failed"
   ledger_check --no-failed-requests || DRILL_OK=0
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: `podgate up`. Three simulated Pods, the proxy in front of them and a
 # small runner fleet on loopback, with a live table of requests per Pod, per token
-# source, and misroutes. Ctrl-C stops everything. Installs what is missing first,
+# source, and misroutes; its `console url=…` line is the web console to open in a
+# browser. Ctrl-C stops everything. Installs what is missing first,
 # builds in release mode. Flags pass through: ./scripts/run.sh --no-fleet
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -123,6 +123,12 @@ async fn admin_endpoints_and_metrics_report_what_happened() {
         Some(1.0),
         "{text}"
     );
+    // Transparent huge pages are off for podgate's processes (src/main.rs): the
+    // kernel reports it per process.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.child.id())).unwrap();
+    if let Some(line) = status.lines().find(|l| l.starts_with("THP_enabled:")) {
+        assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

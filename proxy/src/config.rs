@@ -23,6 +23,9 @@
 //! max_connections_per_address = 1024 # requests in flight to one web address; 0: no bound
 //! queue_timeout_ms = 2000         # past the bound, waited this long, then 503
 //!
+//! [console]                        # the web console on the admin listener
+//! enabled = false                  # (crate::console: its sources)
+//!
 //! [tls]                            # optional HTTPS listener (h1 + h2 by ALPN)
 //! listen = "0.0.0.0:8443"
 //! cert = "/etc/podgate/tls.crt"
@@ -48,6 +51,7 @@ use podgate_tokens::ClassifierConfig;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::console::ConsoleConfig;
 use crate::decision::OnInvalid;
 use crate::health::HealthConfig;
 use crate::rules::Rule;
@@ -212,6 +216,9 @@ pub struct ProxyConfig {
     /// Name resolution of the topology's upstreams.
     #[serde(default)]
     pub upstreams: UpstreamsConfig,
+    /// The web console on the admin listener ([`crate::console`]).
+    #[serde(default)]
+    pub console: ConsoleConfig,
     /// Seconds a `jobs/request` long poll is held at the edge, with no upstream
     /// connection, for Pods that set `runner_queue_redis` in the topology
     /// ([`crate::edge_poll`]): Workhorse's long-polling duration (default 50,
@@ -269,6 +276,10 @@ impl ProxyConfig {
         }
         bad.extend(self.health.problems());
         bad.extend(self.upstreams.problems());
+        bad.extend(self.console.problems());
+        if self.console.enabled && self.admin_listen == "off" {
+            bad.push("console.enabled: the console is served on the admin listener; admin_listen is \"off\"".into());
+        }
         if self.body_lookahead_bytes < 1024 || self.body_lookahead_bytes > MAX_BODY_LOOKAHEAD {
             bad.push(format!(
                 "body_lookahead_bytes = {}: between 1024 and {MAX_BODY_LOOKAHEAD}",
@@ -342,6 +353,31 @@ impl ProxyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_console_needs_the_admin_listener_and_names_its_bad_fields() {
+        let base = "[topology]\ndefault_pod = 1\n[[topology.pods]]\nid = 1\nname = \"x\"\nweb = [\"a:1\"]\n";
+        let ok = ProxyConfig::parse(&format!("{base}[console]\nenabled = true\n"), "p").unwrap();
+        assert!(ok.console.enabled);
+        assert_eq!(ok.console.interval_ms, 1000);
+        assert!(!ProxyConfig::parse(base, "p").unwrap().console.enabled);
+        let err = ProxyConfig::parse(
+            &format!(
+                "admin_listen = \"off\"\n{base}[console]\nenabled = true\ninterval_ms = 0\n[[console.sources]]\nname = \"\"\nurl = \"x\"\n"
+            ),
+            "p",
+        )
+        .unwrap_err()
+        .to_string();
+        for field in [
+            "console.enabled",
+            "console.interval_ms",
+            "console.sources[0].name",
+            "console.sources[0].url",
+        ] {
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
 
     #[test]
     fn workspaces_host_suffix_must_be_a_domain_suffix() {

@@ -314,7 +314,19 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
         .add_service(background_service("connection hand-over", handover_service))
         .add_dependency(&proxy_service);
     if config.admin_listen != "off" {
-        let mut admin = Service::new("podgate admin".into(), Admin::new(classifier, registry));
+        let console = config.console.enabled.then(|| {
+            let local = classifier.clone();
+            let (console, handle) = crate::console::Console::new(
+                config.console.clone(),
+                Box::new(move || crate::admin::render_metrics(&local)),
+            );
+            server.add_service(background_service("console scrapes", console));
+            handle
+        });
+        let mut admin = Service::new(
+            "podgate admin".into(),
+            Admin::new(classifier, registry, console),
+        );
         admin.add_tcp(&config.admin_listen);
         server.add_service(admin).add_dependency(&registry_service);
     }

@@ -7,9 +7,10 @@
 # Pod serves its repository with `git http-backend`; runners clone with git),
 # jq and curl (scripts/drills.sh, which a test runs in its smoke mode), prometheus
 # (its server and promtool: tests/prometheus.rs checks the rules and evaluates every
-# dashboard panel against a real one); kubectl is optional and only used when
-# present.
-PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git jq curl prometheus)
+# dashboard panel against a real one), chromium (tests/console drives the web console
+# in headless Chromium; fonts-liberation so its screenshots have text); kubectl is
+# optional and only used when present.
+PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git jq curl prometheus chromium fonts-liberation)
 
 podgate_ensure_system_packages() {
   local missing=()

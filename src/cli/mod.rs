@@ -11,6 +11,7 @@ pub(crate) mod pod_sim;
 pub(crate) mod registry;
 pub(crate) mod token;
 pub(crate) mod up;
+pub(crate) mod up_console;
 pub(crate) mod up_graph;
 pub(crate) mod up_prometheus;
 pub(crate) mod up_proxy;

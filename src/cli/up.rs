@@ -20,6 +20,9 @@
 //!
 //! `--prometheus-config FILE` writes a Prometheus configuration for all of it, with
 //! podgate's rules ([`super::up_prometheus`]).
+//!
+//! The proxy's admin listener serves the web console ([`super::up_console`]); the
+//! `console url=…` line is the page to open.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -31,10 +34,10 @@ use anyhow::Context as _;
 use clap::Args;
 use podgate_loadtest::fleet::{self, FleetConfig, Progress};
 use podgate_loadtest::pod_sim::{PodSim, PodSimConfig};
-use podgate_registry::{BackendConfig, Pod, PodState, Registry, RegistryConfig};
+use podgate_registry::{Pod, PodState};
 use podgate_tokens::PodId;
 
-use super::up_proxy::{ProxyChild, get, wait_ready};
+use super::up_proxy::{ProxyChild, ProxyFiles, ProxySettings, get, wait_ready};
 use super::up_redis::QueueRedis;
 use super::up_table::table;
 
@@ -161,8 +164,14 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         None
     } else {
         Some(
-            super::up_graph::start(args.kube_objects, args.kube_churn, &sims[0], kas_secret)
-                .await?,
+            super::up_graph::start(
+                args.kube_objects,
+                args.kube_churn,
+                &sims[0],
+                kas_secret,
+                vec![super::up_console::origin(args.admin)],
+            )
+            .await?,
         )
     };
     let pods: Vec<Pod> = sims
@@ -193,67 +202,19 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
 
-    let dir = tempfile::tempdir().context("a directory for the proxy's configuration")?;
-    let mut config = format!(
-        "listen = \"{}\"\nadmin_listen = \"{}\"\ngrace_period_secs = 1\nupgrade_sock = \"{}\"\nedge_poll_hold_secs = {}\n",
-        args.listen,
-        args.admin,
-        dir.path().join("upgrade.sock").display(),
-        // As long as each Pod's Workhorse would hold it (the proxy allows 300 s).
-        args.long_poll.min(300)
-    );
-    let mut ca = None;
-    if let Some(k) = &kube {
-        // Agent tokens are JWTs: the proxy verifies them to route agentk to Pod 1.
-        let pem = dir.path().join("agents.pem");
-        std::fs::write(&pem, &k.agent_key_pem)?;
-        config.push_str(&format!("keys = [\"{}\"]\n", pem.display()));
-        let (cert, key) = super::up_graph::self_signed_cert(dir.path())?;
-        config.push_str(&format!(
-            "[tls]\nlisten = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
-            args.tls_listen,
-            cert.display(),
-            key.display()
-        ));
-        // Workspace hosts go to the kas Workspaces server of the Pod their
-        // owner's personal access token names.
-        config.push_str(&format!(
-            "[workspaces]\nhost_suffix = \".{}\"\n",
-            super::up_workspaces::DNS_ZONE
-        ));
-        ca = Some(cert);
-    }
-    match &args.redis {
-        Some(url) => {
-            let registry = Registry::connect(RegistryConfig {
-                backend: BackendConfig::Redis { url: url.clone() },
-                ..RegistryConfig::default()
-            })
-            .await
-            .with_context(|| format!("connecting to {url}"))?;
-            for p in &pods {
-                registry.put_pod(p.clone()).await?;
-            }
-            registry.set_default_pod(Some(pods[0].id)).await?;
-            config.push_str(&format!(
-                "[registry]\nbackend = {{ kind = \"redis\", url = \"{url}\" }}\n"
-            ));
-        }
-        None => {
-            config.push_str("[topology]\ndefault_pod = 1\n");
-            for p in &pods {
-                config.push_str(&format!(
-                    "[[topology.pods]]\nid = {}\nname = \"{}\"\nweb = [\"{}\"]\nkas = {:?}\nkas_k8s_proxy = {:?}\nkas_workspaces = {:?}\n",
-                    p.id, p.name, p.web[0], p.kas, p.kas_k8s_proxy, p.kas_workspaces
-                ));
-                if let Some(url) = &p.runner_queue_redis {
-                    config.push_str(&format!("runner_queue_redis = {url:?}\n"));
-                }
-            }
-        }
-    }
-    let path = dir.path().join("proxy.toml");
-    std::fs::write(&path, &config)?;
+    let ProxyFiles { dir, path, ca } = super::up_proxy::write_config(
+        &ProxySettings {
+            listen: args.listen,
+            admin: args.admin,
+            tls_listen: args.tls_listen,
+            long_poll: args.long_poll,
+            redis: args.redis.as_deref(),
+        },
+        &pods,
+        &sims,
+        kube.as_ref(),
+    )
+    .await?;
     let exe = std::env::current_exe().context("finding the podgate binary")?;
     let mut proxy = ProxyChild(
         Command::new(exe)
@@ -273,6 +234,10 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     say(&format!(
         "  proxy      http://{}   (admin http://{}/metrics)",
         args.listen, args.admin
+    ));
+    say(&format!(
+        "  console url={}",
+        super::up_console::url(args.admin, args.listen, kube.as_ref().map(|_| &sims[0]))?
     ));
     say(&format!(
         "  topology   {}",

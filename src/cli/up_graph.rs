@@ -94,12 +94,14 @@ const SETTLE_WAIT: Duration = Duration::from_secs(60);
 /// Start kube-sim (with `objects` generated objects; its controllers, then changes
 /// at `churn` per second, start with [`KubeSide::run_controllers`]) and kas
 /// (GitLab: `gitlab`, the Pod simulator whose kas secret is `kas_secret`, for the
-/// Kubernetes API proxy, module requests and agent configurations).
+/// Kubernetes API proxy, module requests and agent configurations). Browsers may
+/// call kas's Kubernetes API proxy from `allowed_origins` (the web console's).
 pub(crate) async fn start(
     objects: usize,
     churn: f64,
     gitlab: &PodSim,
     kas_secret: Vec<u8>,
+    allowed_origins: Vec<String>,
 ) -> anyhow::Result<KubeSide> {
     let sim = KubeSim::new(10_000);
     let objects = sim.generate(objects, 1);
@@ -141,6 +143,7 @@ pub(crate) async fn start(
                 // GitLab's Omnibus layout: the proxy on GitLab's host, the prefix
                 // kept (kas `kubernetes_api.url_path_prefix`).
                 url_prefix: K8S_PROXY_PREFIX.into(),
+                allowed_origins,
                 ..K8sProxyConfig::new(any, &format!("http://{}", gitlab.addr()))
             }),
             gitlab_url: Some(format!("http://{}", gitlab.addr())),

@@ -47,19 +47,23 @@ pub(crate) fn write(path: &Path, targets: &Targets, every: Duration) -> anyhow::
     std::fs::write(path, config(targets, every))
         .with_context(|| format!("writing {}", path.display()))?;
     if let Some((_, token)) = &targets.kas {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
-        let file = dir.join("podgate-kas-metrics-token");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&file)
-            .and_then(|mut f| f.write_all(token.as_bytes()))
-            .with_context(|| format!("writing {}", file.display()))?;
+        write_secret(&dir.join("podgate-kas-metrics-token"), token)?;
     }
     Ok(())
+}
+
+/// Write `text` to a file only its owner may read (0600).
+pub(crate) fn write_secret(file: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(file)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .with_context(|| format!("writing {}", file.display()))
 }
 
 /// The configuration's text.

@@ -1,12 +1,114 @@
-//! The proxy child of `podgate up`: started as `podgate proxy --config …`, waited
-//! for until its `/readyz` answers 200, stopped (SIGTERM) when dropped; and the
-//! small HTTP GET `podgate up` reads its admin listener with.
+//! The proxy child of `podgate up`: its configuration ([`write_config`]), started
+//! as `podgate proxy --config …`, waited for until its `/readyz` answers 200,
+//! stopped (SIGTERM) when dropped; and the small HTTP GET `podgate up` reads its
+//! admin listener with.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use anyhow::Context as _;
+use podgate_loadtest::pod_sim::PodSim;
+use podgate_registry::{BackendConfig, Pod, Registry, RegistryConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::up_graph::KubeSide;
+
+/// What the proxy's configuration says besides the topology.
+pub(crate) struct ProxySettings<'a> {
+    pub(crate) listen: SocketAddr,
+    pub(crate) admin: SocketAddr,
+    pub(crate) tls_listen: SocketAddr,
+    /// Seconds a Pod's Workhorse holds a long poll (and so the edge).
+    pub(crate) long_poll: u64,
+    /// The topology's Redis, else inline.
+    pub(crate) redis: Option<&'a str>,
+}
+
+/// The proxy's files: its directory (removed when dropped), `proxy.toml` in it,
+/// and with the Kubernetes side the TLS listener's certificate.
+pub(crate) struct ProxyFiles {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) path: PathBuf,
+    pub(crate) ca: Option<PathBuf>,
+}
+
+/// Write the proxy's configuration for `pods` (in Redis too, with `s.redis`): its
+/// listeners, agent keys, TLS and workspace hosts with the Kubernetes side, and
+/// the console with every Pod and kas as sources.
+pub(crate) async fn write_config(
+    s: &ProxySettings<'_>,
+    pods: &[Pod],
+    sims: &[PodSim],
+    kube: Option<&KubeSide>,
+) -> anyhow::Result<ProxyFiles> {
+    let dir = tempfile::tempdir().context("a directory for the proxy's configuration")?;
+    let mut config = format!(
+        "listen = \"{}\"\nadmin_listen = \"{}\"\ngrace_period_secs = 1\nupgrade_sock = \"{}\"\nedge_poll_hold_secs = {}\n",
+        s.listen,
+        s.admin,
+        dir.path().join("upgrade.sock").display(),
+        // As long as each Pod's Workhorse would hold it (the proxy allows 300 s).
+        s.long_poll.min(300)
+    );
+    let mut ca = None;
+    if let Some(k) = kube {
+        // Agent tokens are JWTs: the proxy verifies them to route agentk to Pod 1.
+        let pem = dir.path().join("agents.pem");
+        std::fs::write(&pem, &k.agent_key_pem)?;
+        config.push_str(&format!("keys = [\"{}\"]\n", pem.display()));
+        let (cert, key) = super::up_graph::self_signed_cert(dir.path())?;
+        config.push_str(&format!(
+            "[tls]\nlisten = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            s.tls_listen,
+            cert.display(),
+            key.display()
+        ));
+        // Workspace hosts go to the kas Workspaces server of the Pod their
+        // owner's personal access token names.
+        config.push_str(&format!(
+            "[workspaces]\nhost_suffix = \".{}\"\n",
+            super::up_workspaces::DNS_ZONE
+        ));
+        ca = Some(cert);
+    }
+    config.push_str(&super::up_console::config_section(sims, kube, dir.path())?);
+    match s.redis {
+        Some(url) => {
+            let registry = Registry::connect(RegistryConfig {
+                backend: BackendConfig::Redis {
+                    url: url.to_owned(),
+                },
+                ..RegistryConfig::default()
+            })
+            .await
+            .with_context(|| format!("connecting to {url}"))?;
+            for p in pods {
+                registry.put_pod(p.clone()).await?;
+            }
+            registry.set_default_pod(Some(pods[0].id)).await?;
+            config.push_str(&format!(
+                "[registry]\nbackend = {{ kind = \"redis\", url = \"{url}\" }}\n"
+            ));
+        }
+        None => {
+            config.push_str("[topology]\ndefault_pod = 1\n");
+            for p in pods {
+                config.push_str(&format!(
+                    "[[topology.pods]]\nid = {}\nname = \"{}\"\nweb = [\"{}\"]\nkas = {:?}\nkas_k8s_proxy = {:?}\nkas_workspaces = {:?}\n",
+                    p.id, p.name, p.web[0], p.kas, p.kas_k8s_proxy, p.kas_workspaces
+                ));
+                if let Some(url) = &p.runner_queue_redis {
+                    config.push_str(&format!("runner_queue_redis = {url:?}\n"));
+                }
+            }
+        }
+    }
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, &config)?;
+    Ok(ProxyFiles { dir, path, ca })
+}
 
 /// The proxy child; stopped (SIGTERM, then killed) on drop.
 pub(crate) struct ProxyChild(pub(crate) Child);

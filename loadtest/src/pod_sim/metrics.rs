@@ -25,6 +25,10 @@ pub struct SimMetrics {
     pub artifact_bytes: IntCounter,
     /// `podsim_workspaces{desired_state,actual_state}`: workspaces by state.
     pub workspaces: IntGaugeVec,
+    /// `podsim_workspace_info{workspace,namespace,desired_state,actual_state}`: 1
+    /// per live workspace, with its states (what the web console lists; the
+    /// `kube_pod_info` pattern: one series per object, its facts as labels).
+    pub workspace_info: IntGaugeVec,
     /// `podsim_workspace_reconciles_total{update_type,status}`: reconcile requests
     /// answered (`update_type` `full`, `partial` or `invalid`).
     pub workspace_reconciles: IntCounterVec,
@@ -102,6 +106,14 @@ impl SimMetrics {
             &["desired_state", "actual_state"],
         )
         .expect("valid metric");
+        let workspace_info = IntGaugeVec::new(
+            Opts::new(
+                "podsim_workspace_info",
+                "1 per workspace not yet terminated, with its desired and actual state.",
+            ),
+            &["workspace", "namespace", "desired_state", "actual_state"],
+        )
+        .expect("valid metric");
         let workspace_reconciles = IntCounterVec::new(
             Opts::new(
                 "podsim_workspace_reconciles_total",
@@ -165,6 +177,7 @@ impl SimMetrics {
             Box::new(generator_skipped.clone()),
             Box::new(artifact_bytes.clone()),
             Box::new(workspaces.clone()),
+            Box::new(workspace_info.clone()),
             Box::new(workspace_reconciles.clone()),
         ] {
             registry.register(m).expect("unique metric names");
@@ -177,6 +190,7 @@ impl SimMetrics {
             generator_skipped,
             artifact_bytes,
             workspaces,
+            workspace_info,
             workspace_reconciles,
             workhorse_requests,
             workhorse_open,
@@ -191,8 +205,22 @@ impl SimMetrics {
         self.workhorse_open.with_label_values(&["watching"]).get()
     }
 
-    /// Set `podsim_workspaces` from `store` (every state pair, zeros included).
+    /// Set `podsim_workspaces` from `store` (every state pair, zeros included) and
+    /// `podsim_workspace_info` (the workspaces not yet terminated).
     pub fn refresh_workspaces(&self, store: &WorkspaceStore) {
+        self.workspace_info.reset();
+        for w in store.list() {
+            if w.actual_state != workspaces::ActualState::Terminated {
+                self.workspace_info
+                    .with_label_values(&[
+                        w.name.as_str(),
+                        w.namespace.as_str(),
+                        w.desired_state.as_str(),
+                        w.actual_state.as_str(),
+                    ])
+                    .set(1);
+            }
+        }
         use workspaces::{ActualState, DesiredState};
         let counts = store.counts();
         for d in DesiredState::ALL {

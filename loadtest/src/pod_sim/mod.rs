@@ -308,6 +308,13 @@ impl PodSim {
         result
     }
 
+    /// Sign the user called `username` in, as a browser does: the `_gitlab_kas`
+    /// session cookie's value and the page's CSRF token (what kas's Kubernetes API
+    /// proxy and the Graph API accept from a browser).
+    pub fn sign_in(&self, username: &str) -> Result<(String, String), Error> {
+        self.shared.kube.sign_in(username).map_err(Error::Config)
+    }
+
     /// A new personal access token (`glpat-`, routable to this Pod) for the user
     /// called `username`, with `scopes` (`k8s_proxy` lets it through kas's
     /// Kubernetes API proxy).

@@ -233,29 +233,16 @@ struct NewSession {
     username: String,
 }
 
-/// 32 random bytes as hex.
-fn random_hex() -> String {
-    podgate_tokens::gitlab::random_bytes()
-        .iter()
-        .chain(podgate_tokens::gitlab::random_bytes().iter())
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 async fn create_session(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
     let new: NewSession = match body(req).await {
         Ok(n) => n,
         Err(r) => return r,
     };
-    let Some(user) = shared.kube.user_by_name(&new.username) else {
+    if shared.kube.user_by_name(&new.username).is_none() {
         return message(StatusCode::NOT_FOUND, "404 User Not Found");
-    };
-    let (session, csrf) = (random_hex(), random_hex());
-    match shared
-        .kube
-        .add_session(user.id, session.clone(), csrf.clone())
-    {
-        Ok(()) => reply(
+    }
+    match shared.kube.sign_in(&new.username) {
+        Ok((session, csrf)) => reply(
             StatusCode::CREATED,
             json!({
                 "cookie": format!("_gitlab_kas={session}"),

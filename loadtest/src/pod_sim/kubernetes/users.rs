@@ -132,6 +132,17 @@ impl KubeAccess {
         self.lock().pats.contains_key(token)
     }
 
+    /// Sign `username` in: a new browser session (`_gitlab_kas` cookie value) and
+    /// its CSRF token, both 64 random hex digits.
+    pub fn sign_in(&self, username: &str) -> Result<(String, String), String> {
+        let user = self
+            .user_by_name(username)
+            .ok_or_else(|| format!("user {username:?}: no such user"))?;
+        let (session, csrf) = (random_hex(), random_hex());
+        self.add_session(user.id, session.clone(), csrf.clone())?;
+        Ok((session, csrf))
+    }
+
     /// Open a browser session for `user_id`: the public session id (the
     /// `_gitlab_kas` cookie's value) and its CSRF token are the caller's random
     /// strings.
@@ -143,4 +154,13 @@ impl KubeAccess {
         inner.sessions.insert(session, (user_id, csrf));
         Ok(())
     }
+}
+
+/// 32 random bytes as hex.
+fn random_hex() -> String {
+    podgate_tokens::gitlab::random_bytes()
+        .iter()
+        .chain(podgate_tokens::gitlab::random_bytes().iter())
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
