@@ -511,8 +511,12 @@ drill_R7() {
   local pids=("$REDIS_PID" "${POD_PID[1]}" "${POD_PID[2]}" "${POD_PID[3]}" "$PROXY_PID" "$OWNER_PID" "$FLEET_PID" "$PROBE_PID")
   : >"$D/rss.txt"; : >"$D/rss-anon.txt"; : >"$D/rss-file.txt"
   local k kb t r a f
+  : >"$D/steal.txt"
   while kill -0 "$soak_pid" 2>/dev/null; do
     t=$(now_ms)
+    # CPU time the hypervisor took from this VM (`/proc/stat`, 8th cpu field, in
+    # USER_HZ ticks): tells a host's stall from ours.
+    echo "$t $(awk '/^cpu / {print $9; exit}' /proc/stat)" >>"$D/steal.txt"
     for k in "${!names[@]}"; do
       kb=$(rss_kb "${pids[$k]}")
       if [ -n "$kb" ]; then
@@ -529,6 +533,7 @@ drill_R7() {
   local soak_failed
   soak_failed=$(jq '[.statuses | to_entries[] | select((.key | tonumber) == 0 or (.key | tonumber) >= 500) | .value] | add // 0' "$D/soak.json")
   say "  soak load: $(jq -c '{sent, achieved_rate, p50_ms, p99_ms, max_ms, statuses}' "$D/soak.json")"
+  say "  steal (CPU time the host took): $(awk -v hz="$(getconf CLK_TCK)" 'NR > 1 { d = $2 - s; if (d > m) { m = d; at = $1 } } { if (NR == 1) first = $2; s = $2 } END { if (NR < 2) print "no samples"; else printf "%.2f s in all, at most %.2f s in one sample interval (at unix ms %s)\n", (s - first) / hz, m / hz, at }' "$D/steal.txt")"
   say "  probe: $(probe_stats | jq -c '{requests, failed, statuses}')"
   "$PODGATE" loadtest drill rss-check --samples "$D/rss.txt" | sed 's/^/  /' || DRILL_OK=0
   say "  of which anonymous (heap, stacks):"

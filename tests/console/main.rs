@@ -40,9 +40,8 @@ impl Drop for Running {
 }
 
 /// The kinds glab watches by default (the console sends glab's default request),
-/// as `kubectl get` names them; but not its namespaced RBAC kinds, which kube-sim
-/// does not serve (so the graph has none either).
-const GLAB_DEFAULT_KINDS: &str = "pods,secrets,configmaps,serviceaccounts,deployments.apps,replicasets.apps,daemonsets.apps,statefulsets.apps,jobs.batch,cronjobs.batch";
+/// as `kubectl get` names them.
+const GLAB_DEFAULT_KINDS: &str = "pods,secrets,configmaps,serviceaccounts,deployments.apps,replicasets.apps,daemonsets.apps,statefulsets.apps,jobs.batch,cronjobs.batch,roles.rbac.authorization.k8s.io,rolebindings.rbac.authorization.k8s.io";
 
 fn screenshots() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots")

@@ -8,12 +8,15 @@
 //! may `impersonate`).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use http::{HeaderMap, StatusCode};
 use serde_json::json;
 
+use super::rbac::Policy;
 use super::resources::Kind;
+use super::store::Store;
 
 /// The user a request without impersonation headers is served as.
 pub(super) const ANONYMOUS: &str = "system:anonymous";
@@ -111,11 +114,15 @@ struct Denial {
     verbs: Vec<String>,
 }
 
-/// Denials and the audit log, shared by every connection.
+/// Denials, RBAC enforcement and the audit log, shared by every connection.
 #[derive(Debug, Default)]
 pub(super) struct Access {
     denied: Mutex<Vec<Denial>>,
     audit: Mutex<VecDeque<AuditEntry>>,
+    /// Authenticate bearer tokens and authorize by RBAC ([`super::rbac`]).
+    enforce: AtomicBool,
+    /// The policy built at a store resource version.
+    policy: Mutex<Option<(u64, Arc<Policy>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -139,6 +146,29 @@ impl Access {
     /// Lift any denial of `group`/`resource`.
     pub(super) fn allow(&self, group: &str, resource: &str) {
         lock(&self.denied).retain(|d| !(d.group == group && d.resource == resource));
+    }
+
+    /// Authenticate and authorize by RBAC from now on (`on`), or serve everyone.
+    pub(super) fn enforce(&self, on: bool) {
+        self.enforce.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether RBAC is enforced.
+    pub(super) fn enforcing(&self) -> bool {
+        self.enforce.load(Ordering::Relaxed)
+    }
+
+    /// The RBAC policy of `store` as it is now (rebuilt when anything changed).
+    pub(super) fn policy(&self, store: &Store) -> Arc<Policy> {
+        let mut cached = lock(&self.policy);
+        match &*cached {
+            Some((rv, p)) if *rv == store.rv => p.clone(),
+            _ => {
+                let p = Arc::new(Policy::from_store(store));
+                *cached = Some((store.rv, p.clone()));
+                p
+            }
+        }
     }
 
     /// Whether `verb` on `k` is denied.

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::access::{Identity, forbidden};
 use super::patch::{PatchKind, decode_body};
+use super::rbac::{Attributes, Policy, UserInfo, requester};
 use super::resources::{NAMESPACES, discovery, key, kind_at};
 use super::store::{Shared, Write, as_version};
 
@@ -124,16 +125,31 @@ impl Shared {
                 );
             }
         };
-        let (verb, response) = self.clone().dispatch(req, &id).await;
+        let authz = if self.access.enforcing() {
+            let policy = self.access.policy(&self.lock());
+            match requester(&policy, req.headers(), &id) {
+                Ok(user) => Some((policy, user)),
+                Err((code, status)) => {
+                    self.access
+                        .record(&req.method().as_str().to_lowercase(), &path, &query, &id);
+                    return json_response(code, &status);
+                }
+            }
+        } else {
+            None
+        };
+        let (verb, response) = self.clone().dispatch(req, &id, authz.as_ref()).await;
         self.access.record(&verb, &path, &query, &id);
         response
     }
 
-    /// Route one request: (its verb, the response).
+    /// Route one request: (its verb, the response). With `authz` (RBAC enforced:
+    /// the policy and the user served), a request its rules do not allow is 403.
     async fn dispatch(
         self: Arc<Self>,
         req: Request<Incoming>,
         id: &Identity,
+        authz: Option<&(Arc<Policy>, UserInfo)>,
     ) -> (String, Response<Body>) {
         let path = req.uri().path().trim_end_matches('/').to_owned();
         let q = query(req.uri());
@@ -190,6 +206,20 @@ impl Shared {
         if self.access.is_denied(k, &verb) {
             let status = forbidden(k, &verb, namespace, name, id.name());
             return (verb, json_response(StatusCode::FORBIDDEN, &status));
+        }
+        if let Some((policy, user)) = authz {
+            let a = Attributes {
+                verb: &verb,
+                group: k.group,
+                resource: k.plural,
+                namespace: ns,
+                name: name.unwrap_or(""),
+                ..Attributes::default()
+            };
+            if !policy.allows(user, &a) {
+                let status = forbidden(k, &verb, namespace, name, &user.name);
+                return (verb, json_response(StatusCode::FORBIDDEN, &status));
+            }
         }
         let response = match (&method, name) {
             (&Method::GET, None) if watch => self.watch(k, version, namespace, &q),

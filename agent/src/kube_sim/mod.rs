@@ -11,6 +11,8 @@
 //!   resourcequotas, endpoints; apps deployments, replicasets, statefulsets,
 //!   daemonsets; batch jobs, cronjobs; networking.k8s.io ingresses, ingressclasses,
 //!   networkpolicies; coordination.k8s.io leases; discovery.k8s.io endpointslices;
+//!   rbac.authorization.k8s.io roles, rolebindings, clusterroles and
+//!   clusterrolebindings;
 //!   storage.k8s.io storageclasses;
 //!   scheduling.k8s.io priorityclasses; node.k8s.io runtimeclasses;
 //!   apiextensions.k8s.io customresourcedefinitions; the custom kinds `widgets`
@@ -73,6 +75,9 @@
 //!   `Impersonate-Group`, `-Uid`, `-Extra-*`) names, else as `system:anonymous`;
 //!   [`KubeSim::audit`] keeps the last 1,000 requests (verb, path, query, user,
 //!   groups);
+//! - RBAC, when enforced ([`KubeSim::enforce_rbac`]; `rbac`): ServiceAccount
+//!   tokens (legacy token Secrets) authenticate, Roles, ClusterRoles and their
+//!   bindings authorize, impersonation needs `impersonate`;
 //! - denials ([`KubeSim::deny`], `--deny apps/deployments`): get, list and watch of
 //!   a resource answer `403 Forbidden` with the message kube-apiserver's RBAC
 //!   denial carries (`deployments.apps is forbidden: User "…" cannot list resource
@@ -122,6 +127,7 @@ mod objects;
 mod paging;
 mod patch;
 mod pods;
+mod rbac;
 mod resources;
 mod rollout;
 mod selector;
@@ -218,6 +224,15 @@ impl KubeSim {
     /// resources, and writes, are served as before.
     pub fn deny(&self, group: &str, resource: &str) {
         self.shared.access.deny(group, resource, &[]);
+    }
+
+    /// Enforce RBAC from now on (`true`), or serve every request (`false`, the
+    /// default): bearer tokens of ServiceAccount token Secrets authenticate (an
+    /// unknown one is 401), impersonation needs the `impersonate` verb, and each
+    /// request needs a rule of a bound Role or ClusterRole (403 otherwise), as
+    /// kube-apiserver's RBAC authorizer decides (`kube_sim/rbac.rs`).
+    pub fn enforce_rbac(&self, on: bool) {
+        self.shared.access.enforce(on);
     }
 
     /// Deny the given `verbs` (`get`, `list`, `watch`, `create`, `update`,

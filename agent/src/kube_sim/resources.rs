@@ -137,6 +137,9 @@ pub(super) const NAMESPACES: Kind = core(
     false,
 );
 
+/// RBAC's group: Roles, RoleBindings, ClusterRoles, ClusterRoleBindings.
+pub(super) const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
+
 /// Flux's groups (`fluxcd/*-controller/api`), each served in the version Flux 2.x
 /// stores.
 pub(super) const KUSTOMIZE_GROUP: &str = "kustomize.toolkit.fluxcd.io";
@@ -267,6 +270,36 @@ pub(super) const KINDS: &[Kind] = &[
         "runtimeclasses",
         "runtimeclass",
         "RuntimeClass",
+        &[],
+        false,
+    )
+    .cluster(),
+    grouped(RBAC_GROUP, &["v1"], "roles", "role", "Role", &[], false),
+    grouped(
+        RBAC_GROUP,
+        &["v1"],
+        "rolebindings",
+        "rolebinding",
+        "RoleBinding",
+        &[],
+        false,
+    ),
+    grouped(
+        RBAC_GROUP,
+        &["v1"],
+        "clusterroles",
+        "clusterrole",
+        "ClusterRole",
+        &[],
+        false,
+    )
+    .cluster(),
+    grouped(
+        RBAC_GROUP,
+        &["v1"],
+        "clusterrolebindings",
+        "clusterrolebinding",
+        "ClusterRoleBinding",
         &[],
         false,
     )

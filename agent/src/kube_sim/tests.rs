@@ -290,3 +290,125 @@ fn objects_lists_everything_with_its_kind() {
     assert_eq!(crd["spec"]["scope"], "Namespaced");
     assert_eq!(objects.len(), 2 + 6 + 2);
 }
+
+/// With RBAC enforced: ServiceAccount tokens authenticate (an unknown one is
+/// 401), bindings authorize (403 names the user), impersonation needs
+/// `impersonate`, discovery stays open; turned off, everyone is served again.
+#[tokio::test]
+async fn enforced_rbac_authenticates_tokens_and_authorizes_by_bindings() {
+    use base64::Engine as _;
+    let sim = KubeSim::new(10);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _server = tokio::spawn({
+        let sim = sim.clone();
+        async move { sim.serve(listener, std::future::pending()).await }
+    });
+    sim.put(
+        "deployments",
+        "default",
+        json!({"metadata": {"name": "web"}, "spec": {}}),
+    );
+    let token = base64::engine::general_purpose::STANDARD.encode("sekrit");
+    for (resource, ns, o) in [
+        (
+            "secrets",
+            "default",
+            json!({"metadata": {"name": "agentk-token", "annotations": {"kubernetes.io/service-account.name": "agentk"}},
+                   "type": "kubernetes.io/service-account-token", "data": {"token": token}}),
+        ),
+        (
+            "clusterroles",
+            "",
+            json!({"metadata": {"name": "read-deployments"},
+                   "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch"]}]}),
+        ),
+        (
+            "clusterrolebindings",
+            "",
+            json!({"metadata": {"name": "agentk-reads"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "read-deployments"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "agentk", "namespace": "default"}]}),
+        ),
+    ] {
+        let v = sim.put(resource, ns, o);
+        assert_ne!(v["kind"], "Status", "{v}");
+    }
+    sim.enforce_rbac(true);
+    let deployments = "/apis/apps/v1/namespaces/default/deployments";
+    let agentk = [("Authorization", "Bearer sekrit")];
+
+    assert_eq!(request(addr, "/api", &[]).await.0, 200, "discovery is open");
+    let (code, body) = request(addr, deployments, &[]).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body.contains(r#"User \"system:anonymous\" cannot list"#),
+        "{body}"
+    );
+    let (code, _) = request(addr, deployments, &[("Authorization", "Bearer nope")]).await;
+    assert_eq!(code, 401);
+    assert_eq!(request(addr, deployments, &agentk).await.0, 200);
+    assert_eq!(
+        request(addr, &format!("{deployments}/web"), &agentk)
+            .await
+            .0,
+        200
+    );
+    let (code, body) = request(addr, "/api/v1/namespaces/default/pods", &agentk).await;
+    assert_eq!(code, 403);
+    assert!(
+        body.contains(r#"User \"system:serviceaccount:default:agentk\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\""#),
+        "{body}"
+    );
+
+    // Impersonation: refused until agentk may impersonate, then served as the
+    // impersonated user, who needs rights of its own.
+    let as_alice = [
+        ("Authorization", "Bearer sekrit"),
+        ("Impersonate-User", "gitlab:user:alice"),
+        ("Impersonate-Group", "gitlab:user"),
+    ];
+    let (code, body) = request(addr, deployments, &as_alice).await;
+    assert_eq!(code, 403);
+    assert!(
+        body.contains(r#"cannot impersonate resource \"users\""#),
+        "{body}"
+    );
+    sim.put(
+        "clusterroles",
+        "",
+        json!({"metadata": {"name": "impersonate"},
+               "rules": [{"apiGroups": [""], "resources": ["users", "groups"], "verbs": ["impersonate"]}]}),
+    );
+    sim.put(
+        "clusterrolebindings",
+        "",
+        json!({"metadata": {"name": "agentk-impersonates"},
+               "roleRef": {"kind": "ClusterRole", "name": "impersonate"},
+               "subjects": [{"kind": "ServiceAccount", "name": "agentk", "namespace": "default"}]}),
+    );
+    let (code, body) = request(addr, deployments, &as_alice).await;
+    assert_eq!(code, 403);
+    assert!(
+        body.contains(r#"User \"gitlab:user:alice\" cannot list"#),
+        "{body}"
+    );
+    sim.put(
+        "rolebindings",
+        "default",
+        json!({"metadata": {"name": "gitlab-users-read"},
+               "roleRef": {"kind": "ClusterRole", "name": "read-deployments"},
+               "subjects": [{"kind": "Group", "name": "gitlab:user"}]}),
+    );
+    assert_eq!(request(addr, deployments, &as_alice).await.0, 200);
+    // The RoleBinding is namespaced: not at the cluster scope.
+    assert_eq!(
+        request(addr, "/apis/apps/v1/deployments", &as_alice)
+            .await
+            .0,
+        403
+    );
+
+    sim.enforce_rbac(false);
+    assert_eq!(request(addr, deployments, &[]).await.0, 200);
+}
