@@ -17,13 +17,22 @@ pub(crate) struct KasArgs {
     /// The kas configuration (TOML).
     #[arg(long, short)]
     config: PathBuf,
+    /// How other kas reach this one's internal listener, instead of the file's
+    /// `advertise_internal`: `host:port`, or `grpc://host:port` as GitLab's chart
+    /// sets `OWN_PRIVATE_API_URL` to the pod's IP (kas reads that variable,
+    /// `cmd/kas/kasapp/configured_app.go`).
+    #[arg(long, env = "OWN_PRIVATE_API_URL")]
+    advertise_internal: Option<String>,
     /// On SIGTERM/SIGINT, how long requests in flight may take to finish.
     #[arg(long, default_value = "10s", value_parser = super::parse_duration_secs)]
     shutdown_grace: u64,
 }
 
 pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
-    let (config, registry_config) = KasFileConfig::load(&args.config)?;
+    let (mut config, registry_config) = KasFileConfig::load(&args.config)?;
+    if let Some(a) = &args.advertise_internal {
+        config.advertise_internal = Some(advertise(a).map_err(super::usage)?);
+    }
     let k8s_prefix = config.k8s_proxy.as_ref().map(|p| p.url_prefix.clone());
     let gitlab_url = config.gitlab_url.clone();
     let agent_config = config.agent_config.clone();
@@ -85,4 +94,46 @@ pub(crate) fn run(args: KasArgs) -> anyhow::Result<ExitCode> {
 /// `20s`, `1.5s`.
 fn humantime_secs(d: std::time::Duration) -> String {
     format!("{}s", d.as_secs_f64())
+}
+
+/// `host:port` from `--advertise-internal` / `OWN_PRIVATE_API_URL` (`grpc://` is
+/// GitLab's scheme for it; `grpcs://` would need TLS, which the internal listener
+/// does not speak).
+fn advertise(value: &str) -> Result<String, String> {
+    let rest = value.strip_prefix("grpc://").unwrap_or(value);
+    match rest.rsplit_once(':') {
+        Some((host, port))
+            if !host.is_empty()
+                && !rest.contains('/')
+                && port.parse::<u16>().is_ok_and(|p| p > 0) =>
+        {
+            Ok(rest.to_owned())
+        }
+        _ => Err(format!(
+            "--advertise-internal (or OWN_PRIVATE_API_URL) {value:?}: expected host:port or grpc://host:port"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertise;
+
+    #[test]
+    fn advertise_takes_gitlabs_form_and_host_port() {
+        assert_eq!(advertise("grpc://10.0.0.5:8155").unwrap(), "10.0.0.5:8155");
+        assert_eq!(advertise("kas-0.kas:8155").unwrap(), "kas-0.kas:8155");
+        for bad in [
+            "grpcs://10.0.0.5:8155",
+            "10.0.0.5",
+            "grpc://:8155",
+            "x:0",
+            "http://a:1/b",
+        ] {
+            assert!(
+                advertise(bad).unwrap_err().contains("expected host:port"),
+                "{bad}"
+            );
+        }
+    }
 }

@@ -1,0 +1,218 @@
+//! The Kubernetes manifests under `deploy/` (Kustomize bases): `kubectl kustomize`
+//! builds each; every Deployment probes `/healthz` and `/readyz` on its admin or
+//! observability port, asks for resources, and is annotated for Prometheus; and
+//! `kubectl apply --dry-run=server` accepts them against kube-sim (`podgate
+//! kube-sim`), which answers a dry run as kube-apiserver does: validated, not
+//! stored.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+/// The bases and the namespace each deploys to.
+const BASES: &[(&str, &str)] = &[
+    ("proxy", "podgate"),
+    ("kas", "podgate"),
+    ("agentk", "gitlab-agent"),
+];
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Kills kube-sim when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn kubectl(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("kubectl")
+        .args(args)
+        .output()
+        .expect("kubectl is installed");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `kubectl kustomize deploy/<base>`: its objects.
+fn build(base: &str) -> Vec<Value> {
+    let dir = repo().join("deploy").join(base);
+    let (ok, out, err) = kubectl(&["kustomize", dir.to_str().unwrap()]);
+    assert!(ok, "kubectl kustomize {base}: {err}");
+    serde_yaml::Deserializer::from_str(&out)
+        .map(|d| {
+            serde_yaml::from_value::<Value>(serde_yaml::Value::deserialize(d).unwrap()).unwrap()
+        })
+        .collect()
+}
+
+use serde::Deserialize as _;
+
+#[test]
+fn each_base_builds_with_probes_resources_and_scrape_annotations() {
+    for (base, namespace) in BASES {
+        let objects = build(base);
+        let deployments: Vec<&Value> = objects
+            .iter()
+            .filter(|o| o["kind"] == "Deployment")
+            .collect();
+        assert_eq!(deployments.len(), 1, "{base}");
+        let d = deployments[0];
+        assert_eq!(d["metadata"]["namespace"], *namespace, "{base}");
+        let template = &d["spec"]["template"];
+        let c = &template["spec"]["containers"][0];
+        let port_of = |name: &Value| {
+            c["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == *name)
+                .map(|p| p["containerPort"].as_u64().unwrap())
+                .unwrap_or_else(|| panic!("{base}: no port {name}"))
+        };
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{base}");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{base}");
+        let probe_port = port_of(&c["readinessProbe"]["httpGet"]["port"]);
+        let annotations = &template["metadata"]["annotations"];
+        assert_eq!(annotations["prometheus.io/scrape"], "true", "{base}");
+        assert_eq!(
+            annotations["prometheus.io/port"],
+            probe_port.to_string(),
+            "{base}: metrics are on the probes' listener"
+        );
+        assert!(c["resources"]["requests"]["cpu"].is_string(), "{base}");
+        assert!(c["resources"]["requests"]["memory"].is_string(), "{base}");
+        assert!(c["resources"]["limits"]["memory"].is_string(), "{base}");
+        // The selector kustomize fills in matches the pods.
+        let selector = d["spec"]["selector"]["matchLabels"].as_object().unwrap();
+        assert!(!selector.is_empty(), "{base}");
+        for (k, v) in selector {
+            assert_eq!(&template["metadata"]["labels"][k], v, "{base}");
+        }
+        // Services select the same pods.
+        for s in objects.iter().filter(|o| o["kind"] == "Service") {
+            assert_eq!(
+                s["spec"]["selector"].as_object().unwrap(),
+                selector,
+                "{base}"
+            );
+        }
+    }
+}
+
+/// `podgate kube-sim` on a free port: the process and its kubeconfig.
+fn kube_sim(dir: &Path) -> (Running, PathBuf) {
+    let config = dir.join("kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["kube-sim", "--listen", "127.0.0.1:0", "--kubeconfig-out"])
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let running = Running(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read its output to the end: a closed pipe would stop it at its next line.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        if line.starts_with("kube-sim: kubeconfig ") {
+            return (running, config);
+        }
+    }
+    panic!("kube-sim wrote no kubeconfig within 60 s");
+}
+
+#[test]
+fn the_bases_pass_a_server_side_dry_run_against_kube_sim() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sim, config) = kube_sim(dir.path());
+    let config = config.to_str().unwrap();
+    // The bases leave their namespace to you (`kubectl create namespace`, whose
+    // protobuf body kube-sim does not take: the same object as YAML).
+    let ns = dir.path().join("namespace.yaml");
+    std::fs::write(
+        &ns,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: podgate\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: gitlab-agent\n",
+    )
+    .unwrap();
+    let (ok, _, err) = kubectl(&["--kubeconfig", config, "apply", "-f", ns.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    for (base, namespace) in BASES {
+        let path = repo().join("deploy").join(base);
+        let (ok, out, err) = kubectl(&[
+            "--kubeconfig",
+            config,
+            "apply",
+            "--dry-run=server",
+            "-k",
+            path.to_str().unwrap(),
+        ]);
+        assert!(
+            ok,
+            "kubectl apply --dry-run=server -k deploy/{base}: {err}{out}"
+        );
+        let applied = out
+            .lines()
+            .filter(|l| l.ends_with("(server dry run)"))
+            .count();
+        assert_eq!(applied, build(base).len(), "{base}: {out}");
+        // A dry run stores nothing.
+        let (ok, out, err) = kubectl(&[
+            "--kubeconfig",
+            config,
+            "get",
+            "deployments,services,configmaps,serviceaccounts,roles.rbac.authorization.k8s.io",
+            "-n",
+            namespace,
+            "-o",
+            "name",
+        ]);
+        assert!(ok, "{err}");
+        assert_eq!(out.trim(), "", "{base}: the dry run stored {out}");
+    }
+}
+
+/// The configuration files the bases ship are what `podgate proxy` and `podgate
+/// kas` accept, apart from the files they name (Secrets mounted in the cluster).
+#[test]
+fn the_shipped_configurations_parse() {
+    let text = std::fs::read_to_string(repo().join("deploy/proxy/proxy.toml")).unwrap();
+    if let Err(e) = podgate_proxy::config::ProxyConfig::parse(&text, "deploy/proxy/proxy.toml") {
+        panic!("{e}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // kas checks its secret files exist: point them at stand-ins.
+    let text = std::fs::read_to_string(repo().join("deploy/kas/kas.toml"))
+        .unwrap()
+        .replace("/etc/kas", dir.path().to_str().unwrap());
+    std::fs::create_dir_all(dir.path().join("secrets")).unwrap();
+    std::fs::create_dir_all(dir.path().join("agent-keys")).unwrap();
+    use base64::Engine as _;
+    for (i, f) in ["gitlab_kas_secret", "kas_internal_secret", "metrics_token"]
+        .iter()
+        .enumerate()
+    {
+        let secret = base64::engine::general_purpose::STANDARD.encode([i as u8 + 1; 32]);
+        std::fs::write(dir.path().join("secrets").join(f), secret).unwrap();
+    }
+    let path = dir.path().join("kas.toml");
+    std::fs::write(&path, text).unwrap();
+    if let Err(e) = podgate_agent::kas::config::KasFileConfig::load(&path) {
+        panic!("{e}");
+    }
+}
