@@ -12,12 +12,11 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::request;
+use common::{Running, request};
 use podgate_registry::testing::{eventually, free_port};
 use serde_json::Value;
 
@@ -86,16 +85,6 @@ fn tool(name: &str) -> PathBuf {
         "{name} is not installed: scripts/test.sh installs Debian's prometheus package"
     );
     path
-}
-
-/// Kills its process when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `promtool ARGS` in `dir`, which must succeed.
@@ -211,40 +200,27 @@ async fn a_real_prometheus_scraping_podgate_up_fills_every_panel() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("prometheus.yml");
     let listen = free_port();
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["up", "--runners", "12", "--job-rate", "2"])
-        .args(["--kube-objects", "300"])
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
-        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
-        .arg("--prometheus-config")
-        .arg(&config)
-        .args(["--prometheus-interval", "1s"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = up.stdout.take().unwrap();
-    let up = Running(up);
     // `podgate up: ready` comes after the configuration is written.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            let _ = tx.send(line);
-        }
-    });
-    let mut printed = String::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(180))
-            .unwrap_or_else(|_| panic!("podgate up never got ready:\n{printed}"));
-        printed.push_str(&line);
-        printed.push('\n');
-        if line.contains("podgate up: ready") {
-            break;
-        }
-    }
+    let args: Vec<String> = [
+        "--runners".to_owned(),
+        "12".into(),
+        "--job-rate".into(),
+        "2".into(),
+        "--kube-objects".into(),
+        "300".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{listen}"),
+        "--admin".into(),
+        format!("127.0.0.1:{}", free_port()),
+        "--tls-listen".into(),
+        format!("127.0.0.1:{}", free_port()),
+        "--prometheus-config".into(),
+        config.display().to_string(),
+        "--prometheus-interval".into(),
+        "1s".into(),
+    ]
+    .into();
+    let (up, printed) = common::podgate_up(&args, Duration::from_secs(180));
     assert!(printed.contains("  prometheus config="), "{printed}");
     // What a user does besides the fleet's traffic: a `kubectl get namespaces`
     // through the proxy and kas's Kubernetes API proxy (its credential checks with

@@ -491,3 +491,47 @@ pub async fn start_proxy_logged(config_body: &str, dir: tempfile::TempDir) -> Pr
 pub fn proxy_log(proxy: &Proxy) -> String {
     std::fs::read_to_string(proxy.dir.path().join("proxy.log")).unwrap_or_default()
 }
+
+/// A child process, killed when dropped.
+pub struct Running(pub Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `podgate up ARGS` until it prints `podgate up: ready` (within `timeout`): the
+/// process (killed when dropped) and everything it printed by then. Its output
+/// is read to the end, so it never blocks on a full pipe.
+pub fn podgate_up(args: &[String], timeout: Duration) -> (Running, String) {
+    use std::io::BufRead as _;
+    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .arg("up")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = up.stdout.take().unwrap();
+    let up = Running(up);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            let _ = tx.send(line);
+        }
+    });
+    let mut printed = String::new();
+    loop {
+        let line = rx
+            .recv_timeout(timeout)
+            .unwrap_or_else(|_| panic!("podgate up never got ready:\n{printed}"));
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.contains("podgate up: ready") {
+            return (up, printed);
+        }
+    }
+}

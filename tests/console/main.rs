@@ -21,23 +21,12 @@ mod cdp;
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use podgate_registry::testing::{eventually, free_port};
 use serde_json::{Value, json};
-
-/// Kills `podgate up` when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The kinds glab watches by default (the console sends glab's default request),
 /// as `kubectl get` names them.
@@ -141,47 +130,6 @@ async fn workspace_states(addr: &str, workspace: &str) -> Option<(String, String
     Some((label("desired_state")?, label("actual_state")?))
 }
 
-/// `podgate up`, until it printed `podgate up: ready`: the process and what it
-/// printed.
-fn podgate_up(listen: u16, admin: u16) -> (Running, String) {
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args([
-            "up",
-            "--no-fleet",
-            "--kube-objects",
-            "2000",
-            "--kube-churn",
-            "0",
-        ])
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = up.stdout.take().unwrap();
-    let up = Running(up);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            let _ = tx.send(line);
-        }
-    });
-    let mut printed = String::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(240))
-            .unwrap_or_else(|_| panic!("podgate up never got ready:\n{printed}"));
-        printed.push_str(&line);
-        printed.push('\n');
-        if line.contains("podgate up: ready") {
-            return (up, printed);
-        }
-    }
-}
-
 /// The value of `key=` on the first line containing `marker`.
 fn field(printed: &str, marker: &str, key: &str) -> String {
     printed
@@ -198,7 +146,21 @@ fn field(printed: &str, marker: &str, key: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_chromium_agrees_with_the_pods_and_the_cluster() {
     let (listen, admin) = (free_port(), free_port());
-    let (_up, printed) = podgate_up(listen, admin);
+    let args: Vec<String> = [
+        "--no-fleet".to_owned(),
+        "--kube-objects".into(),
+        "2000".into(),
+        "--kube-churn".into(),
+        "0".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{listen}"),
+        "--admin".into(),
+        format!("127.0.0.1:{admin}"),
+        "--tls-listen".into(),
+        format!("127.0.0.1:{}", free_port()),
+    ]
+    .into();
+    let (_up, printed) = common::podgate_up(&args, Duration::from_secs(240));
     let url = field(&printed, "console url=", "url");
     assert!(
         url.starts_with(&format!(
