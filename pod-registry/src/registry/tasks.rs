@@ -49,18 +49,25 @@ pub(super) async fn event_pump(weak: Weak<Inner>, mut rx: broadcast::Receiver<Ba
             }
             Ok(BackendEvent::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => {
                 let _ = r.inner.events.send(AgentEvent::Resync);
+                let backoff_max = r.inner.config.backoff_max;
+                drop(r);
                 // After a Redis restart the command connection may still hold the
                 // old server's socket: its first call fails and reconnects. Try again
                 // at once (with a short back-off), so the topology, everything owned
-                // and `backend_up` are back now, not at the next periodic tick.
+                // and `backend_up` are back now, not at the next periodic tick. Each
+                // try takes the registry anew and none holds it while sleeping: a
+                // registry dropped meanwhile stops here instead of refreshing on.
                 let mut delay = Duration::from_millis(50);
                 for _ in 0..6 {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let r = Registry { inner };
                     let topology = r.reload_topology().await.is_ok();
                     if topology && r.refresh().await.is_ok() {
                         break;
                     }
+                    drop(r);
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(r.inner.config.backoff_max);
+                    delay = (delay * 2).min(backoff_max);
                 }
             }
             Err(broadcast::error::RecvError::Closed) => return,
