@@ -1,7 +1,8 @@
 //! `podgate kube-sim` as a process, driven by the installed `kubectl` (the test fails
 //! when kubectl is missing): objects from a seed file, get with a label selector,
 //! apply, delete, `get -w` seeing an apply, a bad seed named, a clean SIGTERM, a
-//! generated cluster listed whole, and one churning with a denied resource.
+//! generated cluster listed whole, one churning with a denied resource, and RBAC
+//! enforced over HTTPS.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -458,6 +459,110 @@ fn a_churning_cluster_is_watched_and_a_denied_resource_is_forbidden() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("kube-sim serves no resource \"daemonset\" in group \"apps\""),
+        "{err}"
+    );
+}
+
+/// `--enforce-rbac`: HTTPS with a certificate the written kubeconfig trusts, whose
+/// administrator token (`system:masters`) installs a role; a ServiceAccount's
+/// token then does what its role grants and nothing else; no token is
+/// `system:anonymous`, a wrong one is 401.
+#[test]
+fn enforced_rbac_serves_https_an_administrator_and_service_accounts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_out = dir.path().join("kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["kube-sim", "--listen", "127.0.0.1:0", "--enforce-rbac"])
+        .arg("--kubeconfig-out")
+        .arg(&config_out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = line_channel(child.stdout.take().unwrap());
+    let sim = Sim { child, lines };
+    let url = expect_prefix(&sim.lines, "kube-sim: Kubernetes API on ");
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let admin = PathBuf::from(expect_prefix(&sim.lines, "kube-sim: kubeconfig "));
+    assert_eq!(admin, config_out);
+
+    // The administrator installs a reader of ConfigMaps in `shop`.
+    let token = "reader-token-0123456789";
+    let secret_data = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(token)
+    };
+    let manifests = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: shop}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: shop}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata:\n  name: reader-token\n  namespace: shop\n  \
+         annotations: {{kubernetes.io/service-account.name: reader}}\n\
+         type: kubernetes.io/service-account-token\ndata: {{token: {secret_data}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-cm, namespace: shop}}\n\
+         rules: [{{apiGroups: [\"\"], resources: [configmaps], verbs: [get, list]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-cm, namespace: shop}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-cm}}\n\
+         subjects: [{{kind: ServiceAccount, name: reader, namespace: shop}}]\n"
+    );
+    let (ok, out, err) = kubectl(&admin, &["apply", "-f", "-"], Some(&manifests));
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("rolebinding.rbac.authorization.k8s.io/read-cm created"),
+        "{out}"
+    );
+
+    // The ServiceAccount: the admin's kubeconfig (same server and CA), its token.
+    let admin_text = std::fs::read_to_string(&admin).unwrap();
+    assert!(
+        admin_text.contains("certificate-authority-data: "),
+        "{admin_text}"
+    );
+    let admin_token = admin_text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .expect("the administrator's token");
+    let as_user = |t: &str, name: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, admin_text.replace(admin_token, t)).unwrap();
+        path
+    };
+    let reader = as_user(token, "reader");
+    let (ok, out, err) = kubectl(
+        &reader,
+        &["get", "configmaps", "-n", "shop", "-o", "name"],
+        None,
+    );
+    assert!(ok, "{out}{err}");
+    let (ok, _, err) = kubectl(&reader, &["get", "secrets", "-n", "shop"], None);
+    assert!(!ok);
+    assert_eq!(
+        err.trim(),
+        "Error from server (Forbidden): secrets is forbidden: User \"system:serviceaccount:shop:reader\" cannot list resource \"secrets\" in API group \"\" in the namespace \"shop\""
+    );
+    let (ok, _, err) = kubectl(&reader, &["get", "configmaps", "-n", "default"], None);
+    assert!(!ok, "the Role is for shop only");
+    assert!(err.contains("in the namespace \"default\""), "{err}");
+
+    let (ok, _, err) = kubectl(
+        &as_user("nobody-issued-this", "stranger"),
+        &["get", "ns"],
+        None,
+    );
+    assert!(!ok);
+    assert!(err.contains("Unauthorized"), "{err}");
+    let anonymous = dir.path().join("anonymous");
+    std::fs::write(
+        &anonymous,
+        // Basic credentials: no bearer token, so anonymous, as kube-apiserver
+        // (no authenticator reads them) treats them. (`user: {}` makes kubectl
+        // prompt for a password.)
+        admin_text.replace(&format!("token: {admin_token}"), "username: nobody"),
+    )
+    .unwrap();
+    let (ok, _, err) = kubectl(&anonymous, &["get", "ns"], None);
+    assert!(!ok);
+    assert!(
+        err.contains("User \"system:anonymous\" cannot list"),
         "{err}"
     );
 }

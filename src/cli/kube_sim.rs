@@ -44,6 +44,13 @@ pub(crate) struct KubeSimArgs {
     /// Repeatable.
     #[arg(long, value_name = "GROUP/RESOURCE", value_parser = parse_deny)]
     deny: Vec<(String, String)>,
+    /// Authenticate and authorize every request as kube-apiserver's RBAC does:
+    /// ServiceAccount token Secrets and the bound Roles and ClusterRoles decide.
+    /// Serves HTTPS with a self-signed certificate (client-go sends tokens over
+    /// TLS only); the kubeconfig written trusts it and holds a fresh administrator
+    /// token (group `system:masters`), for the operator who installs the roles.
+    #[arg(long)]
+    enforce_rbac: bool,
     /// Write the kubeconfig here (default: a temporary file, removed at exit).
     #[arg(long, value_name = "PATH")]
     kubeconfig_out: Option<PathBuf>,
@@ -174,8 +181,26 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
                 IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
             });
         }
-        let url = format!("http://{addr}");
-        let config = kube_sim::kubeconfig(&url);
+        let tls = args
+            .enforce_rbac
+            .then(kube_sim::Tls::self_signed)
+            .transpose()
+            .context("making kube-sim's TLS certificate")?;
+        let url = match tls {
+            Some(_) => format!("https://{addr}"),
+            None => format!("http://{addr}"),
+        };
+        let admin = args.enforce_rbac.then(|| {
+            let token = format!("{:032x}", rand::random::<u128>());
+            sim.add_token(&token, "kube-sim:admin", &["system:masters"]);
+            sim.enforce_rbac(true);
+            token
+        });
+        let config = kube_sim::kubeconfig_with(
+            &url,
+            admin.as_deref(),
+            tls.as_ref().map(kube_sim::Tls::ca_pem),
+        );
         // Held until exit: a temporary kubeconfig is removed when it drops.
         let (_temp, path) = match &args.kubeconfig_out {
             Some(path) => {
@@ -195,6 +220,11 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
             }
         };
         println!("kube-sim: Kubernetes API on {url}");
+        if admin.is_some() {
+            println!(
+                "kube-sim: RBAC enforced; the kubeconfig's user is kube-sim:admin (system:masters)"
+            );
+        }
         println!("kube-sim: kubeconfig {}", path.display());
         println!(
             "kube-sim: try `kubectl --kubeconfig {} get pods -A`",
@@ -224,7 +254,10 @@ pub(crate) fn run(args: KubeSimArgs) -> anyhow::Result<ExitCode> {
             );
             sim.start_churn(per_s, args.gen_seed)
         });
-        sim.serve(listener, super::shutdown_signal()).await;
+        match tls {
+            Some(tls) => sim.serve_tls(listener, tls, super::shutdown_signal()).await,
+            None => sim.serve(listener, super::shutdown_signal()).await,
+        }
         println!("kube-sim: stopping");
         Ok(ExitCode::SUCCESS)
     })

@@ -300,38 +300,11 @@ impl KubeSide {
 /// `(tls.crt, tls.key)` written into `dir`. client-go sends a bearer token only over
 /// TLS, so `kubectl` needs the proxy's TLS listener.
 pub(crate) fn self_signed_cert(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
-    use openssl::asn1::Asn1Time;
-    use openssl::bn::BigNum;
-    use openssl::ec::{EcGroup, EcKey};
-    use openssl::hash::MessageDigest;
-    use openssl::nid::Nid;
-    use openssl::pkey::PKey;
-    use openssl::x509::extension::SubjectAlternativeName;
-    use openssl::x509::{X509Builder, X509NameBuilder};
-    let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
-    let key = PKey::from_ec_key(EcKey::generate(&group)?)?;
-    let mut name = X509NameBuilder::new()?;
-    name.append_entry_by_text("CN", "localhost")?;
-    let name = name.build();
-    let mut b = X509Builder::new()?;
-    b.set_version(2)?;
-    let serial = BigNum::from_u32(rand::random::<u32>())?.to_asn1_integer()?;
-    b.set_serial_number(&serial)?;
-    b.set_subject_name(&name)?;
-    b.set_issuer_name(&name)?;
-    b.set_pubkey(&key)?;
-    b.set_not_before(Asn1Time::days_from_now(0)?.as_ref())?;
-    b.set_not_after(Asn1Time::days_from_now(30)?.as_ref())?;
-    let san = SubjectAlternativeName::new()
-        .dns("localhost")
-        .ip("127.0.0.1")
-        .build(&b.x509v3_context(None, None))?;
-    b.append_extension(san)?;
-    b.sign(&key, MessageDigest::sha256())?;
-    let (cert, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::write(&cert, b.build().to_pem()?)?;
+    let (cert, key) = podgate_agent::kube_sim::self_signed()?;
+    let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert_path, cert.to_pem()?)?;
     std::fs::write(&key_path, key.private_key_to_pem_pkcs8()?)?;
-    Ok((cert, key_path))
+    Ok((cert_path, key_path))
 }
 
 /// A kubeconfig for `kubectl`: the proxy's Kubernetes API proxy URL (HTTPS, trusting

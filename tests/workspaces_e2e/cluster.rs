@@ -1,10 +1,10 @@
 //! One simulated installation, every part a real process: kube-sim with its
-//! controllers, the Pod simulator as GitLab, a [`Recorder`] between kas and GitLab,
+//! controllers and RBAC enforced, the Pod simulator as GitLab, a [`Recorder`] between kas and GitLab,
 //! kas (with the agent's configuration enabling `remote_development`) and agentk
 //! replicas of agent 1, which elect a leader with a Lease.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -12,7 +12,7 @@ use podgate_registry::testing::eventually;
 use podgate_tokens::{Algorithm, MintRequest, PodId, TokenKind};
 use serde_json::{Value, json};
 
-use crate::http::Json;
+use crate::http::{Json, Kube};
 use crate::procs::Proc;
 use crate::recorder::Recorder;
 
@@ -43,7 +43,7 @@ pub struct Timings {
 /// The running installation; every process is killed when it is dropped.
 pub struct Cluster {
     _dir: tempfile::TempDir,
-    pub kube: Json,
+    pub kube: Kube,
     pub gitlab: Json,
     pub recorder: Recorder,
     kas: Proc,
@@ -84,17 +84,18 @@ impl Cluster {
         let token_file = d.join("agent-token");
         std::fs::write(&token_file, &token).unwrap();
 
-        let kubeconfig = d.join("kubeconfig");
+        let admin_kubeconfig = d.join("admin.kubeconfig");
         let mut kube_proc = Proc::spawn(
             "kube-sim",
             &[
                 "kube-sim",
                 "--listen",
                 "127.0.0.1:0",
+                "--enforce-rbac",
                 "--controllers",
                 "on",
                 "--kubeconfig-out",
-                kubeconfig.to_str().unwrap(),
+                admin_kubeconfig.to_str().unwrap(),
                 "--pod-start-delay",
                 t.pod_start,
                 "--pod-stop-delay",
@@ -106,18 +107,10 @@ impl Cluster {
                 "0.01",
             ],
         );
-        let kube_url = kube_proc.value_after("Kubernetes API on", "on ", UP).await;
-        let kube_addr: SocketAddr = kube_url.trim_start_matches("http://").parse().unwrap();
-
-        // agentk runs in its own namespace, where its Lease lives.
-        let (status, ns) = Json::new(kube_addr)
-            .call(
-                "POST",
-                "/api/v1/namespaces",
-                Some(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}})),
-            )
-            .await;
-        assert_eq!(status, 201, "{ns}");
+        kube_proc.line("Kubernetes API on", UP).await;
+        // The test is the cluster's administrator; agentk is not.
+        let kube = Kube::from_kubeconfig(&admin_kubeconfig).await;
+        let kubeconfig = install_agentk_rbac(&kube, &admin_kubeconfig, &d).await;
 
         let mut pod_proc = Proc::spawn(
             "pod-sim",
@@ -192,7 +185,7 @@ impl Cluster {
 
         let mut cluster = Cluster {
             _dir: dir,
-            kube: Json::new(kube_addr),
+            kube,
             gitlab: Json::new(gitlab_addr),
             recorder,
             kas,
@@ -359,6 +352,79 @@ impl Cluster {
     pub async fn namespace_exists(&self, name: &str) -> bool {
         self.kube.get(&format!("/api/v1/namespaces/{name}")).await.0 == 200
     }
+}
+
+/// What an operator does before agentk runs: `kubectl apply` the ServiceAccount
+/// and RBAC of `deploy/agentk` (everything `kubectl kustomize` renders but its
+/// Deployment, which runs here as processes) in agentk's namespace, and the
+/// ServiceAccount's token Secret (kube-sim has no token controller: the test
+/// fills it in). Returns agentk's kubeconfig: the admin's, with that token.
+async fn install_agentk_rbac(kube: &Kube, admin: &Path, dir: &Path) -> PathBuf {
+    let (status, ns) = kube
+        .call(
+            "POST",
+            "/api/v1/namespaces",
+            Some(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{ns}");
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/agentk");
+    let out = std::process::Command::new("kubectl")
+        .args(["kustomize", base.to_str().unwrap()])
+        .output()
+        .expect("kubectl is installed");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let wanted: Vec<&str> = rendered
+        .split("\n---\n")
+        .filter(|doc| !doc.lines().any(|l| l == "kind: Deployment"))
+        .collect();
+    assert!(wanted.len() >= 5, "{rendered}");
+    let file = dir.join("agentk-rbac.yaml");
+    std::fs::write(&file, wanted.join("\n---\n")).unwrap();
+    let out = std::process::Command::new("kubectl")
+        .args([
+            "--kubeconfig",
+            admin.to_str().unwrap(),
+            "apply",
+            "-f",
+            file.to_str().unwrap(),
+        ])
+        .output()
+        .expect("kubectl is installed");
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = format!("agentk-{:032x}", rand::random::<u128>());
+    let (status, secret) = kube
+        .call(
+            "POST",
+            &format!("/api/v1/namespaces/{AGENT_NAMESPACE}/secrets"),
+            Some(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "podgate-agentk-token",
+                             "annotations": {"kubernetes.io/service-account.name": "podgate-agentk"}},
+                "type": "kubernetes.io/service-account-token",
+                "data": {"token": base64::engine::general_purpose::STANDARD.encode(&token)},
+            })),
+        )
+        .await;
+    assert_eq!(status, 201, "{secret}");
+    let admin_config = std::fs::read_to_string(admin).unwrap();
+    let admin_token = admin_config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .unwrap_or_else(|| panic!("no token in {admin_config}"));
+    let path = dir.join("agentk.kubeconfig");
+    std::fs::write(&path, admin_config.replace(admin_token, &token)).unwrap();
+    path
 }
 
 async fn start_kas(config: &std::path::Path) -> Proc {

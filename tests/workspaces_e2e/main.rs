@@ -1,7 +1,11 @@
 //! Workspaces end to end, every part a real process (`podgate kube-sim`, `podgate
 //! pod-sim` as GitLab, `podgate kas`, two `podgate agentk` replicas), and what went
 //! over the wire between kas and GitLab recorded by a proxy of the test's own
-//! ([`recorder`]), which shares no code with kas or agentk.
+//! ([`recorder`]), which shares no code with kas or agentk. kube-sim enforces RBAC
+//! (`--enforce-rbac`, HTTPS): the ServiceAccount and roles of `deploy/agentk` are
+//! applied with `kubectl` as an operator would, and agentk runs with that
+//! ServiceAccount's token, so every test here also shows the shipped RBAC is
+//! enough for Workspaces.
 //!
 //! - `lifecycle`: create → Starting → Running; stop → Stopping → Stopped; restart
 //!   (RestartRequested → Stopped → Running); terminate → Terminating → Terminated

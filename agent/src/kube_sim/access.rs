@@ -7,14 +7,14 @@
 //! Every impersonation is allowed (a real server would first check that the caller
 //! may `impersonate`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use http::{HeaderMap, StatusCode};
 use serde_json::json;
 
-use super::rbac::Policy;
+use super::rbac::{Policy, UserInfo};
 use super::resources::Kind;
 use super::store::Store;
 
@@ -46,6 +46,12 @@ pub struct AuditEntry {
     pub uid: Option<String>,
     /// `Impersonate-Extra-<key>` values by (unescaped, lower-case) key.
     pub extra: BTreeMap<String, Vec<String>>,
+    /// Who the bearer token authenticated, when RBAC is enforced
+    /// (`system:serviceaccount:<namespace>:<name>`, `system:anonymous`); `None`
+    /// when it is not, or the token was refused.
+    pub requester: Option<String>,
+    /// The response's status code.
+    pub code: u16,
 }
 
 /// The identity of one request, from its impersonation headers.
@@ -123,6 +129,8 @@ pub(super) struct Access {
     enforce: AtomicBool,
     /// The policy built at a store resource version.
     policy: Mutex<Option<(u64, Arc<Policy>)>>,
+    /// Static bearer tokens (kube-apiserver's `--token-auth-file`).
+    tokens: Mutex<HashMap<String, UserInfo>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -153,6 +161,12 @@ impl Access {
         self.enforce.store(on, Ordering::Relaxed);
     }
 
+    /// Authenticate `token` as `user` from now on.
+    pub(super) fn add_token(&self, token: &str, user: UserInfo) {
+        lock(&self.tokens).insert(token.to_owned(), user);
+        *lock(&self.policy) = None;
+    }
+
     /// Whether RBAC is enforced.
     pub(super) fn enforcing(&self) -> bool {
         self.enforce.load(Ordering::Relaxed)
@@ -164,7 +178,9 @@ impl Access {
         match &*cached {
             Some((rv, p)) if *rv == store.rv => p.clone(),
             _ => {
-                let p = Arc::new(Policy::from_store(store));
+                let mut p = Policy::from_store(store);
+                p.add_tokens(lock(&self.tokens).clone());
+                let p = Arc::new(p);
                 *cached = Some((store.rv, p.clone()));
                 p
             }
@@ -179,7 +195,13 @@ impl Access {
     }
 
     /// Remember one request, forgetting the oldest past [`AUDIT_LIMIT`].
-    pub(super) fn record(&self, verb: &str, path: &str, query: &str, id: &Identity) {
+    pub(super) fn record(
+        &self,
+        (verb, path, query): (&str, &str, &str),
+        id: &Identity,
+        requester: Option<&UserInfo>,
+        code: StatusCode,
+    ) {
         let mut audit = lock(&self.audit);
         if audit.len() == AUDIT_LIMIT {
             audit.pop_front();
@@ -192,6 +214,8 @@ impl Access {
             groups: id.groups.clone(),
             uid: id.uid.clone(),
             extra: id.extra.clone(),
+            requester: requester.map(|u| u.name.clone()),
+            code: code.as_u16(),
         });
     }
 

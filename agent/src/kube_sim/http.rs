@@ -113,10 +113,10 @@ impl Shared {
             Ok(id) => id,
             Err(e) => {
                 self.access.record(
-                    &req.method().as_str().to_lowercase(),
-                    &path,
-                    &query,
+                    (&req.method().as_str().to_lowercase(), &path, &query),
                     &Identity::default(),
+                    None,
+                    StatusCode::INTERNAL_SERVER_ERROR,
                 );
                 return error(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -130,8 +130,12 @@ impl Shared {
             match requester(&policy, req.headers(), &id) {
                 Ok(user) => Some((policy, user)),
                 Err((code, status)) => {
-                    self.access
-                        .record(&req.method().as_str().to_lowercase(), &path, &query, &id);
+                    self.access.record(
+                        (&req.method().as_str().to_lowercase(), &path, &query),
+                        &id,
+                        None,
+                        code,
+                    );
                     return json_response(code, &status);
                 }
             }
@@ -139,7 +143,12 @@ impl Shared {
             None
         };
         let (verb, response) = self.clone().dispatch(req, &id, authz.as_ref()).await;
-        self.access.record(&verb, &path, &query, &id);
+        self.access.record(
+            (&verb, &path, &query),
+            &id,
+            authz.as_ref().map(|(_, user)| user),
+            response.status(),
+        );
         response
     }
 

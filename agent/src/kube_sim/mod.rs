@@ -134,6 +134,7 @@ mod selector;
 mod settings;
 mod ssa;
 mod store;
+mod tls;
 mod watch;
 
 use std::convert::Infallible;
@@ -155,6 +156,7 @@ pub use objects::StoredObject;
 use resources::{KINDS, NAMESPACES, crd_object, kind, kind_of};
 pub use settings::{Settings, parse_duration};
 use store::Shared;
+pub use tls::{Tls, self_signed};
 
 /// Errors of kube-sim. None is worth retrying: each names input to fix.
 #[derive(Debug, thiserror::Error)]
@@ -233,6 +235,24 @@ impl KubeSim {
     /// kube-apiserver's RBAC authorizer decides (`kube_sim/rbac.rs`).
     pub fn enforce_rbac(&self, on: bool) {
         self.shared.access.enforce(on);
+    }
+
+    /// Authenticate the bearer token `token` as `user` in `groups` (plus
+    /// `system:authenticated`) while RBAC is enforced, as kube-apiserver's
+    /// `--token-auth-file` does: an administrator's credential is `groups =
+    /// ["system:masters"]`.
+    pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
+        let mut groups: Vec<String> = groups.iter().map(|g| (*g).to_owned()).collect();
+        if !groups.iter().any(|g| g == "system:authenticated") {
+            groups.push("system:authenticated".into());
+        }
+        self.shared.access.add_token(
+            token,
+            rbac::UserInfo {
+                name: user.to_owned(),
+                groups,
+            },
+        );
     }
 
     /// Deny the given `verbs` (`get`, `list`, `watch`, `create`, `update`,
@@ -320,6 +340,26 @@ impl KubeSim {
     /// away would. Accept errors (such as running out of file descriptors) are
     /// logged and retried after a short pause.
     pub async fn serve(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        self.serve_with(listener, None, shutdown).await;
+    }
+
+    /// [`KubeSim::serve`] over HTTPS with `tls` (a handshake that fails ends
+    /// that connection only).
+    pub async fn serve_tls(
+        &self,
+        listener: TcpListener,
+        tls: Tls,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        self.serve_with(listener, Some(tls), shutdown).await;
+    }
+
+    async fn serve_with(
+        &self,
+        listener: TcpListener,
+        tls: Option<Tls>,
+        shutdown: impl Future<Output = ()>,
+    ) {
         // Connections live in this set: dropping it ends them.
         let mut connections = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
@@ -338,14 +378,28 @@ impl KubeSim {
             };
             while connections.try_join_next().is_some() {}
             let s = self.shared.clone();
+            let tls = tls.clone();
             connections.spawn(async move {
                 let svc = service_fn(move |req| {
                     let s = s.clone();
                     async move { Ok::<_, Infallible>(s.handle(req).await) }
                 });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                let http = http1::Builder::new();
+                let Some(tls) = tls else {
+                    let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                    return;
+                };
+                let Ok(ssl) = openssl::ssl::Ssl::new(tls.acceptor.context()) else {
+                    return;
+                };
+                let Ok(mut stream) = tokio_openssl::SslStream::new(ssl, stream) else {
+                    return;
+                };
+                if let Err(e) = std::pin::Pin::new(&mut stream).accept().await {
+                    tracing::debug!(error = %e, "kube-sim: TLS handshake failed");
+                    return;
+                }
+                let _ = http.serve_connection(TokioIo::new(stream), svc).await;
             });
         }
     }
@@ -354,8 +408,28 @@ impl KubeSim {
 /// A kubeconfig for a kube-sim at `server_url` (`http://127.0.0.1:<port>`): no
 /// authentication, plain HTTP, namespace `default`.
 pub fn kubeconfig(server_url: &str) -> String {
+    kubeconfig_with(server_url, None, None)
+}
+
+/// A kubeconfig for a kube-sim at `server_url` whose user sends the bearer token
+/// `token` and trusts the certificate `ca_pem` (PEM; for an `https://` URL), each
+/// when given; namespace `default`.
+pub fn kubeconfig_with(server_url: &str, token: Option<&str>, ca_pem: Option<&str>) -> String {
+    use base64::Engine as _;
+    let user = match token {
+        Some(t) => format!("\n    token: {t}"),
+        None => " {}".to_owned(),
+    };
+    let ca = ca_pem
+        .map(|pem| {
+            format!(
+                "\n    certificate-authority-data: {}",
+                base64::engine::general_purpose::STANDARD.encode(pem)
+            )
+        })
+        .unwrap_or_default();
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server_url}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: default\ncurrent-context: test\nusers:\n- name: test\n  user: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server_url}{ca}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n    namespace: default\ncurrent-context: test\nusers:\n- name: test\n  user:{user}\n"
     )
 }
 

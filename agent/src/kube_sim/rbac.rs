@@ -112,6 +112,8 @@ pub(super) struct Policy {
     bindings: Vec<(String, Binding)>,
     /// ServiceAccount token → (namespace, ServiceAccount).
     tokens: HashMap<String, (String, String)>,
+    /// Static tokens (`--token-auth-file`): token → user.
+    static_tokens: HashMap<String, UserInfo>,
 }
 
 fn meta(o: &Value, field: &str) -> String {
@@ -155,6 +157,12 @@ impl Policy {
         p
     }
 
+    /// Authenticate these static tokens too, before ServiceAccount tokens (as
+    /// kube-apiserver's token file authenticator comes first).
+    pub(super) fn add_tokens(&mut self, tokens: HashMap<String, UserInfo>) {
+        self.static_tokens.extend(tokens);
+    }
+
     /// Who a request with `bearer` (the `Authorization: Bearer` value, if any)
     /// is; `None`: a token nobody issued (401).
     pub(super) fn authenticate(&self, bearer: Option<&str>) -> Option<UserInfo> {
@@ -164,6 +172,9 @@ impl Policy {
                 groups: vec!["system:unauthenticated".into()],
             });
         };
+        if let Some(user) = self.static_tokens.get(token) {
+            return Some(user.clone());
+        }
         let (ns, sa) = self.tokens.get(token)?;
         Some(UserInfo {
             name: format!("system:serviceaccount:{ns}:{sa}"),
