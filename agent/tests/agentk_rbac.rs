@@ -7,16 +7,29 @@
 //!   graph reads), the same request warns `INFORMER_SYNC_FAILED` for v1/pods and
 //!   streams the rest;
 //! - the ServiceAccount may hold its Lease, and may not read what no rule grants
-//!   (nodes).
+//!   (nodes);
+//! - no more: with the shipped roles, a real agentk (in the Workspaces stack:
+//!   kas, the Pod simulator as GitLab) takes a workspace through its whole
+//!   lifecycle and serves the Graph API as itself, as a GitLab user and as a CI
+//!   job, and its applier prunes one object of every kind; every (API group, resource, verb) a rule grants shows in kube-sim's
+//!   audit of the ServiceAccount's requests, and none of them was refused.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
+use podgate_agent::agentk::remote_development::apply::KubeCluster;
+use podgate_agent::agentk::remote_development::ports::Cluster as _;
 use podgate_agent::agentk::watch_graph::{Settings, watch_graph};
-use podgate_agent::proto::kubernetes_api::{WatchGraphRequest, WatchGraphResponse, action};
+use podgate_agent::proto::kubernetes_api::{
+    ExtraValue, ImpersonationConfig, WatchGraphRequest, WatchGraphResponse, action,
+};
 use podgate_agent::testing::kube::KubeTestServer;
+use podgate_agent::testing::workspaces::{
+    AGENTK_NAMESPACE, AGENTK_SERVICE_ACCOUNT, AGENTK_TOKEN, WorkspacesStack,
+};
+use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
 use prost::Message as _;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
@@ -131,9 +144,20 @@ async fn graph(
     BTreeSet<(String, String, String)>,
     Vec<(String, BTreeMap<String, String>)>,
 ) {
+    graph_as(client, None).await
+}
+
+/// [`graph`], impersonating as kas asks when `impersonation` is given.
+async fn graph_as(
+    client: kube::Client,
+    impersonation: Option<ImpersonationConfig>,
+) -> (
+    BTreeSet<(String, String, String)>,
+    Vec<(String, BTreeMap<String, String>)>,
+) {
     let payload = WatchGraphRequest {
         request_json: glab_default().to_string(),
-        impersonation: None,
+        impersonation,
     }
     .encode_to_vec();
     let settings = Settings {
@@ -230,5 +254,293 @@ async fn the_shipped_role_runs_the_default_graph_and_a_narrower_one_is_warned_ab
     assert!(
         has(&vertices, "deployments", "web"),
         "the rest still streams: {vertices:?}"
+    );
+}
+
+/// `deploy/agentk`'s objects but its Deployment: what the stack installs.
+fn rbac_objects() -> Vec<Value> {
+    rendered()
+        .into_iter()
+        .filter(|o| o["kind"] != "Deployment")
+        .collect()
+}
+
+/// (API group, resource or `resource/subresource`, verb).
+type Permission = (String, String, String);
+
+/// Every permission the rules of the rendered Roles and ClusterRoles grant.
+fn granted(objects: &[Value]) -> BTreeSet<Permission> {
+    let mut out = BTreeSet::new();
+    for o in objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+    {
+        for rule in o["rules"].as_array().unwrap() {
+            let strings = |f: &str| -> Vec<String> {
+                rule[f]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{f} in {rule}"))
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_owned())
+                    .collect()
+            };
+            assert!(rule.get("resourceNames").is_none(), "{rule}");
+            for g in strings("apiGroups") {
+                for r in strings("resources") {
+                    for v in strings("verbs") {
+                        out.insert((g.clone(), r.clone(), v));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The permissions one request needed, from its path (kube-apiserver's request
+/// info: `/api/v1/...` is the core group, `/apis/<group>/<version>/...`;
+/// `namespaces/<ns>/` scopes; a name, then a subresource) and its impersonation
+/// headers (`impersonate` on `users`, `groups` and `userextras/<key>`).
+fn permissions(e: &podgate_agent::kube_sim::AuditEntry) -> Vec<Permission> {
+    let mut out = Vec::new();
+    let p = |g: &str, r: &str, v: &str| (g.to_owned(), r.to_owned(), v.to_owned());
+    if e.user.is_some() {
+        out.push(p("", "users", "impersonate"));
+    }
+    if !e.groups.is_empty() {
+        out.push(p("", "groups", "impersonate"));
+    }
+    if e.uid.is_some() {
+        out.push(p("authentication.k8s.io", "uids", "impersonate"));
+    }
+    for key in e.extra.keys() {
+        out.push(p(
+            "authentication.k8s.io",
+            &format!("userextras/{key}"),
+            "impersonate",
+        ));
+    }
+    let segments: Vec<&str> = e.path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segments.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return out, // discovery: open to everyone
+    };
+    let rest = match rest {
+        ["namespaces", _ns, more @ ..] if !more.is_empty() => more,
+        other => other,
+    };
+    let resource = match rest {
+        [] => return out,
+        [r] | [r, _] => (*r).to_owned(),
+        [r, _, sub, ..] => format!("{r}/{sub}"),
+    };
+    out.push(p(group, &resource, &e.verb));
+    out
+}
+
+/// kas's impersonation of a GitLab user and of a CI job, with every extra it
+/// sends (`agent/src/kas/k8s_proxy/auth.rs`: `user_impersonation`,
+/// `job_impersonation`).
+fn impersonations() -> [ImpersonationConfig; 2] {
+    let extra = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ExtraValue {
+                key: format!("agent.gitlab.com/{k}"),
+                values: vec![(*v).to_owned()],
+            })
+            .collect()
+    };
+    [
+        ImpersonationConfig {
+            username: "gitlab:user:alice".into(),
+            groups: vec!["gitlab:user".into()],
+            uid: String::new(),
+            extra: extra(&[
+                ("id", "7"),
+                ("username", "alice"),
+                ("access_type", "user_access"),
+                ("config_project_id", "70"),
+            ]),
+        },
+        ImpersonationConfig {
+            username: "gitlab:ci_job:99".into(),
+            groups: vec!["gitlab:ci_job".into()],
+            uid: String::new(),
+            extra: extra(&[
+                ("id", "7"),
+                ("config_project_id", "70"),
+                ("project_id", "71"),
+                ("ci_pipeline_id", "98"),
+                ("ci_job_id", "99"),
+                ("username", "alice"),
+                ("environment_slug", "production"),
+                ("environment_tier", "production"),
+            ]),
+        },
+    ]
+}
+
+/// The kinds of GitLab's desired configuration of a workspace (`podgate pod-sim`'s
+/// `desired_config`: GitLab's `desired_config_generator.rb`), one object each.
+const KINDS: [(&str, &str); 8] = [
+    ("configmaps", "settings"),
+    ("secrets", "env"),
+    ("services", "web"),
+    ("serviceaccounts", "ws"),
+    ("persistentvolumeclaims", "data"),
+    ("resourcequotas", "quota"),
+    ("deployments", "ws"),
+    ("networkpolicies", "ws"),
+];
+
+/// An inventory (`ws-inventory`) in `namespace` and, with `objects`, one object of
+/// every kind in [`KINDS`] it owns.
+fn every_kind(namespace: &str, objects: bool) -> String {
+    let meta = |name: &str| {
+        format!(
+            "metadata:\n  name: {name}\n  namespace: {namespace}\n  annotations:\n    config.k8s.io/owning-inventory: ws-inventory\n"
+        )
+    };
+    let mut docs = vec![format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ws-inventory\n  namespace: {namespace}\n  labels:\n    cli-utils.sigs.k8s.io/inventory-id: ws-inventory\n"
+    )];
+    if objects {
+        docs.extend([
+            format!("apiVersion: v1\nkind: ConfigMap\n{}data:\n  a: b\n", meta("settings")),
+            format!("apiVersion: v1\nkind: Secret\n{}stringData:\n  A: b\n", meta("env")),
+            format!("apiVersion: v1\nkind: Service\n{}spec:\n  ports:\n  - port: 80\n", meta("web")),
+            format!("apiVersion: v1\nkind: ServiceAccount\n{}", meta("ws")),
+            format!(
+                "apiVersion: v1\nkind: PersistentVolumeClaim\n{}spec:\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 1Gi\n",
+                meta("data")
+            ),
+            format!("apiVersion: v1\nkind: ResourceQuota\n{}spec:\n  hard:\n    pods: \"2\"\n", meta("quota")),
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\n{}spec:\n  replicas: 0\n  selector:\n    matchLabels: {{app: ws}}\n  template:\n    metadata:\n      labels: {{app: ws}}\n    spec:\n      containers:\n      - name: c\n        image: busybox\n",
+                meta("ws")
+            ),
+            format!(
+                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n{}spec:\n  podSelector: {{}}\n",
+                meta("ws")
+            ),
+        ]);
+    }
+    docs.iter().map(|d| format!("---\n{d}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_permission_the_shipped_roles_grant_is_used_and_none_is_refused() {
+    let objects = rbac_objects();
+    let stack = WorkspacesStack::builder()
+        .rbac(objects.clone())
+        .start()
+        .await;
+    // The impersonated users may read everything: a refusal below is then the
+    // ServiceAccount's.
+    stack.kube.put(
+        "clusterroles",
+        "",
+        json!({"metadata": {"name": "test-read-all"},
+               "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]}),
+    );
+    stack.kube.put(
+        "clusterrolebindings",
+        "",
+        json!({"metadata": {"name": "test-read-all"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "test-read-all"},
+               "subjects": [{"kind": "Group", "name": "gitlab:user"}, {"kind": "Group", "name": "gitlab:ci_job"}]}),
+    );
+    let sim = stack.kube.sim().clone();
+    let agentk = format!("system:serviceaccount:{AGENTK_NAMESPACE}:{AGENTK_SERVICE_ACCOUNT}");
+    let mut used = BTreeSet::new();
+    let mut requests = 0;
+    // The audit keeps the last 1,000 requests: read it after each step.
+    let mut collect = |used: &mut BTreeSet<Permission>| {
+        for e in sim.audit() {
+            if e.requester.as_deref() != Some(agentk.as_str()) {
+                continue;
+            }
+            assert!(e.code != 401 && e.code != 403, "refused: {e:?}");
+            requests += 1;
+            used.extend(permissions(&e));
+        }
+    };
+
+    // Workspaces: created and running, stopped, started, terminated.
+    let ws = stack.running_workspace(WorkspaceSpec::default()).await;
+    collect(&mut used);
+    stack
+        .set_state(ws.id, DesiredState::Stopped, ActualState::Stopped)
+        .await;
+    collect(&mut used);
+    stack
+        .set_state(ws.id, DesiredState::Running, ActualState::Running)
+        .await;
+    collect(&mut used);
+    stack
+        .set_state(ws.id, DesiredState::Terminated, ActualState::Terminated)
+        .await;
+    collect(&mut used);
+
+    // The Graph API as the agent, as a GitLab user and as a CI job.
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&podgate_agent::kube_sim::kubeconfig_with(
+            &stack.kube.url(),
+            Some(AGENTK_TOKEN),
+            None,
+        ))
+        .unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let (vertices, warnings) = graph(client.clone()).await;
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(!vertices.is_empty());
+    collect(&mut used);
+    for imp in impersonations() {
+        let (vertices, warnings) = graph_as(client.clone(), Some(imp)).await;
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert!(!vertices.is_empty());
+        collect(&mut used);
+    }
+    // Pruning, which no lifecycle above needs (GitLab's configuration of a
+    // workspace keeps its objects): agentk's applier, as the ServiceAccount,
+    // applies one object of every kind GitLab's configuration holds, then the
+    // inventory alone.
+    let applier = KubeCluster::new(client.clone());
+    applier.create_namespace("prune-test").await.unwrap();
+    applier.apply(every_kind("prune-test", true)).await.unwrap();
+    collect(&mut used);
+    for (resource, name) in KINDS {
+        assert!(
+            stack.kube.get(resource, "prune-test", name).is_some(),
+            "{resource}/{name} applied"
+        );
+    }
+    applier
+        .apply(every_kind("prune-test", false))
+        .await
+        .unwrap();
+    collect(&mut used);
+    for (resource, name) in KINDS {
+        assert!(
+            stack.kube.get(resource, "prune-test", name).is_none(),
+            "{resource}/{name} pruned"
+        );
+    }
+
+    // agentk going away gives up its Lease.
+    stack.shutdown().await;
+    collect(&mut used);
+
+    let granted = granted(&objects);
+    let unused: Vec<&Permission> = granted.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "granted but never used in {requests} requests: {unused:?}\nused: {used:?}"
     );
 }

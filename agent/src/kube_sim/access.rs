@@ -46,9 +46,9 @@ pub struct AuditEntry {
     pub uid: Option<String>,
     /// `Impersonate-Extra-<key>` values by (unescaped, lower-case) key.
     pub extra: BTreeMap<String, Vec<String>>,
-    /// Who the bearer token authenticated, when RBAC is enforced
-    /// (`system:serviceaccount:<namespace>:<name>`, `system:anonymous`); `None`
-    /// when it is not, or the token was refused.
+    /// Who the bearer token authenticated (before any impersonation), when RBAC
+    /// is enforced (`system:serviceaccount:<namespace>:<name>`,
+    /// `system:anonymous`); `None` when it is not, or the token was refused.
     pub requester: Option<String>,
     /// The response's status code.
     pub code: u16,
@@ -199,7 +199,7 @@ impl Access {
         &self,
         (verb, path, query): (&str, &str, &str),
         id: &Identity,
-        requester: Option<&UserInfo>,
+        requester: Option<&str>,
         code: StatusCode,
     ) {
         let mut audit = lock(&self.audit);
@@ -214,7 +214,7 @@ impl Access {
             groups: id.groups.clone(),
             uid: id.uid.clone(),
             extra: id.extra.clone(),
-            requester: requester.map(|u| u.name.clone()),
+            requester: requester.map(str::to_owned),
             code: code.as_u16(),
         });
     }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::access::{Identity, forbidden};
 use super::patch::{PatchKind, decode_body};
-use super::rbac::{Attributes, Policy, UserInfo, requester};
+use super::rbac::{Attributes, Policy, UserInfo, bearer, requester};
 use super::resources::{NAMESPACES, discovery, key, kind_at};
 use super::store::{Shared, Write, as_version};
 
@@ -125,15 +125,17 @@ impl Shared {
                 );
             }
         };
+        let mut authenticated = None;
         let authz = if self.access.enforcing() {
             let policy = self.access.policy(&self.lock());
+            authenticated = policy.authenticate(bearer(req.headers())).map(|u| u.name);
             match requester(&policy, req.headers(), &id) {
                 Ok(user) => Some((policy, user)),
                 Err((code, status)) => {
                     self.access.record(
                         (&req.method().as_str().to_lowercase(), &path, &query),
                         &id,
-                        None,
+                        authenticated.as_deref(),
                         code,
                     );
                     return json_response(code, &status);
@@ -146,7 +148,7 @@ impl Shared {
         self.access.record(
             (&verb, &path, &query),
             &id,
-            authz.as_ref().map(|(_, user)| user),
+            authenticated.as_deref(),
             response.status(),
         );
         response

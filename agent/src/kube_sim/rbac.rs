@@ -240,6 +240,15 @@ impl Policy {
     }
 }
 
+/// The `Authorization: Bearer` token of a request, if any.
+pub(super) fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
 /// The user a request is served as when RBAC is enforced: who its bearer token
 /// says, or, with impersonation headers, the user they name, when that one may
 /// `impersonate` each of them (`k8s.io/apiserver/pkg/endpoints/filters/impersonation.go`:
@@ -252,12 +261,7 @@ pub(super) fn requester(
     headers: &http::HeaderMap,
     id: &Identity,
 ) -> Result<UserInfo, (http::StatusCode, Value)> {
-    let bearer = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let who = policy.authenticate(bearer).ok_or_else(|| {
+    let who = policy.authenticate(bearer(headers)).ok_or_else(|| {
         (
             http::StatusCode::UNAUTHORIZED,
             status(

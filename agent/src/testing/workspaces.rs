@@ -119,7 +119,18 @@ pub struct WorkspacesStackBuilder {
     pod: u64,
     max_wait: Duration,
     workspaces_listener: bool,
+    rbac: Option<Vec<serde_json::Value>>,
 }
+
+/// The namespace agentk runs in (its Lease's) when the stack enforces RBAC: the one
+/// `deploy/agentk` installs into.
+pub const AGENTK_NAMESPACE: &str = "gitlab-agent";
+
+/// The ServiceAccount agentk runs as when the stack enforces RBAC.
+pub const AGENTK_SERVICE_ACCOUNT: &str = "podgate-agentk";
+
+/// The token of [`AGENTK_SERVICE_ACCOUNT`] when the stack enforces RBAC.
+pub const AGENTK_TOKEN: &str = "podgate-agentk-service-account-token";
 
 impl WorkspacesStackBuilder {
     /// The Pod of the simulator and of the agent tokens (default 1).
@@ -131,6 +142,16 @@ impl WorkspacesStackBuilder {
     /// kas's `max_wait` (default 5 s).
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
+        self
+    }
+
+    /// Enforce RBAC in kube-sim with these objects stored first (ServiceAccounts,
+    /// Roles, ClusterRoles and their bindings: `deploy/agentk` rendered), and run
+    /// agentk in [`AGENTK_NAMESPACE`] as [`AGENTK_SERVICE_ACCOUNT`], whose token
+    /// Secret ([`AGENTK_TOKEN`]) the stack adds. Default: no RBAC, agentk in
+    /// `default`.
+    pub fn rbac(mut self, objects: Vec<serde_json::Value>) -> Self {
+        self.rbac = Some(objects);
         self
     }
 
@@ -164,7 +185,14 @@ impl WorkspacesStackBuilder {
         )
         .expect("writing the agent configuration");
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kube.kubeconfig()).expect("writing the kubeconfig");
+        let kubeconfig_text = match &self.rbac {
+            Some(objects) => {
+                install_rbac(&kube, objects);
+                crate::kube_sim::kubeconfig_with(&kube.url(), Some(AGENTK_TOKEN), None)
+            }
+            None => kube.kubeconfig(),
+        };
+        std::fs::write(&kubeconfig, kubeconfig_text).expect("writing the kubeconfig");
         let mut config = gitlab_kas_config(
             &tokens,
             &format!("http://{}", sim.addr()),
@@ -175,13 +203,12 @@ impl WorkspacesStackBuilder {
             config = with_workspaces(config);
         }
         let kas = start_kas(config).await;
-        let agentk = Agentk::start(agentk_config(
-            &kas,
-            tokens.mint(Some(AGENT as u64)),
-            Some(kubeconfig),
-        ))
-        .await
-        .expect("agentk starts");
+        let mut agentk_config =
+            agentk_config(&kas, tokens.mint(Some(AGENT as u64)), Some(kubeconfig));
+        if self.rbac.is_some() {
+            agentk_config.pod_namespace = AGENTK_NAMESPACE.into();
+        }
+        let agentk = Agentk::start(agentk_config).await.expect("agentk starts");
         tokio::time::timeout(STEP, agentk.connected())
             .await
             .expect("agentk connects in time");
@@ -202,6 +229,40 @@ impl WorkspacesStackBuilder {
             _dir: dir,
         }
     }
+}
+
+/// Store `objects` (each by its kind), agentk's ServiceAccount token Secret and
+/// namespace, then enforce RBAC.
+fn install_rbac(kube: &KubeTestServer, objects: &[serde_json::Value]) {
+    use base64::Engine as _;
+    use serde_json::json;
+    kube.put(
+        "namespaces",
+        "",
+        json!({"metadata": {"name": AGENTK_NAMESPACE}}),
+    );
+    for o in objects {
+        let plural = match o["kind"].as_str().unwrap_or_default() {
+            "ServiceAccount" => "serviceaccounts",
+            "ClusterRole" => "clusterroles",
+            "ClusterRoleBinding" => "clusterrolebindings",
+            "Role" => "roles",
+            "RoleBinding" => "rolebindings",
+            other => panic!("not an RBAC object: {other}"),
+        };
+        let namespace = o["metadata"]["namespace"].as_str().unwrap_or_default();
+        let stored = kube.put(plural, namespace, o.clone());
+        assert_ne!(stored["kind"], "Status", "{stored}");
+    }
+    kube.put(
+        "secrets",
+        AGENTK_NAMESPACE,
+        json!({"metadata": {"name": "podgate-agentk-token",
+                            "annotations": {"kubernetes.io/service-account.name": AGENTK_SERVICE_ACCOUNT}},
+               "type": "kubernetes.io/service-account-token",
+               "data": {"token": base64::engine::general_purpose::STANDARD.encode(AGENTK_TOKEN)}}),
+    );
+    kube.sim().enforce_rbac(true);
 }
 
 /// The running stack. Dropping it stops everything; [`WorkspacesStack::shutdown`]
@@ -228,6 +289,7 @@ impl WorkspacesStack {
             pod: 1,
             max_wait: Duration::from_secs(5),
             workspaces_listener: true,
+            rbac: None,
         }
     }
 
