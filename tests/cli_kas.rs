@@ -128,3 +128,110 @@ async fn kas_serves_registers_itself_and_cleans_up_on_sigterm() {
         "kas removed itself"
     );
 }
+
+/// `podgate loadtest agents` holds its agents connected to a `podgate kas` (kas's
+/// own gauges count them and their idle tunnels), and they leave when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loadtest_agents_connect_and_hold_their_tunnels() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    std::fs::write(d.join("ext"), b64(&[1u8; 32])).unwrap();
+    std::fs::write(d.join("int"), b64(&[2u8; 32])).unwrap();
+    let keygen = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["token", "keygen", "--kid", "agents", "--out"])
+        .arg(d)
+        .output()
+        .unwrap();
+    assert!(keygen.status.success(), "{keygen:?}");
+    let (agent, obs) = (free_port(), free_port());
+    let config = d.join("kas.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "agent_listen = \"127.0.0.1:{agent}\"\nexternal_listen = \"127.0.0.1:0\"\ninternal_listen = \"127.0.0.1:0\"\n\
+             observability_listen = \"127.0.0.1:{obs}\"\n\
+             external_secret_file = \"{d}/ext\"\ninternal_secret_file = \"{d}/int\"\n\
+             agent_keys = [\"{d}/agents.pem\"]\n",
+            d = d.display(),
+        ),
+    )
+    .unwrap();
+    let mut kas = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["kas", "--config", config.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // kas's stdout read to its end: kas prints more lines after the first, and a
+    // closed pipe would fail its `println!`.
+    let (tx, first) = tokio::sync::oneshot::channel();
+    let kas_stdout = kas.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(kas_stdout).lines();
+        let _ = tx.send(lines.next());
+        lines.for_each(drop);
+    });
+    let first = first.await.unwrap();
+    assert!(first.unwrap().unwrap().starts_with("kas: agents on"));
+
+    let mut load = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args([
+            "loadtest",
+            "agents",
+            "--kas",
+            &format!("grpc://127.0.0.1:{agent}"),
+        ])
+        .arg("--key")
+        .arg(d.join("agents.private.pem"))
+        .args(["--agents", "25", "--first-agent", "100", "--duration", "3s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(load.stdout.take().unwrap()).lines();
+    let (held, mut lines) = tokio::task::spawn_blocking(move || (lines.next(), lines))
+        .await
+        .unwrap();
+    let held = held.unwrap().unwrap();
+    assert!(
+        held.starts_with("loadtest agents: 25 agents connected to grpc://127.0.0.1:"),
+        "{held}"
+    );
+    let obs_addr = std::net::SocketAddr::from(([127, 0, 0, 1], obs));
+    // Connected (the agents' own report) before the line; each replica's tunnels
+    // open beside its connection.
+    podgate_registry::testing::eventually(
+        std::time::Duration::from_secs(10),
+        "25 agents and their 50 idle tunnels at kas",
+        || async {
+            let (_, m) = http_get(obs_addr, "/metrics").await;
+            (m.contains("podgate_kas_connected_agents 25\n")
+                && m.contains("podgate_kas_tunnels{state=\"idle\"} 50\n"))
+            .then_some(())
+        },
+    )
+    .await;
+
+    let status = tokio::task::spawn_blocking(move || load.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    let done = lines.next().unwrap().unwrap();
+    assert_eq!(
+        done,
+        "loadtest agents: done; 0 were not connected at the end"
+    );
+    podgate_registry::testing::eventually(
+        std::time::Duration::from_secs(10),
+        "the agents to leave kas",
+        || async {
+            let (_, m) = http_get(obs_addr, "/metrics").await;
+            m.contains("podgate_kas_connected_agents 0\n").then_some(())
+        },
+    )
+    .await;
+    let _ = kas.kill();
+    let _ = kas.wait();
+}

@@ -17,6 +17,8 @@ pub(crate) enum LoadtestCommand {
     Runners(RunnersArgs),
     /// Constant-rate HTTP requests, latencies corrected for coordinated omission.
     Http(HttpArgs),
+    /// Many agentk replicas connected to one kas, each holding its idle tunnels.
+    Agents(super::loadtest_agents::AgentsArgs),
     /// Helpers of the fault drills (`scripts/drills.sh`): the ledger check, a
     /// per-Pod probe, a topology owner, the RSS check.
     #[command(subcommand)]
@@ -195,6 +197,7 @@ pub(crate) fn run(cmd: LoadtestCommand) -> anyhow::Result<ExitCode> {
     let args = match cmd {
         LoadtestCommand::Runners(args) => args,
         LoadtestCommand::Http(args) => return http(args),
+        LoadtestCommand::Agents(args) => return super::loadtest_agents::run(args),
         LoadtestCommand::Drill(cmd) => return super::drill::run(cmd),
     };
     let config = args.config();

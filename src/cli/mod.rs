@@ -7,6 +7,7 @@ pub(crate) mod graph;
 pub(crate) mod kas;
 pub(crate) mod kube_sim;
 pub(crate) mod loadtest;
+pub(crate) mod loadtest_agents;
 pub(crate) mod pod_sim;
 pub(crate) mod registry;
 pub(crate) mod token;
