@@ -216,3 +216,84 @@ fn the_shipped_configurations_parse() {
         panic!("{e}");
     }
 }
+
+/// The Debian packages of `debian:bookworm-slim` the binary may rely on without
+/// installing them (the C library and the GCC runtime).
+const BASE_PACKAGES: &[&str] = &["libc6", "libgcc-s1"];
+
+/// The `Dockerfile`, checked without a Docker engine (none runs on these
+/// machines): its runtime stage installs the Debian package of every shared
+/// library the built binary links (`ldd`, then `dpkg -S` on this Debian
+/// bookworm machine), and every Deployment's image is `podgate` with a first
+/// argument that is a podgate subcommand (`podgate <it> --help` succeeds).
+#[test]
+fn the_image_provides_the_binarys_libraries_and_runs_each_deployments_role() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let runtime = dockerfile.split("\nFROM ").last().expect("a runtime stage");
+    assert!(runtime.starts_with("debian:bookworm-slim"), "{runtime}");
+    let installed: Vec<&str> = runtime
+        .split("--no-install-recommends")
+        .nth(1)
+        .expect("an apt-get install in the runtime stage")
+        .split("&&")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .filter(|w| *w != "\\")
+        .collect();
+    assert!(runtime.contains("ENTRYPOINT [\"/usr/local/bin/podgate\"]"));
+
+    let binary = env!("CARGO_BIN_EXE_podgate");
+    let ldd = Command::new("ldd").arg(binary).output().unwrap();
+    let ldd = String::from_utf8(ldd.stdout).unwrap();
+    let libraries: Vec<&str> = ldd
+        .lines()
+        .filter_map(|l| l.split("=> ").nth(1))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(libraries.iter().any(|l| l.contains("libssl")), "{ldd}");
+    for lib in libraries {
+        // Merged /usr: dpkg knows each file under one of the two paths.
+        let real = std::fs::canonicalize(lib).unwrap();
+        let candidates = [
+            real.display().to_string(),
+            real.display().to_string().replacen("/usr/lib/", "/lib/", 1),
+            Path::new(lib).display().to_string(),
+        ];
+        let package = candidates
+            .iter()
+            .find_map(|p| {
+                let out = Command::new("dpkg").args(["-S", p]).output().ok()?;
+                let text = String::from_utf8(out.stdout).ok()?;
+                let pkg = text.split(':').next()?.trim().to_owned();
+                (!pkg.is_empty()).then_some(pkg)
+            })
+            .unwrap_or_else(|| panic!("no Debian package holds {lib}"));
+        assert!(
+            installed.contains(&package.as_str()) || BASE_PACKAGES.contains(&package.as_str()),
+            "{lib} is in {package}, which the runtime stage does not install: {installed:?}"
+        );
+    }
+
+    for (base, _) in BASES {
+        for o in build(base).iter().filter(|o| o["kind"] == "Deployment") {
+            for c in o["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+            {
+                let image = c["image"].as_str().unwrap();
+                assert!(image.starts_with("podgate:"), "{base}: {image}");
+                assert!(
+                    c.get("command").is_none(),
+                    "{base}: the ENTRYPOINT runs podgate"
+                );
+                let role = c["args"][0].as_str().unwrap();
+                let help = Command::new(binary)
+                    .args([role, "--help"])
+                    .output()
+                    .unwrap();
+                assert!(help.status.success(), "{base}: podgate {role} --help");
+            }
+        }
+    }
+}
