@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 
 podgate_ensure_rust
 podgate_ensure_system_packages
+podgate_ensure_kubectl
 # tests/third_party_runner.rs: gitlab-python-runner from PyPI, pinned (exports
 # PODGATE_PY_RUNNER_VENV).
 podgate_ensure_py_runner

@@ -8,8 +8,9 @@
 # jq and curl (scripts/drills.sh, which a test runs in its smoke mode), prometheus
 # (its server and promtool: tests/prometheus.rs checks the rules and evaluates every
 # dashboard panel against a real one), chromium (tests/console drives the web console
-# in headless Chromium; fonts-liberation so its screenshots have text); kubectl is
-# optional and only used when present.
+# in headless Chromium; fonts-liberation so its screenshots have text). kubectl is
+# not in Debian bookworm's archive: the tests that drive it (kube-sim, deploy/, the
+# Workspaces end-to-end run) expect it installed, as on the project's machines.
 PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git jq curl prometheus chromium fonts-liberation)
 
 podgate_ensure_system_packages() {
@@ -34,6 +35,14 @@ podgate_ensure_system_packages() {
   fi
   DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# kubectl cannot come from apt here (see above): say so before an hour of build.
+podgate_ensure_kubectl() {
+  if ! command -v kubectl >/dev/null 2>&1; then
+    echo "error: kubectl not found. Install it (https://kubernetes.io/docs/tasks/tools/), then run this again: the kube-sim, deploy/ and Workspaces tests drive it." >&2
+    return 1
+  fi
 }
 
 podgate_ensure_rust() {
