@@ -456,16 +456,20 @@ async fn every_permission_the_shipped_roles_grant_is_used_and_none_is_refused() 
     let agentk = format!("system:serviceaccount:{AGENTK_NAMESPACE}:{AGENTK_SERVICE_ACCOUNT}");
     let mut used = BTreeSet::new();
     let mut requests = 0;
-    // The audit keeps the last 1,000 requests: read it after each step.
+    // The stack's audit keeps every request; read what each step added.
+    let mut seen = 0;
     let mut collect = |used: &mut BTreeSet<Permission>| {
-        for e in sim.audit() {
+        let audit = sim.audit();
+        assert!(audit.len() >= seen, "the audit dropped requests");
+        for e in &audit[seen..] {
             if e.requester.as_deref() != Some(agentk.as_str()) {
                 continue;
             }
             assert!(e.code != 401 && e.code != 403, "refused: {e:?}");
             requests += 1;
-            used.extend(permissions(&e));
+            used.extend(permissions(e));
         }
+        seen = audit.len();
     };
 
     // Workspaces: created and running, stopped, started, terminated.

@@ -21,7 +21,9 @@ use podgate_agent::testing::fixtures::{
     INTERNAL_SECRET, agent_tokens, bearer, channel, configuration_stream, http_get, kas_config,
 };
 use podgate_agent::testing::kube::KubeTestServer;
-use podgate_registry::{AgentConnection, KasAddress, MemoryBackend, Registry, RegistryConfig};
+use podgate_registry::{
+    AgentConnection, AgentEvent, KasAddress, MemoryBackend, Registry, RegistryConfig,
+};
 use prost::Message as _;
 use serde_json::{Value, json};
 use tonic::Code;
@@ -440,7 +442,27 @@ async fn an_unrelated_agents_events_wake_no_waiting_call() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed_addr = closed.local_addr().unwrap().to_string();
     drop(closed);
+    // The registration's own event delivered before the call subscribes: on a
+    // loaded machine it could otherwise reach the call late and wake it once more
+    // (CI at 07c2992).
+    let mut events = registry.subscribe();
     put(&registry, 7, 71, &closed_addr).await;
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(20), events.recv())
+            .await
+            .expect("the registration's event")
+            .unwrap();
+        if matches!(
+            e,
+            AgentEvent::Connected {
+                agent_id: 7,
+                connection_id: 71,
+                ..
+            }
+        ) {
+            break;
+        }
+    }
     let router = kas1.router();
     let call = tokio::spawn(async move { router.open(7, 0, "Count", Vec::new()).await });
     podgate_registry::testing::eventually(Duration::from_secs(20), "a first re-route", || async {

@@ -21,7 +21,7 @@ use super::store::Store;
 /// The user a request without impersonation headers is served as.
 pub(super) const ANONYMOUS: &str = "system:anonymous";
 
-/// How many requests [`Access`] remembers.
+/// How many requests [`Access`] remembers, unless told otherwise.
 pub(super) const AUDIT_LIMIT: usize = 1000;
 
 /// The verbs a denial covers when none are named: the reads RBAC gates.
@@ -131,6 +131,8 @@ pub(super) struct Access {
     policy: Mutex<Option<(u64, Arc<Policy>)>>,
     /// Static bearer tokens (kube-apiserver's `--token-auth-file`).
     tokens: Mutex<HashMap<String, UserInfo>>,
+    /// How many requests the audit keeps; 0 means [`AUDIT_LIMIT`].
+    audit_limit: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -194,7 +196,12 @@ impl Access {
         })
     }
 
-    /// Remember one request, forgetting the oldest past [`AUDIT_LIMIT`].
+    /// Keep the last `n` requests (at least 1) from now on.
+    pub(super) fn set_audit_limit(&self, n: usize) {
+        self.audit_limit.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// Remember one request, forgetting the oldest past the limit.
     pub(super) fn record(
         &self,
         (verb, path, query): (&str, &str, &str),
@@ -202,8 +209,12 @@ impl Access {
         requester: Option<&str>,
         code: StatusCode,
     ) {
+        let limit = match self.audit_limit.load(Ordering::Relaxed) {
+            0 => AUDIT_LIMIT,
+            n => n,
+        };
         let mut audit = lock(&self.audit);
-        if audit.len() == AUDIT_LIMIT {
+        while audit.len() >= limit {
             audit.pop_front();
         }
         audit.push_back(AuditEntry {

@@ -311,7 +311,15 @@ impl KubeSim {
         kind_of(group, resource).is_some()
     }
 
-    /// The last requests served (at most 1,000), oldest first: who asked for what.
+    /// Keep the last `n` requests in [`KubeSim::audit`] (default 1,000) from now
+    /// on, for a test that reads every request of a longer run.
+    pub fn set_audit_limit(&self, n: usize) {
+        self.shared.access.set_audit_limit(n);
+    }
+
+    /// The last requests served (at most 1,000 unless
+    /// [`KubeSim::set_audit_limit`] said otherwise), oldest first: who asked for
+    /// what.
     pub fn audit(&self) -> Vec<AuditEntry> {
         self.shared.access.audit()
     }

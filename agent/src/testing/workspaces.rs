@@ -148,7 +148,8 @@ impl WorkspacesStackBuilder {
     /// Enforce RBAC in kube-sim with these objects stored first (ServiceAccounts,
     /// Roles, ClusterRoles and their bindings: `deploy/agentk` rendered), and run
     /// agentk in [`AGENTK_NAMESPACE`] as [`AGENTK_SERVICE_ACCOUNT`], whose token
-    /// Secret ([`AGENTK_TOKEN`]) the stack adds. Default: no RBAC, agentk in
+    /// Secret ([`AGENTK_TOKEN`]) the stack adds. kube-sim's audit then keeps
+    /// every request (up to a million). Default: no RBAC, agentk in
     /// `default`.
     pub fn rbac(mut self, objects: Vec<serde_json::Value>) -> Self {
         self.rbac = Some(objects);
@@ -232,7 +233,7 @@ impl WorkspacesStackBuilder {
 }
 
 /// Store `objects` (each by its kind), agentk's ServiceAccount token Secret and
-/// namespace, then enforce RBAC.
+/// namespace, keep every request in the audit, then enforce RBAC.
 fn install_rbac(kube: &KubeTestServer, objects: &[serde_json::Value]) {
     use base64::Engine as _;
     use serde_json::json;
@@ -262,6 +263,8 @@ fn install_rbac(kube: &KubeTestServer, objects: &[serde_json::Value]) {
                "type": "kubernetes.io/service-account-token",
                "data": {"token": base64::engine::general_purpose::STANDARD.encode(AGENTK_TOKEN)}}),
     );
+    // Tests of the RBAC read every request agentk made.
+    kube.sim().set_audit_limit(1_000_000);
     kube.sim().enforce_rbac(true);
 }
 
