@@ -2,10 +2,13 @@
 //! `Impersonate-*` headers), resources whose reads are denied (a `403 Forbidden`
 //! `Status`, as missing RBAC gives), and a bounded audit log of recent requests.
 //!
-//! kube-sim authenticates nobody: a request without impersonation headers is served
-//! as `system:anonymous`, the name kube-apiserver gives an unauthenticated request.
-//! Every impersonation is allowed (a real server would first check that the caller
-//! may `impersonate`).
+//! Unless RBAC is enforced, kube-sim authenticates nobody: a request without
+//! impersonation headers is served as `system:anonymous`, the name kube-apiserver
+//! gives an unauthenticated request, and every impersonation is allowed. With RBAC
+//! enforced (`super::rbac`), bearer tokens authenticate (ServiceAccount token
+//! Secrets, and static tokens such as `--enforce-rbac`'s administrator), the
+//! caller must be allowed to `impersonate`, and the audit records who the token
+//! authenticated. Every audit entry records the response's status.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
