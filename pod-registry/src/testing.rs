@@ -15,6 +15,40 @@ use std::time::{Duration, Instant};
 /// 10000: still valid.
 const PORTS: std::ops::Range<u16> = 15_000..32_000;
 
+/// Where [`RedisServer`] picks a cluster node's port: its bus port (port + 10000)
+/// then lies in 25,000–31,999, below the ephemeral range too. (From the whole of
+/// [`PORTS`] a bus port could land on 32,768 or above, where any client socket of
+/// the tests may already hold it: the node then aborts at start.)
+const CLUSTER_PORTS: std::ops::Range<u16> = 15_000..22_000;
+
+/// A port in [`CLUSTER_PORTS`] free now, with its bus port (+ 10000) free too.
+fn free_cluster_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = u32::from(CLUSTER_PORTS.end - CLUSTER_PORTS.start);
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let start = (std::process::id().wrapping_mul(104_729) ^ nanos) % span;
+        let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = CLUSTER_PORTS.start + n as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free port pair in {CLUSTER_PORTS:?}");
+}
+
+/// How many ports [`RedisServer::start_with`] tries before it gives up: another
+/// process may bind a port between its check and the server's bind.
+const START_ATTEMPTS: usize = 5;
+
 /// A free TCP port on 127.0.0.1 (bound once, then released for the server to take):
 /// each call in a process a different one, from [`PORTS`], starting at an offset
 /// of the process's own.
@@ -55,6 +89,8 @@ pub struct RedisServer {
 enum ServerEvent {
     Ready,
     ClusterOk,
+    /// The server gave up starting (its port or bus port was taken): the line.
+    Aborted(String),
 }
 
 impl RedisServer {
@@ -64,20 +100,39 @@ impl RedisServer {
     }
 
     /// Start with extra `redis-server` arguments (e.g. `--cluster-enabled yes`).
+    /// A server that cannot take its port (another process took it since it was
+    /// found free) is started again on another, up to [`START_ATTEMPTS`] times.
     pub fn start_with(extra: &[&str]) -> Self {
+        let cluster = extra.contains(&"--cluster-enabled");
+        let pick = || {
+            if cluster {
+                free_cluster_port()
+            } else {
+                free_port()
+            }
+        };
         let dir = tempfile::tempdir().expect("temp dir");
         let mut s = RedisServer {
-            port: free_port(),
+            port: pick(),
             dir,
             child: None,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             events: None,
         };
-        s.spawn();
+        let mut failures = Vec::new();
+        while let Err(e) = s.spawn() {
+            failures.push(e);
+            s.kill();
+            assert!(
+                failures.len() < START_ATTEMPTS,
+                "redis-server did not start: {failures:?}"
+            );
+            s.port = pick();
+        }
         s
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&mut self) -> Result<(), String> {
         // The server runs under a guard shell that holds a pipe from this process:
         // when the pipe closes (drop, panic, or this process killed outright) the
         // guard kills the server. No server outlives its test.
@@ -112,6 +167,8 @@ cat >/dev/null"#;
                     Some(ServerEvent::Ready)
                 } else if line.contains("Cluster state changed: ok") {
                     Some(ServerEvent::ClusterOk)
+                } else if line.contains("aborting") || line.contains("Failed listening") {
+                    Some(ServerEvent::Aborted(line))
                 } else {
                     None
                 };
@@ -122,23 +179,36 @@ cat >/dev/null"#;
         });
         self.child = Some(child);
         self.events = Some(rx);
-        self.wait_for(ServerEvent::Ready, Duration::from_secs(10));
+        self.until(ServerEvent::Ready, Duration::from_secs(10))
     }
 
     /// Block until the server's log announces `event` (bounded by `timeout`).
     fn wait_for(&self, event: ServerEvent, timeout: Duration) {
+        if let Err(e) = self.until(event, timeout) {
+            panic!("{e}");
+        }
+    }
+
+    /// Wait until the server's log announces `event`: an error if it aborts
+    /// first or `timeout` passes.
+    fn until(&self, event: ServerEvent, timeout: Duration) -> Result<(), String> {
         let rx = self.events.as_ref().expect("server started");
         let deadline = Instant::now() + timeout;
+        let port = self.port;
+        let dir = self.dir.path().display();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(e) if e == event => return,
+                Ok(e) if e == event => return Ok(()),
+                Ok(ServerEvent::Aborted(line)) => {
+                    return Err(format!("redis-server on port {port} (dir {dir}): {line}"));
+                }
                 Ok(_) => continue,
-                Err(_) => panic!(
-                    "redis-server on port {} (dir {}) did not report {event:?} within {timeout:?}",
-                    self.port,
-                    self.dir.path().display()
-                ),
+                Err(_) => {
+                    return Err(format!(
+                        "redis-server on port {port} (dir {dir}) did not report {event:?} within {timeout:?}"
+                    ));
+                }
             }
         }
     }
@@ -170,7 +240,9 @@ cat >/dev/null"#;
     /// Start it again, empty, on the same port.
     pub fn restart_empty(&mut self) {
         self.kill();
-        self.spawn();
+        if let Err(e) = self.spawn() {
+            panic!("{e}");
+        }
     }
 
     /// Run `redis-cli` against this server and return its stdout.
@@ -269,5 +341,38 @@ where
             tokio::time::Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ports_keep_their_bus_ports_below_the_ephemeral_range() {
+        for _ in 0..50 {
+            let port = free_cluster_port();
+            assert!(CLUSTER_PORTS.contains(&port));
+            assert!(port + 10_000 < 32_768, "{port}");
+        }
+    }
+
+    /// A server whose port is taken says so (its own log line, not the 10 s
+    /// timeout's message), which `start_with` takes as the cue for another port.
+    #[test]
+    fn a_taken_port_is_reported_from_the_servers_log() {
+        let taken = TcpListener::bind(("127.0.0.1", free_port())).unwrap();
+        let mut s = RedisServer {
+            port: taken.local_addr().unwrap().port(),
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+            extra: Vec::new(),
+            events: None,
+        };
+        let e = s.spawn().unwrap_err();
+        assert!(e.contains("Failed listening on port"), "{e}");
+        s.kill();
+        let ok = RedisServer::start();
+        assert!(ok.cli(&["PING"]).contains("PONG"));
     }
 }
