@@ -508,3 +508,84 @@ fn podgate_up_runs_a_workspace_and_follows_a_stop() {
         "{answer}"
     );
 }
+
+/// The processes `pid` started that still run: (pid, command line).
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let path = task.unwrap().path().join("children");
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        for child in text.split_whitespace() {
+            let child: u32 = child.parse().unwrap();
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            out.push((child, cmdline));
+        }
+    }
+    out
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped: it ran its course).
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
+/// A SIGKILLed `podgate up` leaves nothing running: the kernel sends its proxy and
+/// its private redis-server SIGTERM (`PR_SET_PDEATHSIG`), and they exit.
+#[test]
+fn a_killed_podgate_up_takes_its_proxy_and_redis_with_it() {
+    use std::io::BufRead as _;
+    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(["up", "--no-fleet", "--no-kube"])
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
+        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = up.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("podgate up gets ready");
+        if line.contains("podgate up: ready") {
+            break;
+        }
+    }
+    let children: Vec<(u32, String)> = children_of(up.id())
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains(" proxy --config ") || cmd.starts_with("redis-server"))
+        .collect();
+    assert_eq!(
+        children.len(),
+        2,
+        "the proxy and redis-server: {children:?}"
+    );
+    up.kill().unwrap();
+    up.wait().unwrap();
+    for (pid, cmd) in &children {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !exited(*pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{cmd} (pid {pid}) outlived podgate up"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}

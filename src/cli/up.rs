@@ -217,7 +217,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     .await?;
     let exe = std::env::current_exe().context("finding the podgate binary")?;
     let mut proxy = ProxyChild(
-        Command::new(exe)
+        super::up_proxy::dies_with_parent(&mut Command::new(exe))
             .args(["proxy", "--config"])
             .arg(&path)
             .stdout(Stdio::null())

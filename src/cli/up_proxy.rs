@@ -110,6 +110,29 @@ pub(crate) async fn write_config(
     Ok(ProxyFiles { dir, path, ca })
 }
 
+/// Make the process `cmd` starts get SIGTERM when this one dies, however it dies
+/// (`PR_SET_PDEATHSIG`): `podgate up`'s children (the proxy, the private
+/// redis-server) never outlive it, even when it is SIGKILLed. The signal follows
+/// the *thread* that spawns: spawn from `podgate up`'s main thread, which lives
+/// as long as the process.
+pub(crate) fn dies_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    let parent = rustix::process::getpid();
+    // SAFETY: between fork and exec the closure only makes two system calls; it
+    // allocates nothing (its errors are OS error codes) and takes no lock.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
+            // The parent may have died before the call above: then nobody signals.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(rustix::io::Errno::CHILD.into());
+            }
+            Ok(())
+        })
+    }
+}
+
 /// The proxy child; stopped (SIGTERM, then killed) on drop.
 pub(crate) struct ProxyChild(pub(crate) Child);
 

@@ -38,7 +38,7 @@ impl QueueRedis {
             .tempdir()
             .context("a directory for the private redis-server")?;
         let socket = dir.path().join("redis.sock");
-        let child = Command::new("redis-server")
+        let child = super::up_proxy::dies_with_parent(&mut Command::new("redis-server"))
             .args(["--port", "0", "--save", "", "--appendonly", "no"])
             .arg("--unixsocket")
             .arg(&socket)
