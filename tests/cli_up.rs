@@ -525,14 +525,24 @@ fn children_of(pid: u32) -> Vec<(u32, String)> {
     out
 }
 
-/// Whether process `pid` is gone (or a zombie nobody reaped: it ran its course).
-fn exited(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z')),
-    }
+/// Wait (at most `within`) for process `pid` to exit: its pidfd becomes readable
+/// when it terminates, reaped or not (PID 1 here reaps nobody). `false` if it
+/// still runs.
+fn exits_within(pid: u32, within: std::time::Duration) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    use rustix::process::{Pid, PidfdFlags, pidfd_open};
+    let pid = Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    let fd = match pidfd_open(pid, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::SRCH) => return true, // already gone
+        Err(e) => panic!("pidfd_open: {e}"),
+    };
+    let timeout = Timespec {
+        tv_sec: i64::try_from(within.as_secs()).unwrap(),
+        tv_nsec: 0,
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    poll(&mut fds, Some(&timeout)).unwrap() == 1
 }
 
 /// A SIGKILLed `podgate up` leaves nothing running: the kernel sends its proxy and
@@ -579,13 +589,9 @@ fn a_killed_podgate_up_takes_its_proxy_and_redis_with_it() {
     up.kill().unwrap();
     up.wait().unwrap();
     for (pid, cmd) in &children {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !exited(*pid) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{cmd} (pid {pid}) outlived podgate up"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        assert!(
+            exits_within(*pid, std::time::Duration::from_secs(30)),
+            "{cmd} (pid {pid}) outlived podgate up"
+        );
     }
 }
