@@ -4,6 +4,7 @@
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -23,26 +24,33 @@ const CLUSTER_PORTS: std::ops::Range<u16> = 15_000..22_000;
 
 /// A port in [`CLUSTER_PORTS`] free now, with its bus port (+ 10000) free too.
 fn free_cluster_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let span = u32::from(CLUSTER_PORTS.end - CLUSTER_PORTS.start);
-    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+    pick_port(&NEXT, CLUSTER_PORTS, |port| {
+        TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+    })
+}
+
+/// The next port of `range` that passes `free`, counting on from `next` (which
+/// starts at an offset of the process's own, so two test processes rarely try
+/// the same ports at once).
+fn pick_port(next: &AtomicU32, range: std::ops::Range<u16>, free: impl Fn(u16) -> bool) -> u16 {
+    let span = u32::from(range.end - range.start);
+    if next.load(Ordering::Relaxed) == u32::MAX {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        let start = (std::process::id().wrapping_mul(104_729) ^ nanos) % span;
-        let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+        let start = (std::process::id().wrapping_mul(7_919) ^ nanos) % span;
+        let _ = next.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
     }
     for _ in 0..span {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed) % span;
-        let port = CLUSTER_PORTS.start + n as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok()
-            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
-        {
+        let n = next.fetch_add(1, Ordering::Relaxed) % span;
+        let port = range.start + n as u16;
+        if free(port) {
             return port;
         }
     }
-    panic!("no free port pair in {CLUSTER_PORTS:?}");
+    panic!("no free port in {range:?}");
 }
 
 /// How many ports [`RedisServer::start_with`] tries before it gives up: another
@@ -53,24 +61,10 @@ const START_ATTEMPTS: usize = 5;
 /// each call in a process a different one, from [`PORTS`], starting at an offset
 /// of the process's own.
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let span = u32::from(PORTS.end - PORTS.start);
-    if NEXT.load(Ordering::Relaxed) == u32::MAX {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let start = (std::process::id().wrapping_mul(7_919) ^ nanos) % span;
-        let _ = NEXT.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
-    }
-    for _ in 0..span {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed) % span;
-        let port = PORTS.start + n as u16;
-        if port != 6379 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {PORTS:?}");
+    pick_port(&NEXT, PORTS, |port| {
+        port != 6379 && TcpListener::bind(("127.0.0.1", port)).is_ok()
+    })
 }
 
 /// One `redis-server` process.
