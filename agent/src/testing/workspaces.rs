@@ -188,7 +188,7 @@ impl WorkspacesStackBuilder {
         let kubeconfig = dir.path().join("kubeconfig");
         let kubeconfig_text = match &self.rbac {
             Some(objects) => {
-                install_rbac(&kube, objects);
+                install_agentk_rbac(&kube, objects);
                 crate::kube_sim::kubeconfig_with(&kube.url(), Some(AGENTK_TOKEN), None)
             }
             None => kube.kubeconfig(),
@@ -232,38 +232,29 @@ impl WorkspacesStackBuilder {
     }
 }
 
-/// Store `objects` (each by its kind), agentk's ServiceAccount token Secret and
-/// namespace, keep every request in the audit, then enforce RBAC.
-fn install_rbac(kube: &KubeTestServer, objects: &[serde_json::Value]) {
+/// What an operator installs before agentk runs: its namespace
+/// ([`AGENTK_NAMESPACE`]), `objects` (`deploy/agentk`'s ServiceAccount and RBAC,
+/// rendered), and the ServiceAccount's token Secret ([`AGENTK_TOKEN`]; kube-sim
+/// has no token controller). Then kube-sim's audit keeps every request (tests of
+/// the RBAC read them all) and RBAC is enforced.
+pub fn install_agentk_rbac(kube: &KubeTestServer, objects: &[serde_json::Value]) {
     use base64::Engine as _;
     use serde_json::json;
-    kube.put(
-        "namespaces",
-        "",
-        json!({"metadata": {"name": AGENTK_NAMESPACE}}),
-    );
-    for o in objects {
-        let plural = match o["kind"].as_str().unwrap_or_default() {
-            "ServiceAccount" => "serviceaccounts",
-            "ClusterRole" => "clusterroles",
-            "ClusterRoleBinding" => "clusterrolebindings",
-            "Role" => "roles",
-            "RoleBinding" => "rolebindings",
-            other => panic!("not an RBAC object: {other}"),
-        };
-        let namespace = o["metadata"]["namespace"].as_str().unwrap_or_default();
-        let stored = kube.put(plural, namespace, o.clone());
-        assert_ne!(stored["kind"], "Status", "{stored}");
-    }
-    kube.put(
-        "secrets",
-        AGENTK_NAMESPACE,
-        json!({"metadata": {"name": "podgate-agentk-token",
-                            "annotations": {"kubernetes.io/service-account.name": AGENTK_SERVICE_ACCOUNT}},
-               "type": "kubernetes.io/service-account-token",
-               "data": {"token": base64::engine::general_purpose::STANDARD.encode(AGENTK_TOKEN)}}),
-    );
-    // Tests of the RBAC read every request agentk made.
+    let mut docs = vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENTK_NAMESPACE}}),
+    ];
+    docs.extend(objects.iter().cloned());
+    docs.push(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "podgate-agentk-token", "namespace": AGENTK_NAMESPACE,
+                     "annotations": {"kubernetes.io/service-account.name": AGENTK_SERVICE_ACCOUNT}},
+        "type": "kubernetes.io/service-account-token",
+        "data": {"token": base64::engine::general_purpose::STANDARD.encode(AGENTK_TOKEN)},
+    }));
+    let text: Vec<String> = docs.iter().map(serde_json::Value::to_string).collect();
+    kube.sim()
+        .load_seed(&text.join("\n---\n"))
+        .expect("agentk's ServiceAccount and RBAC");
     kube.sim().set_audit_limit(1_000_000);
     kube.sim().enforce_rbac(true);
 }

@@ -34,14 +34,24 @@ use podgate_agent::proto::kubernetes_api::{
 };
 use podgate_agent::testing::kube::KubeTestServer;
 use podgate_agent::testing::workspaces::{
-    AGENTK_NAMESPACE, AGENTK_SERVICE_ACCOUNT, AGENTK_TOKEN, WorkspacesStack,
+    AGENTK_NAMESPACE, AGENTK_SERVICE_ACCOUNT, AGENTK_TOKEN, WorkspacesStack, install_agentk_rbac,
 };
 use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
 use prost::Message as _;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
-const TOKEN: &str = "agentk-sa-token";
+/// A client of kube-sim at `url` holding agentk's ServiceAccount token.
+async fn agentk_client(url: &str) -> kube::Client {
+    let kubeconfig = podgate_agent::kube_sim::kubeconfig_with(url, Some(AGENTK_TOKEN), None);
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
 
 /// `kubectl kustomize deploy/agentk`: its objects.
 fn rendered() -> Vec<Value> {
@@ -67,9 +77,7 @@ fn rendered() -> Vec<Value> {
 /// Secret, RBAC enforced; and a client holding that token.
 async fn cluster(narrower: bool) -> (KubeTestServer, kube::Client) {
     let server = KubeTestServer::start(1000).await.expect("kube-sim");
-    for ns in ["gitlab-agent", "shop"] {
-        server.put("namespaces", "", json!({"metadata": {"name": ns}}));
-    }
+    server.put("namespaces", "", json!({"metadata": {"name": "shop"}}));
     server.put(
         "deployments",
         "shop",
@@ -85,47 +93,21 @@ async fn cluster(narrower: bool) -> (KubeTestServer, kube::Client) {
         "shop",
         json!({"metadata": {"name": "settings"}}),
     );
-    for mut o in rendered() {
-        let plural = match o["kind"].as_str().unwrap_or_else(|| panic!("no kind: {o}")) {
-            "ServiceAccount" => "serviceaccounts",
-            "ClusterRole" => "clusterroles",
-            "ClusterRoleBinding" => "clusterrolebindings",
-            "Role" => "roles",
-            "RoleBinding" => "rolebindings",
-            _ => continue,
-        };
-        if narrower && plural == "clusterroles" && o["metadata"]["name"] == "podgate-agentk-graph" {
-            for rule in o["rules"].as_array_mut().unwrap() {
-                if let Some(r) = rule["resources"].as_array_mut() {
-                    r.retain(|r| r != "pods");
-                }
+    let mut objects = rbac_objects();
+    if narrower {
+        let graph = objects
+            .iter_mut()
+            .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "podgate-agentk-graph")
+            .expect("the graph ClusterRole");
+        for rule in graph["rules"].as_array_mut().unwrap() {
+            if let Some(r) = rule["resources"].as_array_mut() {
+                r.retain(|r| r != "pods");
             }
         }
-        let ns = o["metadata"]["namespace"].as_str().unwrap_or("").to_owned();
-        let stored = server.put(plural, &ns, o);
-        assert_ne!(stored["kind"], "Status", "{stored}");
     }
-    use base64::Engine as _;
-    server.put(
-        "secrets",
-        "gitlab-agent",
-        json!({"metadata": {"name": "podgate-agentk-token",
-                            "annotations": {"kubernetes.io/service-account.name": "podgate-agentk"}},
-               "type": "kubernetes.io/service-account-token",
-               "data": {"token": base64::engine::general_purpose::STANDARD.encode(TOKEN)}}),
-    );
-    server.sim().enforce_rbac(true);
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: {}\nusers:\n- name: agentk\n  user:\n    token: {TOKEN}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: agentk\ncurrent-context: sim\n",
-        server.url()
-    );
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap(),
-        &Default::default(),
-    )
-    .await
-    .unwrap();
-    (server, kube::Client::try_from(config).unwrap())
+    install_agentk_rbac(&server, &objects);
+    let client = agentk_client(&server.url()).await;
+    (server, client)
 }
 
 /// glab's request without flags (what the web console sends too).
@@ -331,18 +313,7 @@ async fn every_permission_the_shipped_roles_grant_is_used_and_none_is_refused() 
     collect(&mut used);
 
     // The Graph API as the agent, as a GitLab user and as a CI job.
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::from_yaml(&podgate_agent::kube_sim::kubeconfig_with(
-            &stack.kube.url(),
-            Some(AGENTK_TOKEN),
-            None,
-        ))
-        .unwrap(),
-        &Default::default(),
-    )
-    .await
-    .unwrap();
-    let client = kube::Client::try_from(config).unwrap();
+    let client = agentk_client(&stack.kube.url()).await;
     let (vertices, warnings) = graph(client.clone()).await;
     assert!(warnings.is_empty(), "{warnings:?}");
     assert!(!vertices.is_empty());
