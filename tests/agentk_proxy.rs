@@ -4,7 +4,7 @@
 //! tunnels and configuration stream work through it. GitLab's `GetPods` is then
 //! answered with pods agentk listed with kube-rs.
 
-mod common;
+use crate::common;
 
 use common::{Stub, start_proxy};
 use podgate_agent::agentk::{Agentk, AgentkConfig};

@@ -14,7 +14,7 @@
 //!   `Gitlab-Unauthorized: true`; an invalid token gets the same from the proxy; a
 //!   Pod 2 token is never answered by Pod 1.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;

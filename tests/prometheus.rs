@@ -9,7 +9,7 @@
 //!   **every query of every dashboard panel** returns data, except the few listed in
 //!   [`EMPTY_WHEN_IDLE`] with the reason.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! carry the proxy's own metrics and each source's scrape, and say when a source
 //! stops answering. (`tests/console` drives the page in a browser.)
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -13,7 +13,7 @@
 //!   are new polls while Redis is down;
 //! - a Pod without `runner_queue_redis` is untouched.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! request ids, a long poll held 90 s, and agent traffic (gRPC over h2c with trailers,
 //! WebSocket upgrade) to the right Pod's kas: the real binary against stub Pods.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Running the proxy: admin endpoints and metrics, active health checks, TLS,
 //! graceful shutdown and the zero-downtime binary upgrade (socket handoff).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::Arc;

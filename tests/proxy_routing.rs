@@ -1,7 +1,7 @@
 //! The proxy end to end: the real `podgate proxy` binary in front of recording stub
 //! Pods, checked over raw HTTP/1.1.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! load balancers. A name that resolves works like an address; one that does not
 //! costs only its own Pod (a JSON 503 and a log line), never the process.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@
 //! token whose checksum is broken is refused by the proxy; a stopped workspace is
 //! 503 "workspace … is not running".
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! (Workhorse, no `X-GitLab-Last-Update`) apart from immediate ones (Rails, with it),
 //! requests per runner per minute, and the predicted request rate beside the measured.
 
-mod fleet_gitlab;
+use crate::fleet_gitlab;
 
 use std::time::Duration;
 

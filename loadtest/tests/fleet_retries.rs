@@ -3,7 +3,7 @@
 //! tried 5 times in all and then left to the next feed, a connection error is not
 //! retried, and three 403s in a row make the runner stop asking.
 
-mod fleet_gitlab;
+use crate::fleet_gitlab;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! worker is idle (and not when none is); `request_concurrency` bounds its requests in
 //! flight. Counts are asserted with generous bounds, never timings.
 
-mod fleet_gitlab;
+use crate::fleet_gitlab;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! without Content-Range), artifacts up and down (the file part, byte-equal), and
 //! 403 + `misrouted_requests_total` for a foreign token.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

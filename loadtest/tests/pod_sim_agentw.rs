@@ -2,7 +2,7 @@
 //! HTTP as kas calls it (`agentw/server_config`, `agentw/authorize_user_access`,
 //! both behind kas's JWT), and `GET /api/v4/user` with personal access tokens.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

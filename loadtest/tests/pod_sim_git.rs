@@ -4,7 +4,7 @@
 //! (the first request `git` makes), 403 and a misroute for another Pod's job token,
 //! no pushes.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Output;

@@ -5,7 +5,7 @@
 //! empty patches all work; 416 + `Range` when the start is not the trace length);
 //! artifacts are stored as the `file` part's bytes and come back byte-equal.
 
-mod common;
+use crate::common;
 
 use common::{call, field, file, json, multipart, register, sim, sim_with, take_job, variable};
 use serde_json::json;

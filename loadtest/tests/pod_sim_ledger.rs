@@ -2,7 +2,7 @@
 //! up and finished appears once, with its runner; a second final update is refused
 //! and counted as a duplicate; a token of another Pod is counted as a misroute.
 
-mod common;
+use crate::common;
 
 use common::{json, register, sim, take_job};
 use serde_json::{Value, json};

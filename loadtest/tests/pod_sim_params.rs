@@ -6,7 +6,7 @@
 //! the API does not take). Each case states the token GitLab authenticates and
 //! checks the answer that token gets.
 
-mod common;
+use crate::common;
 
 use common::{Part, call, field, file, form, json, multipart, register, sim, take_job};
 use serde_json::json;

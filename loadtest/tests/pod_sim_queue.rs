@@ -7,7 +7,7 @@
 //! GitLab's `set_key_and_notify` (SET … EX 3600, then PUBLISH on
 //! `workhorse:notifications:runner:build_queue:<token>`), surviving a Redis restart.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

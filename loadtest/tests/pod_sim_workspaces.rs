@@ -8,7 +8,7 @@
 //! the full/partial choice of workspaces, Terminated being final, the lifecycle
 //! rules on a moved clock, agent configuration from kas and the prerequisites.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,6 +1,5 @@
 //! Shared by the proxy's end-to-end tests: recording stub Pods, the real `podgate
 //! proxy` binary, and a raw HTTP/1.1 client that hides nothing.
-#![allow(dead_code, unreachable_pub)] // each test binary uses a different part
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -25,7 +25,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::model::{ArcKey, Attrs, Payload, Vx};
+use super::model::{ArcKey, Attrs, Payload, Vx};
 
 /// The Graph API's WebSocket subprotocol.
 pub const SUBPROTOCOL: &str = "gitlab-agent-graph-api";

@@ -27,7 +27,7 @@ use podgate_registry::testing::free_port;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::model::{ApiResource, Object};
+use super::model::{ApiResource, Object};
 
 /// The agent the tests watch through.
 pub const AGENT_ID: u64 = 7;

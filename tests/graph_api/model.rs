@@ -39,8 +39,8 @@ use std::fmt;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
-use crate::expr;
-use crate::select;
+use super::expr;
+use super::select;
 
 /// One discovered resource type (a row of an `APIResourceList`).
 #[derive(Clone, Debug)]

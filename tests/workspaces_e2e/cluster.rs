@@ -12,9 +12,9 @@ use podgate_registry::testing::eventually;
 use podgate_tokens::{Algorithm, MintRequest, PodId, TokenKind};
 use serde_json::{Value, json};
 
-use crate::http::{Json, Kube};
-use crate::procs::Proc;
-use crate::recorder::Recorder;
+use super::http::{Json, Kube};
+use super::procs::Proc;
+use super::recorder::Recorder;
 
 /// How long a process may take to say it is up.
 const UP: Duration = Duration::from_secs(60);

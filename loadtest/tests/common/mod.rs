@@ -2,8 +2,6 @@
 //! connection (so every byte of the request is the test's), simulators on ephemeral
 //! ports, and request bodies in each form GitLab accepts.
 
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,8 +3,6 @@
 //! updates, trace patches and artifacts, and records what it received and when.
 //! Tests wait for recorded events (never sleep to synchronise).
 
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -22,8 +22,7 @@
 //! each Pod's record can be searched for exactly that request. All failing cases are
 //! reported together.
 
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 mod bodies;
 mod git;

@@ -15,9 +15,6 @@
 //!   resource, verb) a rule grants shows in kube-sim's audit of the
 //!   ServiceAccount's requests ([`permissions`]), and none of them was refused.
 
-// A test binary: `pub` items are for its other modules.
-#![allow(unreachable_pub)]
-
 mod permissions;
 
 use std::collections::{BTreeMap, BTreeSet};

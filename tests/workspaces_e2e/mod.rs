@@ -17,9 +17,6 @@
 //!   starts with a full reconcile), kas restarted; afterwards every workspace is in
 //!   its desired state, none lost, none duplicated.
 
-// Items are `pub` for the modules of this one test crate.
-#![allow(unreachable_pub)]
-
 mod cluster;
 mod http;
 mod procs;

@@ -17,9 +17,6 @@
 //! - the whole graph equal to the model at 5,000 generated objects, and again after
 //!   a period of churn.
 
-// A test binary: `pub` items are for its other modules.
-#![allow(unreachable_pub)]
-
 mod client;
 mod expr;
 mod harness;

@@ -17,8 +17,7 @@
 //! Screenshots go to `target/tmp/console-screenshots/` for a person to look at.
 
 mod cdp;
-#[path = "../common/mod.rs"]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,24 @@
+//! podgate-agent's integration tests: kas, agentk and kube-sim together over real
+//! sockets.
+//!
+//! One test binary for the crate, a module per file: every test binary links the
+//! whole dependency graph, so a binary per file would multiply the build's link
+//! time. `cargo test --test integration MODULE::` runs one module; `scripts/test.sh`
+//! runs each test in a process of its own (cargo-nextest).
+// The modules share helpers through `pub` items no other crate sees.
+#![allow(unreachable_pub)]
+
+mod agentk;
+mod agentk_rbac;
+mod gitlab_access;
+mod graph_ws;
+mod k8s_proxy_auth;
+mod kas_api;
+mod kube_sim_workspaces;
+mod kubectl;
+mod leader;
+mod remote_development;
+mod routing;
+mod watch_graph;
+mod workspace_traffic;
+mod ws_apply;
