@@ -22,8 +22,9 @@
 # keep it in <dir>/<target>, e.g. to merge into the corpus, fuzz/README.md), so a run
 # never dirties the checkout. A crashing input is saved as
 # fuzz/artifacts/<target>/crash-… (ignored by git); reproduce it by running the
-# target's binary on that file, and keep it under fuzz/regressions/<target>/ once
-# fixed (`cargo test -p podgate-fuzz` replays both directories).
+# binary on that file (`PODGATE_FUZZ_TARGET=<target> target/<host>/fuzz/fuzz FILE`),
+# and keep it under fuzz/regressions/<target>/ once fixed (`cargo test -p
+# podgate-fuzz` replays both directories).
 # FUZZ_ARGS: more libFuzzer flags for every target (e.g. `-max_len=65536`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,11 +58,11 @@ started=$SECONDS
 if [[ $quick == 1 ]]; then
     # Selecting the corpus test across the workspace resolves features as
     # `cargo test --workspace` does, so every dependency is already built; its
-    # target binaries are built with it.
+    # binary (`fuzz`, every target) is built with it.
     echo "==> building the targets instrumented (podgate's crates only, debug)"
     RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/lib/sancov-rustc" \
         cargo test --workspace --locked --test corpus --no-run --quiet
-    bin="target/debug"
+    fuzz="target/debug/fuzz"
 else
     # `cargo fuzz build`'s flags (all stable -C options), with --target so that
     # build scripts and proc macros are not instrumented.
@@ -75,8 +76,8 @@ else
     fi
     echo "==> building the targets instrumented (profile fuzz, $host)"
     RUSTFLAGS="$flags" cargo "${toolchain[@]}" build --locked --profile fuzz \
-        --target "$host" -p podgate-fuzz --bins --quiet
-    bin="target/$host/fuzz"
+        --target "$host" -p podgate-fuzz --bin fuzz --quiet
+    fuzz="target/$host/fuzz/fuzz"
 fi
 echo "built in $((SECONDS - started)) s"
 
@@ -95,7 +96,7 @@ fi
 if [[ $# -gt 0 ]]; then
     targets=("$@")
 else
-    mapfile -t targets < <(cd fuzz/fuzz_targets && ls -- *.rs | sed 's/\.rs$//')
+    mapfile -t targets < <(cd fuzz/fuzz_targets && ls -- *.rs | sed 's/\.rs$//' | grep -vx mod)
 fi
 
 work="$(mktemp -d)"
@@ -120,7 +121,7 @@ for t in "${targets[@]}"; do
     # shellcheck disable=SC2086 # FUZZ_ARGS is a list of flags
     seeds=("fuzz/corpus/$t")
     [[ -d "fuzz/regressions/$t" ]] && seeds+=("fuzz/regressions/$t")
-    "$bin/$t" "$out" "${seeds[@]}" -artifact_prefix="fuzz/artifacts/$t/" \
+    PODGATE_FUZZ_TARGET="$t" "$fuzz" "$out" "${seeds[@]}" -artifact_prefix="fuzz/artifacts/$t/" \
         "${limit[@]}" "${dict[@]}" -print_final_stats=1 -timeout=30 ${FUZZ_ARGS:-} >"$log" 2>&1 ||
         status=$?
     execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)"

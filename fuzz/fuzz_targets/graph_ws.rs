@@ -7,11 +7,9 @@
 //! - nothing panics; no message exceeds kas's limit;
 //! - every close reason kas would send fits a close frame, on a char boundary, and
 //!   its `error` message serialises.
-#![no_main]
 
 use std::io::{self, Read, Write};
 
-use libfuzzer_sys::fuzz_target;
 use podgate_agent::graph::request;
 use podgate_agent::graph::wire::{ErrorInfo, MAX_CLOSE_REASON, truncate_close_reason};
 use tokio_tungstenite::tungstenite::Message;
@@ -47,7 +45,8 @@ fn close(code: u16, reason: &str) {
     assert!(cut.len() <= MAX_CLOSE_REASON && reason.starts_with(cut));
 }
 
-fuzz_target!(|data: &[u8]| {
+/// Checks one input (module docs); panics on a violated property.
+pub fn run(data: &[u8]) {
     let mut config = WebSocketConfig::default();
     config.max_message_size = Some(MAX_REQUEST_BYTES);
     config.max_frame_size = Some(MAX_REQUEST_BYTES);
@@ -74,4 +73,4 @@ fuzz_target!(|data: &[u8]| {
             _ => close(1008, "Expected the request JSON as the first message"),
         }
     }
-});
+}

@@ -5,9 +5,7 @@
 //! - a query and a form body read the same where they split alike (no `;`);
 //! - every value found round-trips: percent-encoded again as `token=…`, it is read
 //!   back as itself, alone.
-#![no_main]
 
-use libfuzzer_sys::fuzz_target;
 use podgate_proxy::params::{Pairs, form_values};
 
 fn encode(v: &str) -> String {
@@ -22,7 +20,8 @@ fn encode(v: &str) -> String {
     out
 }
 
-fuzz_target!(|data: &[u8]| {
+/// Checks one input (module docs); panics on a violated property.
+pub fn run(data: &[u8]) {
     let mut query = Vec::new();
     let q = form_values(data, "token", Pairs::Query, &mut query);
     let mut form = Vec::new();
@@ -45,4 +44,4 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(back.as_slice(), std::slice::from_ref(v));
         }
     }
-});
+}

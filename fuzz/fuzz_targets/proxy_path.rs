@@ -7,14 +7,13 @@
 //!   where the result holds a `%` (percent-decoding twice would be a bug: Workhorse
 //!   decodes once) or is itself changed by Grape's one `.json` strip (`/a.json.json`
 //!   is `/a.json` to Grape; `/x/...json` is `/x/..`).
-#![no_main]
 
 use std::borrow::Cow;
 
-use libfuzzer_sys::fuzz_target;
 use podgate_proxy::path::normalize;
 
-fuzz_target!(|data: &[u8]| {
+/// Checks one input (module docs); panics on a violated property.
+pub fn run(data: &[u8]) {
     let Ok(path) = std::str::from_utf8(data) else {
         return;
     };
@@ -40,4 +39,4 @@ fuzz_target!(|data: &[u8]| {
         let twice = normalize(&once);
         assert_eq!(twice, once, "{path:?}");
     }
-});
+}

@@ -10,13 +10,12 @@
 //!   decodes to the same Pod;
 //! - `inspect` reports the same status and Pod; a fingerprint shows nothing of a
 //!   token but (the end of) its public prefix.
-#![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use podgate_fuzz::{CLASSIFIER, NOW};
+use crate::{CLASSIFIER, NOW};
 use podgate_tokens::{Classification, InvalidReason, TokenFormat, gitlab};
 
-fuzz_target!(|data: &[u8]| {
+/// Checks one input (module docs); panics on a violated property.
+pub fn run(data: &[u8]) {
     let Ok(token) = std::str::from_utf8(data) else {
         assert_eq!(
             CLASSIFIER.classify_bytes(data),
@@ -76,4 +75,4 @@ fuzz_target!(|data: &[u8]| {
                     .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')),
         "{token:?}: {fp:?}"
     );
-});
+}

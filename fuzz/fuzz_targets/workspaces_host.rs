@@ -6,12 +6,11 @@
 //! - a name is non-empty and within the host's first label;
 //! - an agent id is positive and written in the name as Rails writes it:
 //!   `workspace-<agent id>-<user id>-<random>`.
-#![no_main]
 
-use libfuzzer_sys::fuzz_target;
 use podgate_agent::kas::workspaces::{agent_of, workspace_name};
 
-fuzz_target!(|data: &[u8]| {
+/// Checks one input (module docs); panics on a violated property.
+pub fn run(data: &[u8]) {
     let Ok(host) = std::str::from_utf8(data) else {
         return;
     };
@@ -26,4 +25,4 @@ fuzz_target!(|data: &[u8]| {
         assert!(name.starts_with(&prefix), "{name:?}: agent {agent}");
         assert!(name[prefix.len()..].contains('-'));
     }
-});
+}

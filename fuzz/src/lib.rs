@@ -1,5 +1,9 @@
-//! Fixtures shared by the fuzz targets in `fuzz_targets/` (one per parser that sees
-//! network input; `README.md` lists them and the property each checks).
+//! podgate's fuzz targets ([`targets`], in `fuzz_targets/`: one per parser that sees
+//! network input; `README.md` lists them and the property each checks) and the
+//! fixtures they share.
+
+#[path = "../fuzz_targets/mod.rs"]
+pub mod targets;
 
 use std::path::Path;
 use std::sync::LazyLock;
