@@ -45,6 +45,15 @@ podgate_ensure_kubectl() {
   fi
 }
 
+# scripts/test.sh runs the tests under cargo-nextest (a process per test, every test
+# binary at once); built from crates.io where the machine lacks it.
+podgate_ensure_nextest() {
+  if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "==> installing cargo-nextest"
+    cargo install --locked cargo-nextest
+  fi
+}
+
 podgate_ensure_rust() {
   if ! command -v cargo >/dev/null 2>&1; then
     echo "error: cargo not found. Install Rust (https://rustup.rs), then run this again." >&2
