@@ -123,14 +123,32 @@ trap 'exit 130' INT TERM
 
 say() { printf '%s\n' "$*"; }
 now_ms() { date +%s%3N; }
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
+# A free port below the kernel's ephemeral range (32768 and up): a port from there
+# (what binding port 0 gives) may be taken by any client socket on the machine, a
+# test's running beside this script included, before the server meant for it binds.
+# 22000-31999: podgate-registry's test servers take Redis Cluster ports below it.
+port() {
+  python3 -c 'import random, socket
+for _ in range(1000):
+    p = random.randrange(22000, 32000)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+    print(p)
+    break
+else:
+    raise SystemExit("drills.sh: no free port in 22000-31999")'
+}
+wait_port() { # wait_port PORT [LOG]: until something listens on PORT (LOG shown if not)
   local _
   for _ in $(seq 1 400); do
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
     sleep 0.05
   done
   echo "drills.sh: nothing listens on $1" >&2
+  [ -z "${2:-}" ] || tail -n 20 "$2" >&2
   return 1
 }
 spawn() { # spawn LOG CMD… : start in the background, remember the pid in $SPAWNED
@@ -148,7 +166,7 @@ rss_kb() { awk '/^VmRSS:/ {r=$2} /^RssAnon:/ {a=$2} /^RssFile:/ {f=$2} END {if (
 redis_start() {
   spawn "$D/redis.log" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no
   REDIS_PID=$SPAWNED
-  wait_port "$REDIS_PORT"
+  wait_port "$REDIS_PORT" "$D/redis.log"
 }
 
 pod_start() { # pod_start I
@@ -157,7 +175,7 @@ pod_start() { # pod_start I
     --registration-token "${REG[$i]}" --job-rate "$JOB_RATE" --max-pending "$MAX_PENDING" --long-poll "${LONG_POLL}s" \
     --redis "$REDIS_URL" --external-url "http://127.0.0.1:$PROXY_PORT"
   POD_PID[$i]=$SPAWNED
-  wait_port "${POD_PORT[$i]}"
+  wait_port "${POD_PORT[$i]}" "$D/pod$i.log"
 }
 
 proxy_start() { # proxy_start [--upgrade]
@@ -257,14 +275,14 @@ topology_resync_interval = "2s"
 EOF
   spawn "$D/kas$k.log" "$PODGATE" kas --config "$D/kas$k.toml" --shutdown-grace 1s
   KAS_PID[$k]=$SPAWNED
-  wait_port "${KAS_EXT[$k]}"
+  wait_port "${KAS_EXT[$k]}" "$D/kas$k.log"
 }
 kas_up() {
   kas_start 1; kas_start 2
   local kube_port; kube_port=$(port)
   spawn "$D/kube-sim.log" "$PODGATE" kube-sim --listen "127.0.0.1:$kube_port" --objects 50 \
     --kubeconfig-out "$D/kubeconfig"
-  wait_port "$kube_port"
+  wait_port "$kube_port" "$D/kube-sim.log"
   local _
   for _ in $(seq 1 100); do [ -s "$D/kubeconfig" ] && break; sleep 0.05; done
   spawn "$D/agentk.log" env PODGATE_LOG=${AGENTK_LOG:-warn} "$PODGATE" agentk --kas "grpc://127.0.0.1:$PROXY_PORT" \
