@@ -25,6 +25,9 @@
 //!   apply of GitLab's objects by inventory) and workspace traffic to workspace
 //!   Services, metrics and health endpoints.
 //! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port.
+//! - `httpz` and `task`: what kas and agentk both use (HTTP headers and queries over
+//!   gRPC, hop-by-hop headers; a task aborted with its scope). kas and agentk never
+//!   import each other (`tests/layout.rs`).
 //! - [`obs`]: the `/metrics`, `/healthz`, `/readyz` listener of kas and agentk.
 //! - [`kube_sim`]: a simulated Kubernetes API server that `kubectl` and kube-rs
 //!   accept (`podgate kube-sim`); `testing::kube` (feature `test-util`) runs it on a
@@ -37,11 +40,13 @@
 pub mod agentk;
 pub mod auth;
 pub mod graph;
+mod httpz;
 pub mod kas;
 pub mod kube_sim;
 pub mod obs;
 pub mod proto;
 pub mod selector;
+mod task;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod transport;

@@ -16,6 +16,7 @@ mod k8s_proxy_auth;
 mod kas_api;
 mod kube_sim_workspaces;
 mod kubectl;
+mod layout;
 mod leader;
 mod remote_development;
 mod routing;

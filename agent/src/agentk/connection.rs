@@ -10,16 +10,7 @@ use tonic::transport::Channel;
 use super::{AgentConfig, AgentkConfig, Handler, Status, TunnelPool, serve_tunnels};
 use crate::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
 use crate::proto::{AgentMeta, GetConfigurationRequest};
-
-/// Aborts its task when dropped (agentk's tunnels and Deployment watch, kas's
-/// module request body pump).
-pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
+use crate::task::AbortOnDrop;
 
 const RECONNECT_START: Duration = Duration::from_millis(250);
 const RECONNECT_MAX: Duration = Duration::from_secs(20);

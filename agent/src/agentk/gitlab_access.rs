@@ -11,11 +11,12 @@
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt as _;
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderMap, HeaderValue, Method};
 use tonic::transport::Channel;
 
+use crate::httpz::{from_values, parse_query, to_values};
 use crate::proto::gitlab_access::gitlab_access_client::GitlabAccessClient;
-use crate::proto::gitlab_access::{HeaderExtra, HttpRequest, Request, Values, request, response};
+use crate::proto::gitlab_access::{HeaderExtra, HttpRequest, Request, request, response};
 
 /// Largest answer [`ModuleClient::request`] reads.
 pub const MAX_ANSWER: usize = 64 << 20;
@@ -121,7 +122,7 @@ impl ModuleClient {
             return Err(ModuleError::BadRequest("empty module name".into()));
         }
         let (url_path, query) = match path.split_once('?') {
-            Some((p, q)) => (p, crate::kas::gitlab_access::parse_query(q)),
+            Some((p, q)) => (p, parse_query(q)),
             None => (path, Default::default()),
         };
         if !url_path.starts_with('/') {
@@ -211,70 +212,5 @@ impl ModuleClient {
             headers: from_values(&r.header),
             body: body.freeze(),
         })
-    }
-}
-
-/// Headers into the protocol's map (names as given; repeated headers in order).
-pub(crate) fn to_values(headers: &HeaderMap) -> std::collections::HashMap<String, Values> {
-    let mut out: std::collections::HashMap<String, Values> = Default::default();
-    for (name, value) in headers {
-        if let Ok(v) = value.to_str() {
-            out.entry(canonical(name.as_str()))
-                .or_default()
-                .value
-                .push(v.to_owned());
-        }
-    }
-    out
-}
-
-/// The protocol's map into headers (entries that are not headers are dropped).
-pub(crate) fn from_values(map: &std::collections::HashMap<String, Values>) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    for (name, values) in map {
-        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
-            continue;
-        };
-        for v in &values.value {
-            if let Ok(v) = HeaderValue::from_str(v) {
-                out.append(name.clone(), v);
-            }
-        }
-    }
-    out
-}
-
-/// Go's canonical header name (`content-type` → `Content-Type`), as GitLab's
-/// `http.Header` keys are.
-fn canonical(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    let mut upper = true;
-    for c in name.chars() {
-        out.push(if upper {
-            c.to_ascii_uppercase()
-        } else {
-            c.to_ascii_lowercase()
-        });
-        upper = c == '-';
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_with_go_names() {
-        let mut h = HeaderMap::new();
-        h.append("x-thing", HeaderValue::from_static("a"));
-        h.append("x-thing", HeaderValue::from_static("b"));
-        h.insert("content-type", HeaderValue::from_static("application/json"));
-        let v = to_values(&h);
-        assert_eq!(v["X-Thing"].value, ["a", "b"]);
-        assert_eq!(v["Content-Type"].value, ["application/json"]);
-        let back = from_values(&v);
-        let things: Vec<_> = back.get_all("x-thing").iter().collect();
-        assert_eq!(things, ["a", "b"]);
     }
 }

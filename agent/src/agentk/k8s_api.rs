@@ -34,6 +34,7 @@ use prost::Message as _;
 use tonic::Status;
 
 use super::tunnels::Responses;
+use crate::httpz::drop_hop_by_hop;
 use crate::proto::kubernetes_api::{
     Header, HttpRequest, HttpResponseHeader, HttpResponsePart, ImpersonationConfig,
     http_response_part,
@@ -48,19 +49,6 @@ const AGENT: &str = concat!("podgate-agentk/", env!("CARGO_PKG_VERSION"));
 
 /// GitLab's answer to a request with impersonation from both kas and the caller.
 const NESTED: &str = "nested impersonation is not supported - agent is already configured to impersonate an identity";
-
-/// Headers that only concern one connection (RFC 9110 §7.6.1), never forwarded.
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
 
 /// Answer one tunnelled `MakeRequest` (an encoded [`HttpRequest`]).
 pub fn make_request(client: kube::Client, payload: Vec<u8>) -> Responses {
@@ -90,22 +78,6 @@ fn is_impersonation(name: &str) -> bool {
         n.as_str(),
         "impersonate-user" | "impersonate-group" | "impersonate-uid"
     ) || n.starts_with("impersonate-extra-")
-}
-
-/// Drop hop-by-hop headers, and the headers `Connection` names (kas's
-/// `grpctool.cleanHeader`; kas's proxy strips them the same way).
-pub(crate) fn drop_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect();
-    for name in named.iter().map(String::as_str).chain(HOP_BY_HOP) {
-        headers.remove(name);
-    }
 }
 
 fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), Status> {

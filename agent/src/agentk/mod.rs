@@ -44,7 +44,6 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub(crate) use self::connection::AbortOnDrop;
 pub use self::gitlab_access::{ModuleAnswer, ModuleClient, ModuleError};
 pub use self::kube::KubeHandler;
 pub use self::lifecycle::Agentk;

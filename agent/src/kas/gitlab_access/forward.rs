@@ -13,8 +13,8 @@ use tonic::{Status, Streaming};
 use super::super::gitlab::{GitlabClient, StreamBody};
 use super::outbound::Outbound;
 use super::{CHUNK, MakeRequestStream};
-use crate::agentk::AbortOnDrop;
 use crate::proto::gitlab_access::{HttpResponse, Request, Response, request, response};
+use crate::task::AbortOnDrop;
 
 type BodyChunk = Result<Frame<Bytes>, io::Error>;
 
@@ -63,7 +63,7 @@ pub(super) async fn forward(
     let (parts, mut body) = response.into_parts();
     let status = parts.status.as_u16();
     let mut headers = parts.headers;
-    crate::agentk::k8s_api::drop_hop_by_hop(&mut headers);
+    crate::httpz::drop_hop_by_hop(&mut headers);
     let head = Response {
         message: Some(response::Message::Header(response::Header {
             response: Some(HttpResponse {
@@ -72,7 +72,7 @@ pub(super) async fn forward(
                     Some(reason) => format!("{status} {reason}"),
                     None => status.to_string(),
                 },
-                header: crate::agentk::gitlab_access::to_values(&headers),
+                header: crate::httpz::to_values(&headers),
             }),
         })),
     };

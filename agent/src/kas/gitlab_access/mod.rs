@@ -54,7 +54,6 @@ use tonic::{Code, Status, Streaming};
 
 use self::forward::forward;
 use self::outbound::Outbound;
-pub(crate) use self::url::parse_query;
 use super::agent_auth::AgentAuth;
 use super::gitlab::GitlabClient;
 use crate::proto::gitlab_access::gitlab_access_server::GitlabAccess;

@@ -64,8 +64,8 @@ impl Outbound {
             path_and_query.push('?');
             path_and_query.push_str(&query);
         }
-        let mut headers = crate::agentk::gitlab_access::from_values(&req.header);
-        crate::agentk::k8s_api::drop_hop_by_hop(&mut headers);
+        let mut headers = crate::httpz::from_values(&req.header);
+        crate::httpz::drop_hop_by_hop(&mut headers);
         for name in [
             http::header::HOST,
             http::header::AUTHORIZATION,

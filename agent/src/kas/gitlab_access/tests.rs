@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use super::outbound::is_upgrade;
-use super::url::{Mode, encode_query, escape, parse_query, path_escape};
+use super::url::{Mode, encode_query, escape, path_escape};
+use crate::httpz::parse_query;
 use crate::proto::gitlab_access::Values;
 
 fn values(v: &[&str]) -> Values {

@@ -72,36 +72,3 @@ pub(crate) fn encode_query(query: &HashMap<String, Values>) -> String {
     }
     out
 }
-
-/// A query string (`a=1&b=x%20y`) into the protocol's map, decoded as Go's
-/// `url.ParseQuery` does (`+` is a space; pairs that do not decode are skipped).
-pub(crate) fn parse_query(query: &str) -> HashMap<String, Values> {
-    let mut out: HashMap<String, Values> = HashMap::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if let (Some(k), Some(v)) = (unescape_query(k), unescape_query(v)) {
-            out.entry(k).or_default().value.push(v);
-        }
-    }
-    out
-}
-
-/// Go's `url.QueryUnescape`.
-fn unescape_query(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = s.get(i + 1..i + 3)?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).ok()
-}

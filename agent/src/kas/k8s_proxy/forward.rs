@@ -162,7 +162,7 @@ fn forwarded_headers(headers: &HeaderMap, via: &HeaderValue) -> Vec<Header> {
     ] {
         h.remove(name);
     }
-    crate::agentk::k8s_api::drop_hop_by_hop(&mut h);
+    crate::httpz::drop_hop_by_hop(&mut h);
     h.append(header::VIA, via.clone());
     to_proto(&h)
 }
@@ -206,7 +206,7 @@ pub(crate) fn streamed_response(
             }
         }
     }
-    crate::agentk::k8s_api::drop_hop_by_hop(&mut upstream);
+    crate::httpz::drop_hop_by_hop(&mut upstream);
     for name in drop {
         upstream.remove(name);
     }

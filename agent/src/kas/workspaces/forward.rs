@@ -32,7 +32,7 @@ impl WorkspacesServer {
         let mut headers = parts.headers.clone();
         // The user's credentials stay here; Host goes on (the editor builds URLs).
         headers.remove(header::AUTHORIZATION);
-        crate::agentk::k8s_api::drop_hop_by_hop(&mut headers);
+        crate::httpz::drop_hop_by_hop(&mut headers);
         if !headers.contains_key(header::HOST)
             && let Some(a) = parts.uri.authority()
             && let Ok(v) = HeaderValue::from_str(a.as_str())

@@ -10,7 +10,7 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::watch;
 
 use super::{AGENT_ID_LABEL, Error};
-use crate::agentk::AbortOnDrop;
+use crate::task::AbortOnDrop;
 
 /// The agent's workspace Deployments, as a store kept up to date by a watch.
 /// Dropping it stops the watch.

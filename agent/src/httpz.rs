@@ -1,0 +1,140 @@
+//! HTTP carried over gRPC, as kas and agentk both handle it: headers and query
+//! strings as the protocol's [`Values`] maps (`prototool.Values`), with Go's
+//! canonical header names and `url.ParseQuery` decoding, and the hop-by-hop headers
+//! removed before a request or an answer crosses a hop (`httpz`). GitLab's packages
+//! of the same names: gitlab-org/cluster-integration/gitlab-agent, read in the mirror
+//! <https://github.com/pluralsh/kubernetes-agent> at `internal/tool/httpz/tools.go`
+//! and `internal/tool/prototool/prototool.proto`.
+
+use std::collections::HashMap;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::proto::gitlab_access::Values;
+
+/// Headers that only concern one connection (RFC 9110 §7.6.1), never forwarded.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Drop hop-by-hop headers, and the headers `Connection` names (kas's
+/// `grpctool.cleanHeader`; kas's proxy strips them the same way).
+pub(crate) fn drop_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for name in named.iter().map(String::as_str).chain(HOP_BY_HOP) {
+        headers.remove(name);
+    }
+}
+
+/// Headers into the protocol's map (names as given; repeated headers in order).
+pub(crate) fn to_values(headers: &HeaderMap) -> HashMap<String, Values> {
+    let mut out: HashMap<String, Values> = HashMap::new();
+    for (name, value) in headers {
+        if let Ok(v) = value.to_str() {
+            out.entry(canonical(name.as_str()))
+                .or_default()
+                .value
+                .push(v.to_owned());
+        }
+    }
+    out
+}
+
+/// The protocol's map into headers (entries that are not headers are dropped).
+pub(crate) fn from_values(map: &HashMap<String, Values>) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, values) in map {
+        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+            continue;
+        };
+        for v in &values.value {
+            if let Ok(v) = HeaderValue::from_str(v) {
+                out.append(name.clone(), v);
+            }
+        }
+    }
+    out
+}
+
+/// Go's canonical header name (`content-type` → `Content-Type`), as GitLab's
+/// `http.Header` keys are.
+fn canonical(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = true;
+    for c in name.chars() {
+        out.push(if upper {
+            c.to_ascii_uppercase()
+        } else {
+            c.to_ascii_lowercase()
+        });
+        upper = c == '-';
+    }
+    out
+}
+
+/// A query string (`a=1&b=x%20y`) into the protocol's map, decoded as Go's
+/// `url.ParseQuery` does (`+` is a space; pairs that do not decode are skipped).
+pub(crate) fn parse_query(query: &str) -> HashMap<String, Values> {
+    let mut out: HashMap<String, Values> = HashMap::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if let (Some(k), Some(v)) = (unescape_query(k), unescape_query(v)) {
+            out.entry(k).or_default().value.push(v);
+        }
+    }
+    out
+}
+
+/// Go's `url.QueryUnescape`.
+fn unescape_query(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = s.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_with_go_names() {
+        let mut h = HeaderMap::new();
+        h.append("x-thing", HeaderValue::from_static("a"));
+        h.append("x-thing", HeaderValue::from_static("b"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        let v = to_values(&h);
+        assert_eq!(v["X-Thing"].value, ["a", "b"]);
+        assert_eq!(v["Content-Type"].value, ["application/json"]);
+        let back = from_values(&v);
+        let things: Vec<_> = back.get_all("x-thing").iter().collect();
+        assert_eq!(things, ["a", "b"]);
+    }
+}
