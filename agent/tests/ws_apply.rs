@@ -1,6 +1,6 @@
 //! The `remote_development` applier ([`KubeCluster`]) against kube-sim: a workspace's
 //! `config_to_apply` stream, shaped as GitLab's Rails builds it
-//! (`desired_config_generator.rb`; `shared/reference/workspaces.md` §5), applied as
+//! (`desired_config_generator.rb` in gitlab-org/gitlab's `ee/lib/remote_development`), applied as
 //! GitLab's agentk applies it (cli-utils inventories, server-side apply as `agentk`
 //! with forced conflicts, prune).
 

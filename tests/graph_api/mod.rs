@@ -1,6 +1,6 @@
-//! The Graph API (`/graph` on kas's Kubernetes API proxy, seed 003) checked from the
-//! outside: a WebSocket client of the tests' own ([`client`]) talks to the real
-//! `podgate kas` and `podgate agentk` over a kube-sim ([`harness`]), and what it
+//! The Graph API (`/graph` on kas's Kubernetes API proxy, GitLab's Graph API design)
+//! checked from the outside: a WebSocket client of the tests' own ([`client`]) talks
+//! to the real `podgate kas` and `podgate agentk` over a kube-sim ([`harness`]), and what it
 //! builds is compared with a graph computed independently from the objects the
 //! kube-sim holds ([`model`], written from `graph-api.md`, sharing no code or
 //! assumption with the server). Issue 12's acceptance list, case by case:

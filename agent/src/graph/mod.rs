@@ -1,4 +1,4 @@
-//! The Graph API's pure parts (seed 003, `shared/reference/graph-api.md`), shared by
+//! The Graph API's pure parts (the Graph API as gitlab-org/cli `internal/commands/cluster/graph/graph.go`, <https://docs.gitlab.com/cli/cluster/graph/>), shared by
 //! kas (validating the request, encoding messages), agentk (evaluating queries and
 //! filters), the `podgate graph` client and the tests. No I/O.
 //!

@@ -1,5 +1,5 @@
-//! The client's request (the first WebSocket message, seed 003 "Client request",
-//! graph-api.md §3): its serde model, and [`compile`], which parses and validates it
+//! The client's request (the first WebSocket message; GitLab's Graph API design,
+//! "Client request"): its serde model, and [`compile`], which parses and validates it
 //! into CEL programs, selectors and JSONPath templates ready to evaluate.
 //!
 //! Validation (graph-api.md §3 "Validation errors"; GitLab's messages are not public,

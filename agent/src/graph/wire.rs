@@ -1,5 +1,5 @@
-//! What the `/graph` WebSocket carries from server to client (seed 003 "Response to
-//! client", graph-api.md §8–9): the JSON message types, used both to write messages
+//! What the `/graph` WebSocket carries from server to client (GitLab's Graph API
+//! design, "Response to client"): the JSON message types, used both to write messages
 //! (kas) and to read them (the CLI client, tests), and [`encode_response`], which
 //! turns one `WatchGraphResponse` batch from agentk into one text message.
 //!

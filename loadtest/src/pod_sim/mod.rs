@@ -1,5 +1,7 @@
 //! `podgate pod-sim`: the runner API of one GitLab Pod, faithful enough for a real
-//! GitLab Runner or a third-party one (see `shared/reference/runner-protocol.md`),
+//! GitLab Runner or a third-party one (GitLab Runner's `network/` package,
+//! gitlab-org/gitlab-runner; GitLab's `lib/api/ci/runner.rb` and Workhorse's
+//! `internal/builds/register.go`, gitlab-org/gitlab),
 //! plus the one number that proves the proxy right: `misrouted_requests_total`, every
 //! token that belongs to another Pod.
 //!

@@ -1,6 +1,7 @@
 //! agentk's `remote_development` module: the Workspaces reconciliation loop between
-//! the cluster and GitLab, through kas (seed 002; GitLab's
-//! `internal/module/remote_development/agent/`). See `shared/reference/workspaces.md`.
+//! the cluster and GitLab, through kas (GitLab's
+//! `internal/module/remote_development/agent/` in gitlab-org/cluster-integration/gitlab-agent,
+//! read in the mirror <https://github.com/pluralsh/kubernetes-agent>).
 //!
 //! Layout: [`ports`] (the traits the reconciler talks through), [`rails`] (GitLab
 //! through kas), [`apply`] (server-side apply, inventories, prune, namespaces),

@@ -1,5 +1,5 @@
-//! Which group/version/resources a `WatchGraph` request watches (seed 003, "queries"
-//! and "version selection"): every resource discovery lists (never a subresource,
+//! Which group/version/resources a `WatchGraph` request watches (GitLab's Graph API
+//! design, "queries" and "version selection"): every resource discovery lists (never a subresource,
 //! never the co-habitation groups `extensions` and `events.k8s.io`, only resources
 //! that can be listed and watched) runs through the queries in order, the first match
 //! deciding; then one version per group+resource: the newest stable (`v\d+`), else
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::graph::cel::ResourceVars;
 use crate::graph::request::{Compiled, CompiledQuery};
 
-/// Groups never watched: their resources co-habit with others (seed 003).
+/// Groups never watched: their resources co-habit with others (GitLab's Graph API design).
 const SKIPPED_GROUPS: &[&str] = &["extensions", "events.k8s.io"];
 
 /// One resource as discovery lists it.

@@ -1,5 +1,5 @@
-//! `WatchGraph`: the Graph API's watch, evaluated in agentk (seed 003,
-//! `shared/reference/graph-api.md`). kas sends the client's request JSON (which it
+//! `WatchGraph`: the Graph API's watch, evaluated in agentk (the Graph API as
+//! gitlab-org/cli `internal/commands/cluster/graph/graph.go`, <https://docs.gitlab.com/cli/cluster/graph/>). kas sends the client's request JSON (which it
 //! has validated) and the user to impersonate through a reverse tunnel; this answers
 //! with a stream of
 //! [`WatchGraphResponse`](crate::proto::kubernetes_api::WatchGraphResponse) batches

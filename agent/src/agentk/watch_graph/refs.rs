@@ -1,6 +1,6 @@
 //! The references an object makes to others: the arcs it is the source of
-//! (`shared/reference/graph-api.md` §6). GitLab's agentk code for this is not public,
-//! so the table there (built from the seed's two examples) is what this follows:
+//! (the `sarc` arcs of the Graph API). GitLab's agentk code for this is not public, so
+//! this follows a table built from the two examples of GitLab's Graph API design:
 //!
 //! - every object: `metadata.ownerReferences[]` → owner, `or` (`c` = controller,
 //!   `b` = blockOwnerDeletion);

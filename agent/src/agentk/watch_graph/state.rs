@@ -9,7 +9,7 @@
 //! `sarc` (arcs to new vertices come after them; arcs whose destination was just
 //! deleted come back with `e`).
 //!
-//! Rules (seed 003; `graph-api.md` §6–7):
+//! Rules (GitLab's Graph API design, its arcs and actions):
 //! - one arc per (source, destination, type); owner-reference flags are OR-ed;
 //! - `e` while the destination is absent (deleted, never existed, or its informer not
 //!   synced), re-sent without `e` when it appears;

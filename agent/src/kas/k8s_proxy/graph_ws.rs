@@ -1,5 +1,5 @@
-//! `/graph` on the Kubernetes API proxy: the Graph API's WebSocket (seed 003,
-//! `shared/reference/graph-api.md` §1, §8, §9).
+//! `/graph` on the Kubernetes API proxy: the Graph API's WebSocket (as
+//! gitlab-org/cli `internal/commands/cluster/graph/graph.go`, <https://docs.gitlab.com/cli/cluster/graph/>).
 //!
 //! - The upgrade must offer the subprotocol `gitlab-agent-graph-api` (the one GitLab's
 //!   client, `glab cluster graph`, offers: `internal/commands/cluster/graph/server.go`

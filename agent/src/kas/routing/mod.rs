@@ -24,7 +24,8 @@
 //! GitLab's kas does the same in two steps (the routing kas tries the gateway kas
 //! instances the registry lists; a gateway answers "tunnel ready" or "no tunnel") —
 //! `internal/module/reverse_tunnel` and `internal/tool/grpctool` in
-//! gitlab-org/cluster-integration/gitlab-agent; see `shared/reference/kas-anchor.md`.
+//! gitlab-org/cluster-integration/gitlab-agent, and its `doc/kas_request_routing.md`
+//! (read in the mirror <https://github.com/pluralsh/kubernetes-agent>).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

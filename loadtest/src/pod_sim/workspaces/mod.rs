@@ -1,9 +1,9 @@
-//! GitLab's side of Workspaces (seed 002), as Rails' `ee/lib/remote_development`
+//! GitLab's side of Workspaces, as Rails' `ee/lib/remote_development` (gitlab-org/gitlab)
 //! answers it: a workspace store per Pod with desired and actual states, the
 //! `remote_development/reconcile` internal API agentk calls through kas, the Rails
 //! state rules and the Kubernetes objects GitLab sends (`config_to_apply`). No I/O:
-//! the HTTP endpoints are in `http/workspaces.rs`. Facts and sources:
-//! `shared/reference/workspaces.md`.
+//! the HTTP endpoints are in `http/workspaces.rs`. Each module names the
+//! Rails file it follows.
 //!
 //! Layout: [`model`] (states, workspaces, the agent's workspaces configuration),
 //! [`states`] (actual state from an agent info, §6.2), [`validate`] (the reconcile

@@ -1,7 +1,7 @@
 //! One reconcile request, start to end, as Rails' pipeline runs it
 //! (`ee/lib/remote_development/workspace_operations/reconcile/main.rb` and the
-//! steps it names, `pavankalisetti009/gitlab` mirror; `shared/reference/workspaces.md`
-//! §6.3):
+//! steps it names, read in the `pavankalisetti009/gitlab` mirror of gitlab-org/gitlab,
+//! <https://github.com/pavankalisetti009/gitlab>):
 //!
 //! 1. validate the parameters ([`super::validate`]; 400);
 //! 2. extract `update_type` and convert the agent infos, keyed by name (a later

@@ -1,8 +1,8 @@
 //! The actual state of a workspace, computed from what agentk reports about it, as
 //! Rails' `ActualStateCalculator` computes it
 //! (`ee/lib/remote_development/workspaces/reconcile/input/actual_state_calculator.rb`,
-//! read in the `ashierj/superdemo` GitLab mirror; `shared/reference/workspaces.md`
-//! §6.2). agentk does not compute the state: it sends the whole Deployment
+//! read in the `ashierj/superdemo` GitLab mirror,
+//! <https://github.com/ashierj/superdemo>). agentk does not compute the state: it sends the whole Deployment
 //! (`latest_k8s_deployment_info`), its termination progress and any applier error,
 //! and GitLab decides.
 //!

@@ -1,5 +1,5 @@
 //! The Kubernetes objects GitLab sends a workspace's agent in `config_to_apply`
-//! (`shared/reference/workspaces.md` §5), built as Rails builds them:
+//! (gitlab-org/gitlab, `ee/lib/remote_development`), built as Rails builds them:
 //!
 //! - the objects and their order: `ee/lib/remote_development/workspace_operations/create/desired_config/`
 //!   (`config_values_extractor.rb` for names, labels and annotations,
