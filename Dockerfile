@@ -16,7 +16,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin podgate \
+# Without the default feature `sim`: the product's commands only, no simulators
+# (`podgate up`, `pod-sim`, `kube-sim`, `loadtest`, `workspaces`).
+RUN cargo build --release --locked --no-default-features --bin podgate \
  && cp target/release/podgate /podgate
 
 FROM debian:bookworm-slim

@@ -46,14 +46,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use podgate_agent::kas::agent_config::AgentConfigSource;
-use podgate_agent::kas::{Kas, KasConfig};
-use podgate_agent::testing::fixtures::{AgentTokens, EXTERNAL_SECRET, kas_config, memory_registry};
-use podgate_agent::testing::kube::KubeTestServer;
+use podgate_kas::agent_config::AgentConfigSource;
+use podgate_kas::{Kas, KasConfig};
 use podgate_loadtest::pod_sim::workspaces::{
     ActualState, DesiredState, WorkspaceSpec, WorkspacesAgentConfig,
 };
 use podgate_loadtest::pod_sim::{AgentSpec, PodSim, PodSimConfig};
+use podgate_testkit::fixtures::{AgentTokens, EXTERNAL_SECRET, kas_config, memory_registry};
+use podgate_testkit::kube::KubeTestServer;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 

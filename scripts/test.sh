@@ -30,6 +30,11 @@ cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 echo "==> cargo doc (broken links fail)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
+echo "==> the production binary: no simulators (tests/product_binary.rs)"
+cargo clippy -p podgate --bins --no-default-features --locked -- -D warnings
+cargo build -p podgate --bin podgate --no-default-features --locked
+cp "${CARGO_TARGET_DIR:-target}/debug/podgate" "${CARGO_TARGET_DIR:-target}/debug/podgate-product"
+
 echo "==> build: every test, benchmark and binary, in one cargo call"
 cargo test --workspace --locked --tests --bench '*' --no-run
 

@@ -46,8 +46,10 @@ enum Command {
     Registry(cli::registry::RegistryArgs),
     /// The whole routing path on one machine: 3 simulated Pods, the proxy, a runner
     /// fleet, and a live table.
+    #[cfg(feature = "sim")]
     Up(cli::up::UpArgs),
     /// Load generators (a simulated runner fleet).
+    #[cfg(feature = "sim")]
     #[command(subcommand)]
     Loadtest(cli::loadtest::LoadtestCommand),
     /// Run a kas instance (agent, GitLab and kas-to-kas listeners).
@@ -56,13 +58,16 @@ enum Command {
     /// Kubernetes API.
     Agentk(cli::agentk::AgentkArgs),
     /// Simulate one GitLab Pod's runner API (with misroute detection).
+    #[cfg(feature = "sim")]
     PodSim(cli::pod_sim::PodSimArgs),
     /// Simulate a Kubernetes API server that kubectl and agentk accept.
+    #[cfg(feature = "sim")]
     KubeSim(cli::kube_sim::KubeSimArgs),
     /// Watch the Kubernetes object graph through the Graph API (as `glab cluster
     /// graph` does) and print it.
     Graph(cli::graph::GraphArgs),
     /// Create, stop, restart, terminate and list workspaces in a simulated GitLab.
+    #[cfg(feature = "sim")]
     Workspaces(cli::workspaces::WorkspacesArgs),
     /// Run the edge router.
     Proxy {
@@ -102,13 +107,18 @@ fn main() -> ExitCode {
     let result = match args.command {
         Command::Token(cmd) => cli::token::run(cmd),
         Command::Registry(args) => cli::registry::run(args),
+        #[cfg(feature = "sim")]
         Command::PodSim(args) => cli::pod_sim::run(args),
+        #[cfg(feature = "sim")]
         Command::KubeSim(args) => cli::kube_sim::run(args),
         Command::Graph(args) => cli::graph::run(args),
+        #[cfg(feature = "sim")]
         Command::Workspaces(args) => cli::workspaces::run(args),
         Command::Kas(args) => cli::kas::run(args),
         Command::Agentk(args) => cli::agentk::run(args),
+        #[cfg(feature = "sim")]
         Command::Loadtest(cmd) => cli::loadtest::run(cmd),
+        #[cfg(feature = "sim")]
         Command::Up(args) => cli::up::run(args),
         Command::Proxy { config, upgrade } => podgate_proxy::config::ProxyConfig::load(&config)
             .and_then(|c| {

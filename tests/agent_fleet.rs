@@ -19,9 +19,9 @@ use base64::Engine as _;
 use podgate_agent::auth::mint_external;
 use podgate_agent::proto::ConnectedAgentsByIdRequest;
 use podgate_agent::proto::kas_api_client::KasApiClient;
-use podgate_agent::testing::fixtures::{self, AgentTokens, get_pods, pod_names};
-use podgate_agent::testing::kube::KubeTestServer;
 use podgate_registry::testing::{RedisServer, eventually, free_port};
+use podgate_testkit::fixtures::{self, AgentTokens, get_pods, pod_names};
+use podgate_testkit::kube::KubeTestServer;
 use serde_json::json;
 use tonic::transport::Channel;
 

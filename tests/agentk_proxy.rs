@@ -7,16 +7,16 @@
 use crate::common;
 
 use common::{Stub, start_proxy};
-use podgate_agent::agentk::{Agentk, AgentkConfig};
 use podgate_agent::auth::mint_external;
-use podgate_agent::kas::Kas;
 use podgate_agent::proto::GetPodsRequest;
 use podgate_agent::proto::kas_api_client::KasApiClient;
-use podgate_agent::testing::fixtures::{
+use podgate_agentk::{Agentk, AgentkConfig};
+use podgate_kas::Kas;
+use podgate_testkit::fixtures::{
     AgentTokens, EXTERNAL_SECRET as EXTERNAL, channel, kas_config, memory_registry,
     self_signed_cert,
 };
-use podgate_agent::testing::kube::KubeTestServer;
+use podgate_testkit::kube::KubeTestServer;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

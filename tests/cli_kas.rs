@@ -9,9 +9,9 @@ use base64::Engine as _;
 use podgate_agent::auth::mint_external;
 use podgate_agent::proto::ConnectedAgentsByIdRequest;
 use podgate_agent::proto::kas_api_client::KasApiClient;
-use podgate_agent::testing::fixtures::http_get;
 use podgate_registry::testing::{RedisServer, free_port};
 use podgate_registry::{BackendConfig, Registry, RegistryConfig};
+use podgate_testkit::fixtures::http_get;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kas_serves_registers_itself_and_cleans_up_on_sigterm() {

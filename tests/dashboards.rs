@@ -355,9 +355,9 @@ mod kas {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use podgate_agent::agentk::AgentkMetrics;
-    use podgate_agent::kas::agent_auth::{AgentAuth, AgentInfoConfig};
-    use podgate_agent::kas::metrics::{KasMetrics, Outcome};
+    use podgate_agentk::AgentkMetrics;
+    use podgate_kas::agent_auth::{AgentAuth, AgentInfoConfig};
+    use podgate_kas::metrics::{KasMetrics, Outcome};
     use podgate_registry::testing::{RedisServer, free_port};
     use podgate_registry::{
         AgentConnection, AgentEvent, BackendConfig, MemoryBackend, Pod, Registry, RegistryConfig,
@@ -417,13 +417,13 @@ mod kas {
 
     /// Where kas, agentk and the presence registry declare their metrics.
     const SOURCES: [&str; 8] = [
-        include_str!("../agent/src/kas/metrics.rs"),
-        include_str!("../agent/src/kas/agent_auth.rs"),
-        include_str!("../agent/src/kas/agent_config.rs"),
-        include_str!("../agent/src/kas/gitlab_access/mod.rs"),
-        include_str!("../agent/src/kas/k8s_proxy/auth.rs"),
-        include_str!("../agent/src/kas/workspaces/mod.rs"),
-        include_str!("../agent/src/agentk/metrics.rs"),
+        include_str!("../agent/kas/src/metrics.rs"),
+        include_str!("../agent/kas/src/agent_auth.rs"),
+        include_str!("../agent/kas/src/agent_config.rs"),
+        include_str!("../agent/kas/src/gitlab_access/mod.rs"),
+        include_str!("../agent/kas/src/k8s_proxy/auth.rs"),
+        include_str!("../agent/kas/src/workspaces/mod.rs"),
+        include_str!("../agent/agentk/src/metrics.rs"),
         include_str!("../pod-registry/src/metrics.rs"),
     ];
 

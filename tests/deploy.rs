@@ -212,7 +212,7 @@ fn the_shipped_configurations_parse() {
     }
     let path = dir.path().join("kas.toml");
     std::fs::write(&path, text).unwrap();
-    if let Err(e) = podgate_agent::kas::config::KasFileConfig::load(&path) {
+    if let Err(e) = podgate_kas::config::KasFileConfig::load(&path) {
         panic!("{e}");
     }
 }
@@ -224,11 +224,20 @@ const BASE_PACKAGES: &[&str] = &["libc6", "libgcc-s1"];
 /// The `Dockerfile`, checked without a Docker engine (none runs on these
 /// machines): its runtime stage installs the Debian package of every shared
 /// library the built binary links (`ldd`, then `dpkg -S` on this Debian
-/// bookworm machine), and every Deployment's image is `podgate` with a first
-/// argument that is a podgate subcommand (`podgate <it> --help` succeeds).
+/// bookworm machine), it builds the product binary (no `sim` feature), and every
+/// Deployment's image is `podgate` with a first argument that is a subcommand of
+/// that binary (`podgate <it> --help` succeeds).
 #[test]
 fn the_image_provides_the_binarys_libraries_and_runs_each_deployments_role() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let build_line = dockerfile
+        .lines()
+        .find(|l| l.contains("cargo build"))
+        .expect("a cargo build in the build stage");
+    assert!(
+        build_line.contains("--no-default-features"),
+        "the image builds without the simulators: {build_line}"
+    );
     let runtime = dockerfile.split("\nFROM ").last().expect("a runtime stage");
     assert!(runtime.starts_with("debian:bookworm-slim"), "{runtime}");
     let installed: Vec<&str> = runtime
@@ -275,6 +284,7 @@ fn the_image_provides_the_binarys_libraries_and_runs_each_deployments_role() {
         );
     }
 
+    let product = super::product_binary::product_binary();
     for (base, _) in BASES {
         for o in build(base).iter().filter(|o| o["kind"] == "Deployment") {
             for c in o["spec"]["template"]["spec"]["containers"]
@@ -288,7 +298,7 @@ fn the_image_provides_the_binarys_libraries_and_runs_each_deployments_role() {
                     "{base}: the ENTRYPOINT runs podgate"
                 );
                 let role = c["args"][0].as_str().unwrap();
-                let help = Command::new(binary)
+                let help = Command::new(&product)
                     .args([role, "--help"])
                     .output()
                     .unwrap();

@@ -24,8 +24,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use podgate_agent::testing::fixtures::{AgentTokens, self_signed_cert};
 use podgate_registry::testing::{RedisServer, free_port};
+use podgate_testkit::fixtures::{AgentTokens, self_signed_cert};
 use serde_json::{Value, json};
 
 /// The k8s proxy prefix in GitLab's Omnibus layout; kas is configured with it.

@@ -26,6 +26,7 @@ mod fleet_storm;
 mod gitlab_fidelity;
 mod graph_api;
 mod k8s_proxy;
+mod product_binary;
 mod prometheus;
 mod proxy_console;
 mod proxy_edge_poll;

@@ -209,7 +209,7 @@ async fn health_checks_take_sick_upstreams_out_and_bring_them_back() {
 async fn the_tls_listener_routes_like_the_plaintext_one() {
     let (legacy, pod2, pod3) = three_stubs().await;
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = podgate_agent::testing::fixtures::self_signed_cert(dir.path());
+    let (cert, key) = podgate_testkit::fixtures::self_signed_cert(dir.path());
     let tls_port = podgate_registry::testing::free_port();
     let extra = format!(
         "[tls]\nlisten = \"127.0.0.1:{tls_port}\"\ncert = \"{}\"\nkey = \"{}\"\n",

@@ -17,12 +17,12 @@ use crate::common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use podgate_agent::testing::workspaces::{
+use podgate_loadtest::pod_sim::PodSim;
+use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
+use podgate_testkit::workspaces::{
     self, WorkspacesStack, ZONE, assert_backend, assert_not_running, assert_refused,
     gitlab_kas_config, pod_sim_config, start_kas, with_workspaces,
 };
-use podgate_loadtest::pod_sim::PodSim;
-use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
 
 /// `GET /?folder=%2Fprojects` with `host` and `extra` headers through `addr`:
 /// status, body.

@@ -23,16 +23,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use podgate_agent::agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
 use podgate_agent::auth::mint_external;
-use podgate_agent::kas::Kas;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::{GetPodsRequest, GetPodsResponse, Pod};
-use podgate_agent::testing::fixtures::{
-    AgentTokens, EXTERNAL_SECRET as EXTERNAL, channel, kas_config,
-};
+use podgate_agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
+use podgate_kas::Kas;
 use podgate_registry::testing::RedisServer;
 use podgate_registry::{BackendConfig, Registry, RegistryConfig};
+use podgate_testkit::fixtures::{AgentTokens, EXTERNAL_SECRET as EXTERNAL, channel, kas_config};
 use prost::Message as _;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;

@@ -27,7 +27,7 @@ const HOP_BY_HOP: [&str; 9] = [
 
 /// Drop hop-by-hop headers, and the headers `Connection` names (kas's
 /// `grpctool.cleanHeader`; kas's proxy strips them the same way).
-pub(crate) fn drop_hop_by_hop(headers: &mut HeaderMap) {
+pub fn drop_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<String> = headers
         .get_all(http::header::CONNECTION)
         .iter()
@@ -42,7 +42,7 @@ pub(crate) fn drop_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Headers into the protocol's map (names as given; repeated headers in order).
-pub(crate) fn to_values(headers: &HeaderMap) -> HashMap<String, Values> {
+pub fn to_values(headers: &HeaderMap) -> HashMap<String, Values> {
     let mut out: HashMap<String, Values> = HashMap::new();
     for (name, value) in headers {
         if let Ok(v) = value.to_str() {
@@ -56,7 +56,7 @@ pub(crate) fn to_values(headers: &HeaderMap) -> HashMap<String, Values> {
 }
 
 /// The protocol's map into headers (entries that are not headers are dropped).
-pub(crate) fn from_values(map: &HashMap<String, Values>) -> HeaderMap {
+pub fn from_values(map: &HashMap<String, Values>) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, values) in map {
         let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
@@ -89,7 +89,7 @@ fn canonical(name: &str) -> String {
 
 /// A query string (`a=1&b=x%20y`) into the protocol's map, decoded as Go's
 /// `url.ParseQuery` does (`+` is a space; pairs that do not decode are skipped).
-pub(crate) fn parse_query(query: &str) -> HashMap<String, Values> {
+pub fn parse_query(query: &str) -> HashMap<String, Values> {
     let mut out: HashMap<String, Values> = HashMap::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));

@@ -6,18 +6,18 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use podgate_agent::agentk::{Agentk, AgentkConfig};
 use podgate_agent::auth::mint_external;
-use podgate_agent::kas::Kas;
-use podgate_agent::kas::agent_auth::AgentInfoConfig;
 use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetConfigurationRequest, GetPodsRequest};
-use podgate_agent::testing::fixtures::{
+use podgate_agentk::{Agentk, AgentkConfig};
+use podgate_kas::Kas;
+use podgate_kas::agent_auth::AgentInfoConfig;
+use podgate_testkit::fixtures::{
     EXTERNAL_SECRET as EXTERNAL, agent_tokens, bearer, channel, http_get, kas_config,
     memory_registry, pod_names,
 };
-use podgate_agent::testing::kube::KubeTestServer;
+use podgate_testkit::kube::KubeTestServer;
 use serde_json::json;
 use tonic::Code;
 
@@ -332,7 +332,7 @@ async fn concurrent_lookups_of_one_token_ask_gitlab_once() {
     use http_body_util::Full;
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
-    use podgate_agent::kas::agent_auth::AgentAuth;
+    use podgate_kas::agent_auth::AgentAuth;
     let calls = Arc::new(AtomicUsize::new(0));
     let release = Arc::new(tokio::sync::Semaphore::new(0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

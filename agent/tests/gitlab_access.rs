@@ -12,20 +12,20 @@ use futures_util::StreamExt as _;
 use http::Method;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
-use podgate_agent::agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
-use podgate_agent::kas::agent_config::AgentConfigSource;
-use podgate_agent::kas::{Kas, KasConfig};
 use podgate_agent::proto::GetConfigurationRequest;
 use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
 use podgate_agent::proto::gitlab_access::gitlab_access_client::GitlabAccessClient;
 use podgate_agent::proto::gitlab_access::{
     HeaderExtra, HttpRequest, Request, Values, request, response,
 };
-use podgate_agent::testing::fixtures::{
+use podgate_agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
+use podgate_kas::agent_config::AgentConfigSource;
+use podgate_kas::{Kas, KasConfig};
+use podgate_testkit::fixtures::{
     EXTERNAL_SECRET, agent_tokens, bearer, channel, configuration_stream, kas_config,
     memory_registry,
 };
-use podgate_agent::testing::workspaces::agentk_config;
+use podgate_testkit::workspaces::agentk_config;
 use tokio::sync::mpsc;
 use tonic::Code;
 
@@ -752,9 +752,9 @@ async fn agent_configuration_reaches_agentk_and_gitlab_on_start_and_on_change() 
 /// headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn against_the_pod_simulator() {
-    use podgate_agent::testing::workspaces::pod_sim_config;
     use podgate_loadtest::pod_sim::PodSim;
-    let tokens = podgate_agent::testing::fixtures::AgentTokens::new(1);
+    use podgate_testkit::workspaces::pod_sim_config;
+    let tokens = podgate_testkit::fixtures::AgentTokens::new(1);
     let sim = PodSim::start(pod_sim_config(1, &[7], &tokens))
         .await
         .unwrap();

@@ -9,15 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::{SinkExt as _, StreamExt as _};
-use podgate_agent::agentk::{Agentk, AgentkConfig, Handler, KubeHandler, Responses};
-use podgate_agent::kas::Kas;
-use podgate_agent::kas::k8s_proxy::K8sProxyConfig;
-use podgate_agent::testing::fixtures::{
-    EXTERNAL_SECRET, agent_tokens, kas_config, memory_registry,
-};
-use podgate_agent::testing::kube::KubeTestServer;
-use podgate_agent::testing::workspaces::agentk_config;
+use podgate_agentk::{Agentk, AgentkConfig, Handler, KubeHandler, Responses};
+use podgate_kas::Kas;
+use podgate_kas::k8s_proxy::K8sProxyConfig;
 use podgate_loadtest::pod_sim::{AgentSpec, PodSim, PodSimConfig};
+use podgate_testkit::fixtures::{EXTERNAL_SECRET, agent_tokens, kas_config, memory_registry};
+use podgate_testkit::kube::KubeTestServer;
+use podgate_testkit::workspaces::agentk_config;
 use podgate_tokens::PodId;
 use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;

@@ -16,15 +16,13 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use podgate_agent::agentk::{Agentk, AgentkConfig};
-use podgate_agent::kas::Kas;
-use podgate_agent::kas::k8s_proxy::K8sProxyConfig;
-use podgate_agent::testing::fixtures::{
-    EXTERNAL_SECRET, agent_tokens, kas_config, memory_registry,
-};
-use podgate_agent::testing::workspaces::agentk_config;
+use podgate_agentk::{Agentk, AgentkConfig};
+use podgate_kas::Kas;
+use podgate_kas::k8s_proxy::K8sProxyConfig;
 use podgate_loadtest::pod_sim::kubernetes::{PathRef, UserAccessConfig};
 use podgate_loadtest::pod_sim::{AgentSpec, PodSim, PodSimConfig, sum_samples};
+use podgate_testkit::fixtures::{EXTERNAL_SECRET, agent_tokens, kas_config, memory_registry};
+use podgate_testkit::workspaces::agentk_config;
 use podgate_tokens::PodId;
 use serde_json::{Value, json};
 
@@ -134,7 +132,7 @@ async fn stack_with(cluster_url: Option<String>) -> Stack {
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
-        podgate_agent::kube_sim::kubeconfig(
+        podgate_kube_sim::kubeconfig(
             &cluster_url.unwrap_or_else(|| format!("http://{upstream_addr}")),
         ),
     )
@@ -681,7 +679,7 @@ async fn an_agent_that_never_connects_is_a_bad_gateway() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_streams_events_while_the_client_keeps_it_open() {
-    let kube = podgate_agent::testing::kube::KubeTestServer::start(100)
+    let kube = podgate_testkit::kube::KubeTestServer::start(100)
         .await
         .unwrap();
     let pod = |name: &str| {

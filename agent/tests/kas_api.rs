@@ -3,18 +3,18 @@
 //! `ConnectedAgentsForProject` list the replicas the presence registry holds.
 
 use podgate_agent::auth::{mint_external, mint_internal};
-use podgate_agent::kas::Kas;
 use podgate_agent::proto::kas_api_client::KasApiClient;
 use podgate_agent::proto::kas_internal_client::KasInternalClient;
 use podgate_agent::proto::{
     ConnectedAgentsByIdRequest, ConnectedAgentsForProjectRequest, GetPodsRequest,
 };
-use podgate_agent::testing::fixtures::{
-    EXTERNAL_SECRET as EXTERNAL, INTERNAL_SECRET as INTERNAL, agent_tokens, bearer, channel,
-    configuration_stream, get_pods, http_get, kas_config, memory_registry,
-};
+use podgate_kas::Kas;
 use podgate_registry::{
     AgentConnection, KasAddress, MemoryBackend, Registry, RegistryConfig, Topology,
+};
+use podgate_testkit::fixtures::{
+    EXTERNAL_SECRET as EXTERNAL, INTERNAL_SECRET as INTERNAL, agent_tokens, bearer, channel,
+    configuration_stream, get_pods, http_get, kas_config, memory_registry,
 };
 use tonic::Code;
 
@@ -267,8 +267,8 @@ async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
 async fn get_pods_is_answered_through_a_reverse_tunnel() {
     use std::sync::Arc;
 
-    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use podgate_agent::proto::{GetPodsResponse, Pod};
+    use podgate_agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use prost::Message as _;
 
     /// Answers GetPods with two pods named after the replica; "Count" streams the
@@ -418,9 +418,9 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
 async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agents() {
     use std::sync::Arc;
 
-    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
     use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse, Pod};
+    use podgate_agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use prost::Message as _;
 
     struct Named(String);
@@ -559,8 +559,8 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
 async fn shutdown_removes_this_kas_first_and_lets_requests_in_flight_finish() {
     use std::sync::Arc;
 
-    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use podgate_agent::proto::{GetPodsResponse, Pod};
+    use podgate_agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use prost::Message as _;
     use tokio::sync::Notify;
 
@@ -662,8 +662,8 @@ async fn the_tunnel_pool_grows_under_load_up_to_its_bound() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use podgate_agent::proto::GetPodsResponse;
+    use podgate_agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use prost::Message as _;
     use tokio::sync::Semaphore;
 
@@ -756,7 +756,7 @@ async fn an_agent_that_never_answers_holds_nothing_past_the_callers_deadline() {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use podgate_agent::agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
+    use podgate_agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use tokio::sync::Notify;
 
     /// Never answers; says when a request arrived and when its handler was dropped.

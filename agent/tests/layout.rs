@@ -1,97 +1,130 @@
-//! kas and agentk are siblings: neither imports the other (`docs/architecture.md`).
-//! What both use lives below them (`httpz`, `task`, `proto`, `auth`, `transport`,
-//! `graph`, `selector`). Checked on the source until they are crates of their own,
-//! where Cargo will refuse the import instead.
+//! The workspace's dependency rules (`docs/architecture.md`), checked on the graph
+//! Cargo resolves (`cargo metadata`), so an import that breaks one fails here:
+//!
+//! - kas and agentk are siblings: neither depends on the other. What both use lives
+//!   below them, in `podgate-agent` (protobufs, auth, transport, HTTP helpers, the
+//!   Graph API model, selectors).
+//! - The product's crates reach no simulator through their normal dependencies:
+//!   the Pod simulator and runner fleet (`podgate-loadtest`), kube-sim
+//!   (`podgate-kube-sim`) and the test kit (`podgate-testkit`) are dev-dependencies
+//!   or the root binary's `sim` feature only.
 
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
 
-/// Every `.rs` file under `dir`, sorted.
-fn sources(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).expect("a readable source directory") {
-            let p = e.expect("a directory entry").path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
+use serde_json::Value;
+
+/// The product's library crates.
+const PRODUCT: [&str; 6] = [
+    "podgate-tokens",
+    "podgate-registry",
+    "podgate-proxy",
+    "podgate-agent",
+    "podgate-kas",
+    "podgate-agentk",
+];
+
+/// The simulated world's crates.
+const SIMULATORS: [&str; 3] = ["podgate-loadtest", "podgate-kube-sim", "podgate-testkit"];
+
+/// Package name → the names of its normal (not dev, not build) dependencies, as
+/// Cargo resolves the workspace.
+fn normal_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--offline", "--locked"])
+        .current_dir(&root)
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    let name_of: BTreeMap<&str, &str> = meta["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .collect();
+    meta["resolve"]["nodes"]
+        .as_array()
+        .expect("resolve.nodes")
+        .iter()
+        .map(|n| {
+            let deps = n["deps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| {
+                    d["dep_kinds"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|k| k["kind"].is_null())
+                })
+                .map(|d| name_of[d["pkg"].as_str().unwrap()].to_owned())
+                .collect();
+            (name_of[n["id"].as_str().unwrap()].to_owned(), deps)
+        })
+        .collect()
+}
+
+/// Every package `from` reaches through normal dependencies.
+fn closure(graph: &BTreeMap<String, BTreeSet<String>>, from: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![from.to_owned()];
+    while let Some(p) = todo.pop() {
+        for d in graph.get(&p).into_iter().flatten() {
+            if seen.insert(d.clone()) {
+                todo.push(d.clone());
             }
         }
     }
-    out.sort();
-    out
-}
-
-/// The lines of `code` (comments left out) that name module `module` of the agent
-/// crate by path: `crate::module`, `super::…::module` or `podgate_agent::module`.
-fn references(code: &str, module: &str) -> Vec<String> {
-    code.lines()
-        .map(|l| l.split("//").next().unwrap_or(""))
-        .filter(|l| {
-            ["crate::", "podgate_agent::", "super::"]
-                .iter()
-                .any(|root| {
-                    l.match_indices(root).any(|(at, _)| {
-                        let rest = l[at + root.len()..].trim_start_matches("super::");
-                        rest.strip_prefix(module).is_some_and(|after| {
-                            !after.starts_with(|c: char| c.is_alphanumeric() || c == '_')
-                        })
-                    })
-                })
-        })
-        .map(|l| l.trim().to_owned())
-        .collect()
-}
-
-/// Every reference from the files under `src/<from>` to module `to`.
-fn imports(from: &str, to: &str) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(from);
-    let files = sources(&root);
-    assert!(!files.is_empty(), "no sources under {}", root.display());
-    files
-        .iter()
-        .flat_map(|f| {
-            let code = std::fs::read_to_string(f).expect("a readable source file");
-            references(&code, to)
-                .into_iter()
-                .map(move |l| format!("{}: {l}", f.display()))
-        })
-        .collect()
+    seen
 }
 
 #[test]
-fn the_reference_finder_sees_paths_and_skips_comments() {
-    assert_eq!(
-        references("use crate::agentk::AbortOnDrop;", "agentk").len(),
-        1
-    );
-    assert_eq!(
-        references("    super::super::agentk::run(x)", "agentk").len(),
-        1
-    );
-    assert_eq!(references("use podgate_agent::kas::Kas;", "kas").len(), 1);
-    assert!(references("// crate::agentk::run, as agentk does", "agentk").is_empty());
-    assert!(references("use crate::agentk_extra::X;", "agentk").is_empty());
-    assert!(references("use crate::proto::kas::X;", "kas").is_empty());
+fn the_graph_sees_the_known_edges() {
+    let g = normal_graph();
+    assert!(closure(&g, "podgate-kas").contains("podgate-agent"));
+    assert!(closure(&g, "podgate-agentk").contains("kube"));
+    assert!(closure(&g, "podgate-testkit").contains("podgate-kube-sim"));
+    // Dev-dependencies are not normal ones: podgate-agent's tests run kas and agentk.
+    assert!(!closure(&g, "podgate-agent").contains("podgate-kas"));
 }
 
 #[test]
-fn kas_does_not_import_agentk() {
-    let found = imports("kas", "agentk");
+fn kas_and_agentk_do_not_depend_on_each_other() {
+    let g = normal_graph();
     assert!(
-        found.is_empty(),
-        "kas imports agentk:\n{}",
-        found.join("\n")
+        !closure(&g, "podgate-kas").contains("podgate-agentk"),
+        "podgate-kas reaches podgate-agentk"
+    );
+    assert!(
+        !closure(&g, "podgate-agentk").contains("podgate-kas"),
+        "podgate-agentk reaches podgate-kas"
     );
 }
 
 #[test]
-fn agentk_does_not_import_kas() {
-    let found = imports("agentk", "kas");
-    assert!(
-        found.is_empty(),
-        "agentk imports kas:\n{}",
-        found.join("\n")
-    );
+fn kas_builds_without_kube_rs() {
+    let g = normal_graph();
+    let reach = closure(&g, "podgate-kas");
+    for k in ["kube", "kube-client", "k8s-openapi"] {
+        assert!(!reach.contains(k), "podgate-kas reaches {k}");
+    }
+}
+
+#[test]
+fn product_crates_reach_no_simulator() {
+    let g = normal_graph();
+    for p in PRODUCT {
+        let reach = closure(&g, p);
+        let sims: Vec<_> = SIMULATORS.iter().filter(|s| reach.contains(**s)).collect();
+        assert!(sims.is_empty(), "{p} reaches {sims:?}");
+    }
 }

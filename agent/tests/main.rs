@@ -14,8 +14,6 @@ mod gitlab_access;
 mod graph_ws;
 mod k8s_proxy_auth;
 mod kas_api;
-mod kube_sim_workspaces;
-mod kubectl;
 mod layout;
 mod leader;
 mod remote_development;

@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use podgate_agent::agentk::metrics::WorkspacesMetrics;
-use podgate_agent::agentk::remote_development::apply::KubeCluster;
-use podgate_agent::agentk::remote_development::ports::{Rails, RailsAnswer};
-use podgate_agent::agentk::remote_development::reconciler::{Applies, Deployments, Reconciler};
-use podgate_agent::agentk::remote_development::trackers::WorkspaceKey;
-use podgate_agent::testing::kube::KubeTestServer;
+use podgate_agentk::metrics::WorkspacesMetrics;
+use podgate_agentk::remote_development::apply::KubeCluster;
+use podgate_agentk::remote_development::ports::{Rails, RailsAnswer};
+use podgate_agentk::remote_development::reconciler::{Applies, Deployments, Reconciler};
+use podgate_agentk::remote_development::trackers::WorkspaceKey;
+use podgate_testkit::kube::KubeTestServer;
 use serde_json::{Value, json};
 
 /// Every step of these tests is bounded: a hang is a failure, not a stuck CI job.
@@ -399,8 +399,8 @@ impl Rails for CountingRails {
 
 #[tokio::test]
 async fn only_the_leader_reconciles_and_a_released_lease_hands_over_at_once() {
-    use podgate_agent::agentk::AgentConfig;
-    use podgate_agent::agentk::remote_development::{LeaderOptions, run};
+    use podgate_agentk::AgentConfig;
+    use podgate_agentk::remote_development::{LeaderOptions, run};
 
     let kube = KubeTestServer::start(10_000).await.unwrap();
     let client = kube.client().await;
@@ -512,8 +512,8 @@ async fn only_the_leader_reconciles_and_a_released_lease_hands_over_at_once() {
 /// workspace is created, runs, stops, restarts and is terminated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workspace_lives_through_kas_and_the_pod_simulator() {
-    use podgate_agent::testing::workspaces::{WorkspacesStack, until};
     use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
+    use podgate_testkit::workspaces::{WorkspacesStack, until};
 
     let stack = WorkspacesStack::builder()
         .max_wait(Duration::from_secs(10))

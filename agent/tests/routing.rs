@@ -9,21 +9,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use podgate_agent::agentk::{Handler, KubeHandler, Responses, TunnelPool, serve_tunnels};
-use podgate_agent::kas::Kas;
-use podgate_agent::kas::routing::{HOP_WAIT_KEY, NO_TUNNEL_KEY};
 use podgate_agent::proto::TunnelCallRequest;
 use podgate_agent::proto::kas_internal_client::KasInternalClient;
 use podgate_agent::proto::kubernetes_api::{
     Header, HttpRequest, HttpResponsePart, http_response_part,
 };
-use podgate_agent::testing::fixtures::{
-    INTERNAL_SECRET, agent_tokens, bearer, channel, configuration_stream, http_get, kas_config,
-};
-use podgate_agent::testing::kube::KubeTestServer;
+use podgate_agentk::{Handler, KubeHandler, Responses, TunnelPool, serve_tunnels};
+use podgate_kas::Kas;
+use podgate_kas::routing::{HOP_WAIT_KEY, NO_TUNNEL_KEY};
 use podgate_registry::{
     AgentConnection, AgentEvent, KasAddress, MemoryBackend, Registry, RegistryConfig,
 };
+use podgate_testkit::fixtures::{
+    INTERNAL_SECRET, agent_tokens, bearer, channel, configuration_stream, http_get, kas_config,
+};
+use podgate_testkit::kube::KubeTestServer;
 use prost::Message as _;
 use serde_json::{Value, json};
 use tonic::Code;
@@ -200,7 +200,7 @@ async fn a_blackholed_kas_holds_nothing_past_max_wait() {
             sockets.push(s);
         }
     });
-    let registry = podgate_agent::testing::fixtures::memory_registry().await;
+    let registry = podgate_testkit::fixtures::memory_registry().await;
     put(&registry, 7, 71, &hole_addr.to_string()).await;
     let kas1 = Kas::start(
         kas_config(podgate_tokens::KeySet::new(), Duration::from_millis(500)),
@@ -254,7 +254,7 @@ fn get(path: &str) -> HttpRequest {
 }
 
 /// The header part of a MakeRequest response: status and headers.
-async fn head(r: &mut podgate_agent::kas::routing::Routed) -> (i32, Vec<Header>) {
+async fn head(r: &mut podgate_kas::routing::Routed) -> (i32, Vec<Header>) {
     let first = HttpResponsePart::decode(r.message().await.unwrap().unwrap().as_slice()).unwrap();
     match first.part {
         Some(http_response_part::Part::Header(h)) => (h.status, h.headers),
@@ -263,7 +263,7 @@ async fn head(r: &mut podgate_agent::kas::routing::Routed) -> (i32, Vec<Header>)
 }
 
 /// The rest of a MakeRequest response: its body.
-async fn body(r: &mut podgate_agent::kas::routing::Routed) -> Vec<u8> {
+async fn body(r: &mut podgate_kas::routing::Routed) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(m) = r.message().await.unwrap() {
         match HttpResponsePart::decode(m.as_slice()).unwrap().part {
@@ -432,7 +432,7 @@ async fn ownership_is_answered_from_the_kas_own_state_while_redis_is_down() {
 /// connecting and disconnecting anywhere make it re-run no lookup and call no kas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unrelated_agents_events_wake_no_waiting_call() {
-    let registry = podgate_agent::testing::fixtures::memory_registry().await;
+    let registry = podgate_testkit::fixtures::memory_registry().await;
     let (keys, mint) = agent_tokens();
     let kas1 = Kas::start(kas_config(keys, Duration::from_secs(60)), registry.clone())
         .await
@@ -505,7 +505,7 @@ async fn a_tunnel_arriving_wakes_only_its_agents_waiters() {
     let (keys, mint) = agent_tokens();
     let kas = Kas::start(
         kas_config(keys, Duration::from_secs(5)),
-        podgate_agent::testing::fixtures::memory_registry().await,
+        podgate_testkit::fixtures::memory_registry().await,
     )
     .await
     .unwrap();
@@ -550,11 +550,11 @@ async fn a_tunnel_arriving_wakes_only_its_agents_waiters() {
 async fn idle_tunnels_per_agent_are_capped() {
     let (keys, mint) = agent_tokens();
     let kas = Kas::start(
-        podgate_agent::kas::KasConfig {
+        podgate_kas::KasConfig {
             max_idle_tunnels_per_agent: 2,
             ..kas_config(keys, Duration::from_secs(5))
         },
-        podgate_agent::testing::fixtures::memory_registry().await,
+        podgate_testkit::fixtures::memory_registry().await,
     )
     .await
     .unwrap();
@@ -587,7 +587,7 @@ async fn refused_credentials_are_counted_by_listener_and_reason() {
     let wrong = podgate_agent::auth::mint_external(&[7u8; 32], "gitlab", 60).unwrap();
     let mut api = KasApiClient::new(channel(kas1.external_addr()).await);
     let e = api
-        .get_pods(podgate_agent::testing::fixtures::get_pods(1, 0, &wrong))
+        .get_pods(podgate_testkit::fixtures::get_pods(1, 0, &wrong))
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);

@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use podgate_agent::agentk::Responses;
-use podgate_agent::agentk::watch_graph::{Settings, watch_graph};
 use podgate_agent::proto::kubernetes_api::{WatchGraphRequest, WatchGraphResponse, action};
-use podgate_agent::testing::kube::KubeTestServer;
+use podgate_agentk::Responses;
+use podgate_agentk::watch_graph::{Settings, watch_graph};
+use podgate_testkit::kube::KubeTestServer;
 use prost::Message as _;
 use serde_json::{Value, json};
 
@@ -326,7 +326,7 @@ async fn a_denied_resource_is_warned_about_and_the_rest_streams() {
 async fn metrics_count_requests_informers_objects_and_return_to_zero_when_dropped() {
     let server = KubeTestServer::start(1000).await.expect("kube-sim");
     fixture(&server);
-    let metrics = podgate_agent::agentk::AgentkMetrics::new();
+    let metrics = podgate_agentk::AgentkMetrics::new();
     let settings = Settings {
         metrics: Some(metrics.graph.clone()),
         ..Settings::default()

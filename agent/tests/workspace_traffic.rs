@@ -7,10 +7,10 @@
 
 use std::net::SocketAddr;
 
-use podgate_agent::testing::workspaces::{
+use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
+use podgate_testkit::workspaces::{
     self, WorkspacesStack, ZONE, assert_backend, assert_not_running, assert_refused,
 };
-use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
 
 /// `GET /some/path?x=1` with `host` and `extra` headers to `addr`: status, body.
 async fn get(addr: SocketAddr, host: &str, extra: &str) -> (u16, String) {

@@ -8,9 +8,9 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
-use podgate_agent::agentk::remote_development::apply::{KubeCluster, ObjMetadata};
-use podgate_agent::agentk::remote_development::ports::Cluster;
-use podgate_agent::testing::kube::KubeTestServer;
+use podgate_agentk::remote_development::apply::{KubeCluster, ObjMetadata};
+use podgate_agentk::remote_development::ports::Cluster;
+use podgate_testkit::kube::KubeTestServer;
 use serde_json::{Value, json};
 
 const AGENT: &str = "1";

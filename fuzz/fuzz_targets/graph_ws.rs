@@ -1,4 +1,4 @@
-//! The `/graph` WebSocket as kas reads it (`agent/src/kas/k8s_proxy/graph_ws.rs`):
+//! The `/graph` WebSocket as kas reads it (`agent/kas/src/k8s_proxy/graph_ws.rs`):
 //! the input is the client's byte stream after the upgrade, read by tungstenite in
 //! the server role with kas's limits (1 MiB frames and messages); the first message
 //! is dispatched as kas does (text: the request, compiled; binary, ping, pong,

@@ -1,5 +1,5 @@
 //! What kas's Workspaces server reads off a request's host
-//! (`podgate_agent::kas::workspaces::{workspace_name, agent_of}`): the workspace
+//! (`podgate_kas::workspaces::{workspace_name, agent_of}`): the workspace
 //! name (Rails' `workspace_host_parser.rb`) and the agent whose tunnel serves it.
 //!
 //! - nothing panics;
@@ -7,7 +7,7 @@
 //! - an agent id is positive and written in the name as Rails writes it:
 //!   `workspace-<agent id>-<user id>-<random>`.
 
-use podgate_agent::kas::workspaces::{agent_of, workspace_name};
+use podgate_kas::workspaces::{agent_of, workspace_name};
 
 /// Checks one input (module docs); panics on a violated property.
 pub fn run(data: &[u8]) {

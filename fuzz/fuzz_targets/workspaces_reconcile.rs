@@ -1,5 +1,5 @@
 //! The Workspaces reconcile exchange (`POST …/modules/remote_development/reconcile`,
-//! `podgate_agent::agentk::remote_development::body`). The first input byte picks:
+//! `podgate_agentk::remote_development::body`). The first input byte picks:
 //!
 //! - even: the request body (`ReconcileRequest`, what the reconcile endpoint reads):
 //!   what decodes is written as Go's `json.Marshal` would (`to_json`: no raw `<`,
@@ -10,7 +10,7 @@
 //! Nothing panics.
 
 use crate::json_eq;
-use podgate_agent::agentk::remote_development::body::{ReconcileRequest, ReconcileResponse};
+use podgate_agentk::remote_development::body::{ReconcileRequest, ReconcileResponse};
 use serde_json::Value;
 
 /// Checks one input (module docs); panics on a violated property.

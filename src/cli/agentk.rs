@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
-use podgate_agent::agentk::{Agentk, AgentkConfig};
+use podgate_agentk::{Agentk, AgentkConfig};
 
 /// Flags of `podgate agentk`.
 #[derive(Debug, Args)]
@@ -87,11 +87,11 @@ pub(crate) fn run(args: AgentkArgs) -> anyhow::Result<ExitCode> {
         std::time::Duration::try_from_secs_f64(v)
             .with_context(|| format!("--{flag}: seconds, e.g. 15 or 0.5"))
     };
-    let leader = podgate_agent::agentk::remote_development::LeaderOptions {
+    let leader = podgate_agentk::remote_development::LeaderOptions {
         lease_duration: seconds("leader-lease-duration", args.leader_lease_duration)?,
         renew_deadline: seconds("leader-renew-deadline", args.leader_renew_deadline)?,
         retry_period: seconds("leader-retry-period", args.leader_retry_period)?,
-        ..podgate_agent::agentk::remote_development::LeaderOptions::for_replica(
+        ..podgate_agentk::remote_development::LeaderOptions::for_replica(
             &config.pod_namespace,
             &config.pod_name,
         )

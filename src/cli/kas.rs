@@ -1,5 +1,5 @@
 //! `podgate kas --config kas.toml`: one kas instance (the file's sections are
-//! documented in `podgate_agent::kas::config`: listeners, secrets, `[gitlab]`,
+//! documented in `podgate_kas::config`: listeners, secrets, `[gitlab]`,
 //! `[agent_configuration]`, `[agent_info]`, `[k8s_proxy]`, `[registry]`).
 
 use std::path::PathBuf;
@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Args;
-use podgate_agent::kas::Kas;
-use podgate_agent::kas::config::KasFileConfig;
+use podgate_kas::Kas;
+use podgate_kas::config::KasFileConfig;
 use podgate_registry::Registry;
 
 /// Flags of `podgate kas`.

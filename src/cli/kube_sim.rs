@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use podgate_agent::kube_sim::{self, KubeSim};
+use podgate_kube_sim::{self as kube_sim, KubeSim};
 
 /// Flags of `podgate kube-sim`.
 #[derive(Debug, Args)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use futures_util::StreamExt as _;
-use podgate_agent::agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
+use podgate_agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
 use podgate_tokens::{KeySet, MintRequest, PodId, TokenKind};
 
 /// Flags of `podgate loadtest agents`.

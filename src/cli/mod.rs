@@ -1,24 +1,42 @@
 //! Subcommand glue: argument types and output formatting only; the work happens in
 //! the library crates.
+//!
+//! The product's commands (`proxy`, `kas`, `agentk`, `token`, `registry`, `graph`)
+//! are always built; the simulated world's (`up`, `loadtest`, `pod-sim`,
+//! `kube-sim`, `workspaces`) only with the default feature `sim`.
 
 pub(crate) mod agentk;
+#[cfg(feature = "sim")]
 pub(crate) mod drill;
 pub(crate) mod graph;
 pub(crate) mod kas;
+#[cfg(feature = "sim")]
 pub(crate) mod kube_sim;
+#[cfg(feature = "sim")]
 pub(crate) mod loadtest;
+#[cfg(feature = "sim")]
 pub(crate) mod loadtest_agents;
+#[cfg(feature = "sim")]
 pub(crate) mod pod_sim;
 pub(crate) mod registry;
 pub(crate) mod token;
+#[cfg(feature = "sim")]
 pub(crate) mod up;
+#[cfg(feature = "sim")]
 pub(crate) mod up_console;
+#[cfg(feature = "sim")]
 pub(crate) mod up_graph;
+#[cfg(feature = "sim")]
 pub(crate) mod up_prometheus;
+#[cfg(feature = "sim")]
 pub(crate) mod up_proxy;
+#[cfg(feature = "sim")]
 pub(crate) mod up_redis;
+#[cfg(feature = "sim")]
 pub(crate) mod up_table;
+#[cfg(feature = "sim")]
 pub(crate) mod up_workspaces;
+#[cfg(feature = "sim")]
 pub(crate) mod workspaces;
 
 /// Exit code for usage and configuration errors (clap uses the same).
@@ -43,7 +61,8 @@ pub(crate) fn usage(why: impl Into<String>) -> anyhow::Error {
 /// a usage or configuration error (a flag, a configuration file, its keys), else
 /// [`EXIT_FAILURE`]. Scripts and supervisors tell "fix the command" from "retry".
 pub(crate) fn exit_code(e: &anyhow::Error) -> u8 {
-    use podgate_agent::{agentk, kas};
+    use podgate_agentk as agentk;
+    use podgate_kas as kas;
     use podgate_proxy::config as proxy;
     let usage = e.chain().any(|c| {
         c.is::<Usage>()

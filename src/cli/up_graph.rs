@@ -18,11 +18,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use podgate_agent::agentk::{Agentk, AgentkConfig};
-use podgate_agent::kas::k8s_proxy::K8sProxyConfig;
-use podgate_agent::kas::workspaces::WorkspacesConfig;
-use podgate_agent::kas::{Kas, KasConfig};
-use podgate_agent::kube_sim::{self, Churn, Controllers, KubeSim};
+use podgate_agentk::{Agentk, AgentkConfig};
+use podgate_kas::k8s_proxy::K8sProxyConfig;
+use podgate_kas::workspaces::WorkspacesConfig;
+use podgate_kas::{Kas, KasConfig};
+use podgate_kube_sim::{self as kube_sim, Churn, Controllers, KubeSim};
 use podgate_loadtest::pod_sim::PodSim;
 use podgate_registry::{Registry, RegistryConfig};
 use podgate_tokens::{Algorithm, KeySet, MintRequest, PodId, TokenKind};
@@ -135,7 +135,7 @@ pub(crate) async fn start(
             agent_keys: keys.clone(),
             advertise_internal: None,
             max_wait: Duration::from_secs(30),
-            max_idle_tunnels_per_agent: podgate_agent::kas::DEFAULT_MAX_IDLE_TUNNELS_PER_AGENT,
+            max_idle_tunnels_per_agent: podgate_kas::DEFAULT_MAX_IDLE_TUNNELS_PER_AGENT,
             observability_listen: Some(any),
             agent_info: None,
             metrics_token: Some(metrics_token.clone()),
@@ -300,7 +300,7 @@ impl KubeSide {
 /// `(tls.crt, tls.key)` written into `dir`. client-go sends a bearer token only over
 /// TLS, so `kubectl` needs the proxy's TLS listener.
 pub(crate) fn self_signed_cert(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let (cert, key) = podgate_agent::kube_sim::self_signed()?;
+    let (cert, key) = podgate_kube_sim::self_signed()?;
     let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
     std::fs::write(&cert_path, cert.to_pem()?)?;
     std::fs::write(&key_path, key.private_key_to_pem_pkcs8()?)?;

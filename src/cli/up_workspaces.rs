@@ -25,7 +25,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use podgate_agent::kas::agent_config::AgentConfigSource;
+use podgate_kas::agent_config::AgentConfigSource;
 use podgate_loadtest::pod_sim::PodSim;
 use podgate_loadtest::pod_sim::workspaces::{Workspace, WorkspaceSpec};
 use serde_json::json;

@@ -1,7 +1,7 @@
 //! The stack every Graph API test runs against, started in one place
 //! ([`start_stack`]) so it can follow the pieces as they change:
 //!
-//! - kube-sim in this process (`podgate_agent::testing::kube`), so tests can write
+//! - kube-sim in this process (`podgate_testkit::kube`), so tests can write
 //!   to it, deny a resource and read every object back;
 //! - `podgate pod-sim` as GitLab (its internal API answers kas's
 //!   `authorize_proxy_user`; its control API issues the personal access token);
@@ -21,9 +21,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine as _;
-use podgate_agent::testing::fixtures::AgentTokens;
-use podgate_agent::testing::kube::KubeTestServer;
 use podgate_registry::testing::free_port;
+use podgate_testkit::fixtures::AgentTokens;
+use podgate_testkit::kube::KubeTestServer;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 

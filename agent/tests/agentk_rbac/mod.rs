@@ -23,24 +23,24 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use permissions::{KINDS, Permission, every_kind, granted, impersonations, permissions};
-use podgate_agent::agentk::remote_development::apply::KubeCluster;
-use podgate_agent::agentk::remote_development::ports::Cluster as _;
-use podgate_agent::agentk::watch_graph::{Settings, watch_graph};
 use podgate_agent::proto::kubernetes_api::{
     ImpersonationConfig, WatchGraphRequest, WatchGraphResponse, action,
 };
-use podgate_agent::testing::kube::KubeTestServer;
-use podgate_agent::testing::workspaces::{
+use podgate_agentk::remote_development::apply::KubeCluster;
+use podgate_agentk::remote_development::ports::Cluster as _;
+use podgate_agentk::watch_graph::{Settings, watch_graph};
+use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
+use podgate_testkit::kube::KubeTestServer;
+use podgate_testkit::workspaces::{
     AGENTK_NAMESPACE, AGENTK_SERVICE_ACCOUNT, AGENTK_TOKEN, WorkspacesStack, install_agentk_rbac,
 };
-use podgate_loadtest::pod_sim::workspaces::{ActualState, DesiredState, WorkspaceSpec};
 use prost::Message as _;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 /// A client of kube-sim at `url` holding agentk's ServiceAccount token.
 async fn agentk_client(url: &str) -> kube::Client {
-    let kubeconfig = podgate_agent::kube_sim::kubeconfig_with(url, Some(AGENTK_TOKEN), None);
+    let kubeconfig = podgate_kube_sim::kubeconfig_with(url, Some(AGENTK_TOKEN), None);
     let config = kube::Config::from_custom_kubeconfig(
         kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap(),
         &Default::default(),

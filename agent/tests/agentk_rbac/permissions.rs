@@ -43,7 +43,7 @@ pub fn granted(objects: &[Value]) -> BTreeSet<Permission> {
 /// info: `/api/v1/...` is the core group, `/apis/<group>/<version>/...`;
 /// `namespaces/<ns>/` scopes; a name, then a subresource) and its impersonation
 /// headers (`impersonate` on `users`, `groups` and `userextras/<key>`).
-pub fn permissions(e: &podgate_agent::kube_sim::AuditEntry) -> Vec<Permission> {
+pub fn permissions(e: &podgate_kube_sim::AuditEntry) -> Vec<Permission> {
     let mut out = Vec::new();
     let p = |g: &str, r: &str, v: &str| (g.to_owned(), r.to_owned(), v.to_owned());
     if e.user.is_some() {
@@ -82,7 +82,7 @@ pub fn permissions(e: &podgate_agent::kube_sim::AuditEntry) -> Vec<Permission> {
 }
 
 /// kas's impersonation of a GitLab user and of a CI job, with every extra it
-/// sends (`agent/src/kas/k8s_proxy/auth.rs`: `user_impersonation`,
+/// sends (`agent/kas/src/k8s_proxy/auth.rs`: `user_impersonation`,
 /// `job_impersonation`).
 pub fn impersonations() -> [ImpersonationConfig; 2] {
     let extra = |pairs: &[(&str, &str)]| {

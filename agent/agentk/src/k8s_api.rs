@@ -1,0 +1,363 @@
+//! `MakeRequest`: the Kubernetes API proxy's requests (kas → tunnel → here), made
+//! against the cluster's API server with the agent's own `kube::Client`, so the
+//! client's own credentials apply: a caller's `Authorization` never reaches the
+//! cluster.
+//!
+//! The response travels back as one [`HttpResponsePart`] header, then the body in
+//! `data` chunks as it arrives from the API server (a watch flows chunk by chunk for
+//! as long as it runs), then the tunnel's OK status. kas ending the tunnel drops the
+//! response, which closes the connection to the API server: the request is cancelled.
+//!
+//! As GitLab's agentk (`internal/module/kubernetes_api/agent/server.go` in
+//! gitlab-org/cluster-integration/gitlab-agent, read at pluralsh/kubernetes-agent
+//! `1fc64e68^`): the request carries `Via: gRPC/1.0 <agentk>`, the response
+//! `Via: <HTTP version> <agentk>`; impersonation (`restImpersonationConfig`) is
+//! - none when neither kas nor the caller asks for it;
+//! - kas's (`Impersonate-User`, one `Impersonate-Group` per group, `Impersonate-Uid`,
+//!   `Impersonate-Extra-<key>` per value) when GitLab says access is as a user;
+//! - the caller's own `Impersonate-*` headers when kas sets none (access as the agent:
+//!   the agent's service account decides whether it may impersonate);
+//! - refused ("nested impersonation is not supported") when both are present, so a
+//!   user can never impersonate someone else through kas's impersonation.
+//!
+//! Hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the headers it names,
+//! `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`, `Proxy-Authorization`,
+//! `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`) are dropped both ways, as Go's
+//! reverse proxy does; so are `Host` and `Content-Length` on the request (hyper sets
+//! them for the API server's connection).
+
+use bytes::Bytes;
+use futures_util::StreamExt as _;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use http_body_util::BodyExt as _;
+use prost::Message as _;
+use tonic::Status;
+
+use super::tunnels::Responses;
+use podgate_agent::httpz::drop_hop_by_hop;
+use podgate_agent::proto::kubernetes_api::{
+    Header, HttpRequest, HttpResponseHeader, HttpResponsePart, ImpersonationConfig,
+    http_response_part,
+};
+
+/// Largest `data` chunk sent up the tunnel (a larger body frame is split), well
+/// under gRPC's 4 MiB message limit.
+pub const MAX_CHUNK: usize = 256 << 10;
+
+/// What agentk calls itself in `Via`.
+const AGENT: &str = concat!("podgate-agentk/", env!("CARGO_PKG_VERSION"));
+
+/// GitLab's answer to a request with impersonation from both kas and the caller.
+const NESTED: &str = "nested impersonation is not supported - agent is already configured to impersonate an identity";
+
+/// Answer one tunnelled `MakeRequest` (an encoded [`HttpRequest`]).
+pub fn make_request(client: kube::Client, payload: Vec<u8>) -> Responses {
+    Box::pin(
+        futures_util::stream::once(async move {
+            let req = HttpRequest::decode(payload.as_slice())
+                .map_err(|_| Status::invalid_argument("undecodable MakeRequest request"))?;
+            let request = build(req)?;
+            let response = client.send(request).await.map_err(|e| {
+                tracing::warn!(error = %e, "kubernetes API request failed");
+                Status::unavailable(format!("kubernetes API request failed: {e}"))
+            })?;
+            Ok(respond(response))
+        })
+        .flat_map(|r: Result<Responses, Status>| match r {
+            Ok(parts) => parts,
+            Err(e) => Box::pin(futures_util::stream::once(async move { Err(e) })),
+        }),
+    )
+}
+
+/// Whether `name` is an impersonation header (`Impersonate-User`, `-Group`, `-Uid`,
+/// `-Extra-*`), as client-go's `transport` constants name them.
+fn is_impersonation(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    matches!(
+        n.as_str(),
+        "impersonate-user" | "impersonate-group" | "impersonate-uid"
+    ) || n.starts_with("impersonate-extra-")
+}
+
+fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), Status> {
+    let bad = || Status::invalid_argument(format!("header {name:?} is not a valid header"));
+    Ok((
+        HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?,
+        HeaderValue::from_str(value).map_err(|_| bad())?,
+    ))
+}
+
+/// kas's impersonation as request headers (also the Graph API's watches).
+pub(crate) fn impersonate(
+    headers: &mut HeaderMap,
+    imp: &ImpersonationConfig,
+) -> Result<(), Status> {
+    let mut add = |name: &str, value: &str| -> Result<(), Status> {
+        let (n, v) = header(name, value)?;
+        headers.append(n, v);
+        Ok(())
+    };
+    if !imp.username.is_empty() {
+        add("Impersonate-User", &imp.username)?;
+    }
+    for g in &imp.groups {
+        add("Impersonate-Group", g)?;
+    }
+    if !imp.uid.is_empty() {
+        add("Impersonate-Uid", &imp.uid)?;
+    }
+    for e in &imp.extra {
+        // Extra keys are percent-encoded in the header name (client-go does the
+        // same for keys with characters a header name cannot hold).
+        let key = percent_encode_key(&e.key);
+        for v in &e.values {
+            add(&format!("Impersonate-Extra-{key}"), v)?;
+        }
+    }
+    Ok(())
+}
+
+/// client-go's `headerKeyEscape`: bytes other than RFC 7230 token characters
+/// (`legalHeaderKeyBytes`) as `%XX`.
+fn percent_encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        let legal = b.is_ascii_alphanumeric() || b"!#$&'*+-.^_`|~".contains(&b);
+        if legal {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn is_empty(imp: &ImpersonationConfig) -> bool {
+    imp.username.is_empty() && imp.groups.is_empty() && imp.uid.is_empty() && imp.extra.is_empty()
+}
+
+/// A tunnelled request's method, URI (`path` must start with `/`) and headers,
+/// hop-by-hop headers dropped: what the API server's request and a workspace's
+/// ([`super::workspace_traffic`]) start from.
+pub(super) fn request_head(
+    req: &HttpRequest,
+) -> Result<(http::Method, http::Uri, HeaderMap), Status> {
+    if !req.path.starts_with('/') {
+        return Err(Status::invalid_argument(format!(
+            "request path {:?} does not start with /",
+            req.path
+        )));
+    }
+    let method = http::Method::from_bytes(req.method.as_bytes())
+        .map_err(|_| Status::invalid_argument(format!("bad method {:?}", req.method)))?;
+    let uri: http::Uri = req
+        .path
+        .parse()
+        .map_err(|_| Status::invalid_argument(format!("bad request path {:?}", req.path)))?;
+    let mut headers = HeaderMap::new();
+    for h in &req.headers {
+        for v in &h.values {
+            let (n, v) = header(&h.name, v)?;
+            headers.append(n, v);
+        }
+    }
+    drop_hop_by_hop(&mut headers);
+    Ok((method, uri, headers))
+}
+
+/// The HTTP request for the API server.
+fn build(req: HttpRequest) -> Result<http::Request<kube::client::Body>, Status> {
+    let (method, uri, mut headers) = request_head(&req)?;
+    for name in [
+        http::header::HOST,
+        http::header::CONTENT_LENGTH,
+        http::header::AUTHORIZATION,
+    ] {
+        headers.remove(name);
+    }
+    let caller_impersonates = headers.keys().any(|k| is_impersonation(k.as_str()));
+    match req.impersonation.as_ref().filter(|i| !is_empty(i)) {
+        Some(_) if caller_impersonates => return Err(Status::permission_denied(NESTED)),
+        Some(imp) => impersonate(&mut headers, imp)?,
+        None => {}
+    }
+    headers.append(
+        http::header::VIA,
+        HeaderValue::from_static(concat!(
+            "gRPC/1.0 podgate-agentk/",
+            env!("CARGO_PKG_VERSION")
+        )),
+    );
+    let mut request = http::Request::new(kube::client::Body::from(req.body));
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers;
+    Ok(request)
+}
+
+fn part(p: http_response_part::Part) -> Vec<u8> {
+    HttpResponsePart { part: Some(p) }.encode_to_vec()
+}
+
+/// The response as tunnel messages: the header, then the body chunk by chunk
+/// (also a workspace's answers, [`super::workspace_traffic`]).
+pub(crate) fn respond<B>(response: http::Response<B>) -> Responses
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: std::fmt::Display,
+{
+    let (mut head, body) = response.into_parts();
+    drop_hop_by_hop(&mut head.headers);
+    if let Ok(via) = HeaderValue::from_str(&format!("{} {AGENT}", version(head.version))) {
+        head.headers.append(http::header::VIA, via);
+    }
+    let mut headers: Vec<Header> = Vec::new();
+    for (name, value) in &head.headers {
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        match headers.iter_mut().find(|h| h.name == name.as_str()) {
+            Some(h) => h.values.push(value),
+            None => headers.push(Header {
+                name: name.as_str().to_owned(),
+                values: vec![value],
+            }),
+        }
+    }
+    let first = part(http_response_part::Part::Header(HttpResponseHeader {
+        status: i32::from(head.status.as_u16()),
+        headers,
+    }));
+    let chunks = body
+        .into_data_stream()
+        .map(|chunk| match chunk {
+            Ok(data) => Ok(split(data)),
+            Err(e) => {
+                tracing::debug!(error = %e, "upstream response body broke");
+                Err(Status::unavailable(format!(
+                    "upstream response body broke: {e}"
+                )))
+            }
+        })
+        .flat_map(|r| match r {
+            Ok(parts) => futures_util::stream::iter(parts.into_iter().map(Ok)).left_stream(),
+            Err(e) => futures_util::stream::once(async move { Err(e) }).right_stream(),
+        });
+    Box::pin(futures_util::stream::once(async move { Ok(first) }).chain(chunks))
+}
+
+/// One body frame as `data` parts of at most [`MAX_CHUNK`] bytes.
+fn split(data: Bytes) -> Vec<Vec<u8>> {
+    data.chunks(MAX_CHUNK)
+        .map(|c| part(http_response_part::Part::Data(c.to_vec())))
+        .collect()
+}
+
+fn version(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_10 => "1.0",
+        http::Version::HTTP_2 => "2.0",
+        http::Version::HTTP_3 => "3.0",
+        _ => "1.1",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(headers: &[(&str, &str)], imp: Option<ImpersonationConfig>) -> HttpRequest {
+        HttpRequest {
+            method: "GET".into(),
+            path: "/api/v1/pods?watch=1".into(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| Header {
+                    name: (*n).into(),
+                    values: vec![(*v).into()],
+                })
+                .collect(),
+            body: Vec::new(),
+            impersonation: imp,
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_and_credentials_are_dropped_and_kas_impersonation_added() {
+        let imp = ImpersonationConfig {
+            username: "gitlab:user:alice".into(),
+            groups: vec![
+                "gitlab:user".into(),
+                "gitlab:project_role:7:developer".into(),
+            ],
+            uid: "gitlab:user:1".into(),
+            extra: vec![podgate_agent::proto::kubernetes_api::ExtraValue {
+                key: "agent.gitlab.com/id".into(),
+                values: vec!["3".into()],
+            }],
+        };
+        let r = build(request(
+            &[
+                ("Connection", "keep-alive, X-Secret"),
+                ("X-Secret", "s"),
+                ("Keep-Alive", "timeout=5"),
+                ("Upgrade", "websocket"),
+                ("Authorization", "Bearer pat:3:glpat-x"),
+                ("Host", "gitlab.example.com"),
+                ("Accept", "application/json"),
+            ],
+            Some(imp),
+        ))
+        .unwrap();
+        let h = r.headers();
+        for gone in [
+            "connection",
+            "x-secret",
+            "keep-alive",
+            "upgrade",
+            "authorization",
+            "host",
+        ] {
+            assert!(h.get(gone).is_none(), "{gone} forwarded");
+        }
+        assert_eq!(h["accept"], "application/json");
+        assert_eq!(h["impersonate-user"], "gitlab:user:alice");
+        let groups: Vec<_> = h.get_all("impersonate-group").iter().collect();
+        assert_eq!(groups, ["gitlab:user", "gitlab:project_role:7:developer"]);
+        assert_eq!(h["impersonate-uid"], "gitlab:user:1");
+        assert_eq!(h["impersonate-extra-agent.gitlab.com%2Fid"], "3");
+        assert!(
+            h["via"]
+                .to_str()
+                .unwrap()
+                .starts_with("gRPC/1.0 podgate-agentk/")
+        );
+        assert_eq!(r.uri(), "/api/v1/pods?watch=1");
+    }
+
+    #[test]
+    fn caller_impersonation_passes_alone_and_is_refused_with_kas_impersonation() {
+        let caller = [("Impersonate-User", "admin")];
+        let r = build(request(&caller, None)).unwrap();
+        assert_eq!(r.headers()["impersonate-user"], "admin");
+        let imp = ImpersonationConfig {
+            username: "gitlab:user:alice".into(),
+            ..Default::default()
+        };
+        let e = build(request(&caller, Some(imp.clone()))).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(e.message().contains("nested impersonation"));
+        let e = build(request(&[("impersonate-extra-scopes", "x")], Some(imp))).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        // An empty impersonation config is no impersonation.
+        let r = build(request(&caller, Some(ImpersonationConfig::default()))).unwrap();
+        assert_eq!(r.headers()["impersonate-user"], "admin");
+    }
+
+    #[test]
+    fn large_frames_are_split() {
+        let parts = split(Bytes::from(vec![7u8; MAX_CHUNK * 2 + 1]));
+        assert_eq!(parts.len(), 3);
+        let last = HttpResponsePart::decode(parts[2].as_slice()).unwrap();
+        assert_eq!(last.part, Some(http_response_part::Part::Data(vec![7])));
+    }
+}

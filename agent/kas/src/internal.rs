@@ -1,0 +1,62 @@
+//! `KasInternal`: calls another kas routed here, for an agent replica this kas
+//! holds a tunnel to.
+
+use tonic::{Request, Response, Status};
+
+use super::api::get_pods_response;
+use super::routing;
+use podgate_agent::proto::kas_internal_server::KasInternal;
+use podgate_agent::proto::{GetPodsRequest, GetPodsResponse};
+
+/// `KasInternal`: calls routed here by another kas, for a replica this kas holds.
+pub(super) struct Internal {
+    /// Serves calls for the replicas this kas holds.
+    pub(super) follower: routing::Follower,
+}
+
+#[tonic::async_trait]
+impl KasInternal for Internal {
+    type CallStream = routing::CallStream;
+
+    async fn call(
+        &self,
+        request: Request<podgate_agent::proto::TunnelCallRequest>,
+    ) -> Result<Response<Self::CallStream>, Status> {
+        let wait = self.follower.wait(request.metadata());
+        self.follower
+            .call(request.into_inner(), wait)
+            .await
+            .map(Response::new)
+    }
+
+    /// The unary form older kas instances route `GetPods` with.
+    async fn get_pods(
+        &self,
+        request: Request<GetPodsRequest>,
+    ) -> Result<Response<GetPodsResponse>, Status> {
+        use prost::Message as _;
+        let wait = self.follower.wait(request.metadata());
+        let req = request.into_inner();
+        let mut response = self
+            .follower
+            .open(
+                req.agent_id,
+                req.connection_id,
+                "GetPods",
+                req.encode_to_vec(),
+                wait,
+            )
+            .await?;
+        let connection_id = response.connection_id();
+        let payload = response
+            .message()
+            .await?
+            .ok_or_else(|| Status::internal("agentk sent no response message"))?;
+        if response.message().await?.is_some() {
+            return Err(Status::internal(
+                "agentk sent more than one response message",
+            ));
+        }
+        get_pods_response(connection_id, &payload).map(Response::new)
+    }
+}
