@@ -96,6 +96,26 @@ pub enum AgentEvent {
     Resync,
 }
 
+impl AgentEvent {
+    /// The event announcing `conn`.
+    pub(crate) fn connected(conn: &AgentConnection) -> Self {
+        AgentEvent::Connected {
+            agent_id: conn.agent_id,
+            connection_id: conn.connection_id,
+            kas: conn.kas.clone(),
+        }
+    }
+
+    /// The event announcing that `conn` ended.
+    pub(crate) fn disconnected(conn: &AgentConnection) -> Self {
+        AgentEvent::Disconnected {
+            agent_id: conn.agent_id,
+            connection_id: conn.connection_id,
+            kas: conn.kas.clone(),
+        }
+    }
+}
+
 /// A stored value with its own expiry, as kept in every backend.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Expiring<T> {
