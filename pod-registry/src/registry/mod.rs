@@ -27,6 +27,7 @@ mod config;
 mod presence;
 mod tasks;
 
+pub(crate) use config::reconnect_backoff;
 pub use config::{BackendConfig, RegistryConfig};
 
 /// What this process registered: refreshed until unregistered, removed at shutdown.

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::BackoffBuilder as _;
 use futures_util::StreamExt as _;
 use tokio::sync::broadcast;
 
@@ -13,9 +14,13 @@ use crate::backend::BackendEvent;
 use crate::error::Error;
 use crate::metrics::Health;
 use crate::presence::AgentEvent;
+use crate::registry::reconnect_backoff;
 
-/// Keep one pub/sub subscription alive: (re)connect with back-off, subscribe to both
-/// channels, forward messages, and announce `Resync` after every (re)subscription.
+/// Keep one pub/sub subscription alive: (re)connect with back-off (pauses up to
+/// `backoff_max`, with jitter), subscribe to both channels, forward messages, and
+/// announce `Resync` after every (re)subscription. Every failure is recorded in
+/// `health` (logged once per outage, counted every time); a subscription that held
+/// starts the back-off over.
 pub(super) async fn subscriber(
     target: RedisTarget,
     keys: Keys,
@@ -29,7 +34,8 @@ pub(super) async fn subscriber(
         RedisTarget::Standalone(u) => vec![u.clone()],
         RedisTarget::Cluster(nodes) => nodes.clone(),
     };
-    let mut delay = Duration::from_millis(50);
+    let backoff = reconnect_backoff(backoff_max);
+    let mut delays = backoff.build();
     let mut next = 0usize;
     loop {
         // In a Cluster every node relays PUBLISH, so any reachable node will do.
@@ -47,7 +53,7 @@ pub(super) async fn subscriber(
         match res {
             Ok(mut ps) => {
                 health.record::<()>("subscribe", &Ok(()));
-                delay = Duration::from_millis(50);
+                delays = backoff.build();
                 let _ = events.send(BackendEvent::Resync);
                 let mut msgs = ps.on_message();
                 while let Some(msg) = msgs.next().await {
@@ -83,7 +89,7 @@ pub(super) async fn subscriber(
                 health.record::<()>("subscribe", &Err(Error::backend("subscribe")(e)));
             }
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(backoff_max);
+        // With no limit on attempts the delays never run out.
+        tokio::time::sleep(delays.next().unwrap_or(backoff_max)).await;
     }
 }
