@@ -1,4 +1,4 @@
-//! Storage behind the registry: the [`Backend`] trait, one set of operations, and
+//! Storage behind the registry: the `Backend` trait, one set of operations, and
 //! its two implementations, in memory ([`memory`]) and on Redis ([`redis`]).
 
 use std::sync::Arc;

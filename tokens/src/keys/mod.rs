@@ -17,9 +17,9 @@
 //! Key types decide algorithms: Ed25519 → EdDSA, P-256 → ES256, RSA (≥ 2048 bits)
 //! → RS256, a secret → HS256.
 //!
-//! Layout: this file holds the [`Algorithm`], the [`KeySet`] and its [`Error`];
+//! Layout: this file holds the [`Algorithm`], the [`KeySet`] and its [`Error`](enum@Error);
 //! `verify` checks signatures ([`VerifyingKey`]), `load` reads key files into a set,
-//! `generate` makes new keys ([`generate`]).
+//! `generate` makes new keys ([`generate()`]).
 
 use std::collections::BTreeMap;
 use std::fmt;

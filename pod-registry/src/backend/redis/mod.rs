@@ -3,12 +3,12 @@
 //! Keys are documented in the crate docs. Every multi-key transaction touches keys of
 //! one hash tag (`{p:<project>}`), so it lives in one Cluster slot.
 //!
-//! One concern per file: the connection ([`conn`]), the key schema and value
-//! decoding ([`keys`]), the Lua scripts ([`scripts`]), the topology's
-//! compare-and-set ([`topology`]), presence writes ([`presence`]) and reads
-//! ([`lookup`]), the refresh by slot ([`refresh`]), kas instances ([`kas`]), GC
-//! ([`gc`]) and the pub/sub subscriber ([`subscriber`]). This file connects and
-//! routes the [`Backend`] calls to them.
+//! One concern per file: the connection (`conn.rs`), the key schema and value
+//! decoding (`keys.rs`), the Lua scripts (`scripts.rs`), the topology's
+//! compare-and-set (`topology.rs`), presence writes (`presence.rs`) and reads
+//! (`lookup.rs`), the refresh by slot (`refresh.rs`), kas instances (`kas.rs`), GC
+//! (`gc.rs`) and the pub/sub subscriber (`subscriber.rs`). This file connects and
+//! routes the registry's backend calls to them.
 
 use std::sync::Arc;
 
