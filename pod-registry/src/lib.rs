@@ -13,7 +13,10 @@
 //! - [`topology`]: [`Pod`], [`PodState`], the immutable [`Topology`] snapshot and
 //!   the static [`TopologyFile`] (TOML).
 //! - [`presence`]: [`AgentConnection`], [`KasInstance`], [`AgentEvent`].
-//! - `backend/`: the in-memory and Redis implementations.
+//! - `backend/`: the storage trait the registry calls, and its two implementations:
+//!   `memory.rs`, and `redis/` with a file per concern (connection, key schema, Lua
+//!   scripts, topology compare-and-set, presence writes and reads, the refresh by
+//!   slot, kas instances, GC, the pub/sub subscriber).
 //! - `testing` (feature `test-util`): a real `redis-server` and a 3-master Redis
 //!   Cluster on ephemeral ports, for tests.
 //!

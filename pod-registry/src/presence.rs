@@ -1,5 +1,6 @@
 //! Presence: which kas instances run, and which agent connections each of them holds
-//! (the seed's `ConnectedAgentInfo` and `KasInstanceInfo`).
+//! (the `ConnectedAgentInfo` and `KasInstanceInfo` of kas's request routing design,
+//! `doc/kas_request_routing.md` in gitlab-org/cluster-integration/gitlab-agent).
 
 use std::fmt;
 
@@ -96,6 +97,26 @@ pub enum AgentEvent {
     Resync,
 }
 
+impl AgentEvent {
+    /// The event announcing `conn`.
+    pub(crate) fn connected(conn: &AgentConnection) -> Self {
+        AgentEvent::Connected {
+            agent_id: conn.agent_id,
+            connection_id: conn.connection_id,
+            kas: conn.kas.clone(),
+        }
+    }
+
+    /// The event announcing that `conn` ended.
+    pub(crate) fn disconnected(conn: &AgentConnection) -> Self {
+        AgentEvent::Disconnected {
+            agent_id: conn.agent_id,
+            connection_id: conn.connection_id,
+            kas: conn.kas.clone(),
+        }
+    }
+}
+
 /// A stored value with its own expiry, as kept in every backend.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Expiring<T> {
@@ -127,10 +148,10 @@ impl OwnedConn {
 ///
 /// The wall clock's offset from the monotonic clock is measured once and then
 /// kept: "now" is that offset plus tokio's clock, so within a process it moves
-/// exactly as tokio's clock does. Reading the two clocks at every call gave each
-/// call its own measurement error, up to the time a preempted thread was off the
-/// CPU between the readings: an expiry checked 2 ms after its TTL looked alive in
-/// loaded CI runs (the Redis conformance TTL test), even with bracketed readings.
+/// exactly as tokio's clock does. Reading the two clocks at every call would give
+/// each call its own measurement error, up to the time a preempted thread is off
+/// the CPU between the readings, even with bracketed readings: on a loaded machine
+/// an expiry checked 2 ms after its TTL could look alive.
 /// The offset is measured again every [`CLOCK_REMEASURE`] of real time and taken
 /// only when it moved by [`CLOCK_STEP`] or more: a step of the wall clock (NTP,
 /// an operator), which other kas instances see too.

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 /// Where [`free_port`] picks: below the kernel's ephemeral range (32768–60999 by
 /// default), which every `bind(":0")` of the processes under test draws from, so a
 /// port handed to a test is never also given to one of them in the moment between
-/// its check here and its server's bind (`podgate up` binds a dozen listeners on
-/// port 0; CI once lost a proxy port that way). Redis cluster bus ports are port +
-/// 10000: still valid.
+/// its check here and its server's bind (`podgate up` alone binds a dozen listeners
+/// on port 0, any of which could take a port picked from that range). Redis cluster
+/// bus ports are port + 10000: still valid.
 const PORTS: std::ops::Range<u16> = 15_000..32_000;
 
 /// Where [`RedisServer`] picks a cluster node's port: its bus port (port + 10000)

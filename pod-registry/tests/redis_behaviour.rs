@@ -39,6 +39,29 @@ fn keys(agent: i64) -> [String; 2] {
     ]
 }
 
+/// A registry with default settings on `server`.
+async fn standalone(server: &RedisServer) -> Registry {
+    Registry::connect(RegistryConfig {
+        backend: BackendConfig::Redis { url: server.url() },
+        ..RegistryConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// The four fields one registration writes, as (key, field): its membership in the
+/// project index; its connection, expiry and kas holding in the agent hash.
+fn fields(agent: i64) -> [(String, String); 4] {
+    let [project, agent_key] = keys(agent);
+    let connection = agent * 10;
+    [
+        (project, format!("{agent}:{connection}")),
+        (agent_key.clone(), format!("conn:{connection}")),
+        (agent_key.clone(), format!("exp:{connection}")),
+        (agent_key, "kas:grpc://kas-a:8155".into()),
+    ]
+}
+
 #[derive(Default, Debug)]
 struct Seen {
     none: usize,
@@ -54,18 +77,9 @@ async fn look<C: ConnectionLike>(c: &mut C, agent: i64) -> (i64, Vec<i64>) {
     let [project, agent_key] = keys(agent);
     let mut p = redis::pipe();
     p.atomic();
-    p.cmd("HEXISTS")
-        .arg(&project)
-        .arg(format!("{agent}:{}", agent * 10));
-    p.cmd("HEXISTS")
-        .arg(&agent_key)
-        .arg(format!("conn:{}", agent * 10));
-    p.cmd("HEXISTS")
-        .arg(&agent_key)
-        .arg(format!("exp:{}", agent * 10));
-    p.cmd("HEXISTS")
-        .arg(&agent_key)
-        .arg("kas:grpc://kas-a:8155");
+    for (key, field) in fields(agent) {
+        p.cmd("HEXISTS").arg(key).arg(field);
+    }
     p.cmd("PTTL").arg(&project);
     p.cmd("PTTL").arg(&agent_key);
     let (a, b, e, k, t1, t2): (i64, i64, i64, i64, i64, i64) = p.query_async(c).await.unwrap();
@@ -125,16 +139,12 @@ async fn registrations_are_atomic<C: ConnectionLike + Clone + Send + 'static>(
             ttls.iter().max().unwrap() - ttls.iter().min().unwrap() <= 1,
             "{ttls:?}"
         );
-        let [project, agent_key] = keys(agent);
+        let [member, _, expiry, holding] = fields(agent);
         let mut p = redis::pipe();
         p.atomic();
-        p.cmd("HGET")
-            .arg(&project)
-            .arg(format!("{agent}:{}", agent * 10));
-        p.cmd("HGET")
-            .arg(&agent_key)
-            .arg(format!("exp:{}", agent * 10));
-        p.cmd("HGET").arg(&agent_key).arg("kas:grpc://kas-a:8155");
+        for (key, field) in [member, expiry, holding] {
+            p.cmd("HGET").arg(key).arg(field);
+        }
         let values: (String, String, String) = p.query_async(&mut rc).await.unwrap();
         let exp = |s: &str| {
             serde_json::from_str::<serde_json::Value>(s).unwrap()["expires_at_ms"].as_u64()
@@ -150,12 +160,7 @@ async fn registrations_are_atomic<C: ConnectionLike + Clone + Send + 'static>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_registration_keys_appear_together_with_equal_expiry() {
     let server = RedisServer::start();
-    let registry = Registry::connect(RegistryConfig {
-        backend: BackendConfig::Redis { url: server.url() },
-        ..RegistryConfig::default()
-    })
-    .await
-    .unwrap();
+    let registry = standalone(&server).await;
     let reader = redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -300,12 +305,7 @@ async fn redis_restarting_empty_gets_everything_back_within_one_refresh_period()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refresh_repairs_keys_lost_without_a_reconnect() {
     let server = RedisServer::start();
-    let registry = Registry::connect(RegistryConfig {
-        backend: BackendConfig::Redis { url: server.url() },
-        ..RegistryConfig::default()
-    })
-    .await
-    .unwrap();
+    let registry = standalone(&server).await;
     for agent in 0..3 {
         registry.register_agent(conn(agent)).await.unwrap();
     }
@@ -351,12 +351,7 @@ async fn refresh_repairs_keys_lost_without_a_reconnect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_registration_is_not_owned_and_never_published() {
     let mut server = RedisServer::start();
-    let registry = Registry::connect(RegistryConfig {
-        backend: BackendConfig::Redis { url: server.url() },
-        ..RegistryConfig::default()
-    })
-    .await
-    .unwrap();
+    let registry = standalone(&server).await;
     registry.register_agent(conn(1)).await.unwrap();
     server.kill();
     let err = registry.register_agent(conn(2)).await.unwrap_err();
@@ -383,12 +378,7 @@ async fn a_failed_registration_is_not_owned_and_never_published() {
 async fn a_registration_cancelled_mid_write_is_not_owned() {
     use futures_util::FutureExt as _;
     let server = RedisServer::start();
-    let registry = Registry::connect(RegistryConfig {
-        backend: BackendConfig::Redis { url: server.url() },
-        ..RegistryConfig::default()
-    })
-    .await
-    .unwrap();
+    let registry = standalone(&server).await;
     // Writes are held by the server, so the registration cannot complete.
     assert_eq!(
         server.cli(&["CLIENT", "PAUSE", "60000", "WRITE"]).trim(),

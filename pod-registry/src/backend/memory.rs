@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::broadcast;
 
-use super::{BackendEvent, TopologyChange};
+use super::{Backend, BackendEvent, TopologyChange};
+use crate::error::Result;
 use crate::presence::{
     AgentConnection, AgentEvent, Expiring, KasAddress, KasInstance, OwnedConn, now_ms,
 };
@@ -62,16 +63,20 @@ impl MemoryBackend {
         // No subscribers is fine.
         let _ = self.events.send(e);
     }
+}
 
-    pub(crate) fn events(&self) -> broadcast::Receiver<BackendEvent> {
+/// Every call takes the one lock for a few map operations and never fails.
+#[async_trait::async_trait]
+impl Backend for MemoryBackend {
+    fn events(&self) -> broadcast::Receiver<BackendEvent> {
         self.events.subscribe()
     }
 
-    pub(crate) fn load_topology(&self) -> Topology {
-        self.lock().topology.clone()
+    async fn load_topology(&self) -> Result<Topology> {
+        Ok(self.lock().topology.clone())
     }
 
-    pub(crate) fn update_topology(&self, change: &TopologyChange) -> crate::Result<Topology> {
+    async fn update_topology(&self, change: &TopologyChange) -> Result<Topology> {
         let next = {
             let mut s = self.lock();
             let next = change.apply(&s.topology)?;
@@ -82,20 +87,14 @@ impl MemoryBackend {
         Ok(next)
     }
 
-    pub(crate) fn register(&self, conn: &AgentConnection, ttl_ms: u64) {
+    async fn register(&self, owned: &OwnedConn, ttl_ms: u64) -> Result<()> {
         let exp = now_ms() + ttl_ms;
-        {
-            let mut s = self.lock();
-            write_conn(&mut s, conn, exp);
-        }
-        self.publish(BackendEvent::Agent(AgentEvent::Connected {
-            agent_id: conn.agent_id,
-            connection_id: conn.connection_id,
-            kas: conn.kas.clone(),
-        }));
+        write_conn(&mut self.lock(), &owned.conn, exp);
+        self.publish(BackendEvent::Agent(AgentEvent::connected(&owned.conn)));
+        Ok(())
     }
 
-    pub(crate) fn unregister(&self, conn: &AgentConnection, drop_holding: bool) {
+    async fn unregister(&self, conn: &AgentConnection, drop_holding: bool) -> Result<()> {
         {
             let mut s = self.lock();
             if let Some(m) = s.by_agent.get_mut(&conn.agent_id) {
@@ -108,85 +107,40 @@ impl MemoryBackend {
                 m.remove(&conn.kas);
             }
         }
-        self.publish(BackendEvent::Agent(AgentEvent::Disconnected {
-            agent_id: conn.agent_id,
-            connection_id: conn.connection_id,
-            kas: conn.kas.clone(),
-        }));
+        self.publish(BackendEvent::Agent(AgentEvent::disconnected(conn)));
+        Ok(())
     }
 
-    pub(crate) fn refresh(
+    async fn put_kas_instance(&self, i: &KasInstance, ttl_ms: u64) -> Result<()> {
+        put_instance(&mut self.lock(), i, now_ms() + ttl_ms);
+        Ok(())
+    }
+
+    async fn remove_kas_instance(&self, addr: &KasAddress) -> Result<()> {
+        self.lock().kas.remove(addr);
+        Ok(())
+    }
+
+    async fn refresh(
         &self,
-        conns: &[std::sync::Arc<OwnedConn>],
+        conns: &[Arc<OwnedConn>],
         instance: Option<&KasInstance>,
         ttl_ms: u64,
-    ) {
+    ) -> Result<()> {
         let exp = now_ms() + ttl_ms;
         let mut s = self.lock();
         for c in conns {
             write_conn(&mut s, &c.conn, exp);
         }
         if let Some(i) = instance {
-            s.kas.insert(
-                i.address.clone(),
-                Expiring {
-                    expires_at_ms: exp,
-                    value: i.clone(),
-                },
-            );
+            put_instance(&mut s, i, exp);
         }
+        Ok(())
     }
 
-    pub(crate) fn put_kas_instance(&self, i: &KasInstance, ttl_ms: u64) {
-        self.refresh(&[], Some(i), ttl_ms);
-    }
-
-    pub(crate) fn remove_kas_instance(&self, addr: &KasAddress) {
-        self.lock().kas.remove(addr);
-    }
-
-    pub(crate) fn by_agent(&self, agent_id: i64) -> Vec<AgentConnection> {
-        let now = now_ms();
-        let s = self.lock();
-        live(s.by_agent.get(&agent_id).map(|m| m.values()), now)
-    }
-
-    pub(crate) fn by_project(&self, project_id: i64) -> Vec<AgentConnection> {
-        let now = now_ms();
-        let s = self.lock();
-        live(s.by_project.get(&project_id).map(|m| m.values()), now)
-    }
-
-    pub(crate) fn kas_for_agent(&self, agent_id: i64) -> Vec<KasAddress> {
-        let now = now_ms();
-        let s = self.lock();
-        let mut out: Vec<KasAddress> = s
-            .agent_kas
-            .get(&agent_id)
-            .into_iter()
-            .flatten()
-            .filter(|(_, exp)| **exp > now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        out.sort();
-        out
-    }
-
-    pub(crate) fn kas_instances(&self) -> Vec<KasInstance> {
-        let now = now_ms();
-        let s = self.lock();
-        let mut out: Vec<KasInstance> = s
-            .kas
-            .values()
-            .filter(|e| e.expires_at_ms > now)
-            .map(|e| e.value.clone())
-            .collect();
-        out.sort_by(|a, b| a.address.cmp(&b.address));
-        out
-    }
-
-    /// Remove every expired entry; returns how many.
-    pub(crate) fn gc(&self) -> usize {
+    /// Removes every expired entry, not only those of `owned`: one process holds
+    /// the whole store.
+    async fn gc(&self, _owned: &[(i64, i64)]) -> Result<usize> {
         let now = now_ms();
         let mut s = self.lock();
         let mut removed = 0;
@@ -211,16 +165,57 @@ impl MemoryBackend {
         s.by_agent.retain(|_, m| !m.is_empty());
         s.by_project.retain(|_, m| !m.is_empty());
         s.agent_kas.retain(|_, m| !m.is_empty());
-        removed
+        Ok(removed)
     }
 
-    /// Every stored entry, expired or not (tests: proves GC removed them).
-    pub(crate) fn raw_len(&self) -> usize {
+    async fn by_agent(&self, agent_id: i64) -> Result<Vec<AgentConnection>> {
+        let now = now_ms();
         let s = self.lock();
-        s.by_agent.values().map(HashMap::len).sum::<usize>()
-            + s.by_project.values().map(HashMap::len).sum::<usize>()
-            + s.agent_kas.values().map(HashMap::len).sum::<usize>()
-            + s.kas.len()
+        Ok(live(s.by_agent.get(&agent_id).map(|m| m.values()), now))
+    }
+
+    async fn by_project(&self, project_id: i64) -> Result<Vec<AgentConnection>> {
+        let now = now_ms();
+        let s = self.lock();
+        Ok(live(s.by_project.get(&project_id).map(|m| m.values()), now))
+    }
+
+    async fn kas_for_agent(&self, agent_id: i64) -> Result<Vec<KasAddress>> {
+        let now = now_ms();
+        let s = self.lock();
+        let mut out: Vec<KasAddress> = s
+            .agent_kas
+            .get(&agent_id)
+            .into_iter()
+            .flatten()
+            .filter(|(_, exp)| **exp > now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    async fn kas_instances(&self) -> Result<Vec<KasInstance>> {
+        let now = now_ms();
+        let s = self.lock();
+        let mut out: Vec<KasInstance> = s
+            .kas
+            .values()
+            .filter(|e| e.expires_at_ms > now)
+            .map(|e| e.value.clone())
+            .collect();
+        out.sort_by(|a, b| a.address.cmp(&b.address));
+        Ok(out)
+    }
+
+    fn raw_len(&self) -> Option<usize> {
+        let s = self.lock();
+        Some(
+            s.by_agent.values().map(HashMap::len).sum::<usize>()
+                + s.by_project.values().map(HashMap::len).sum::<usize>()
+                + s.agent_kas.values().map(HashMap::len).sum::<usize>()
+                + s.kas.len(),
+        )
     }
 }
 
@@ -241,6 +236,16 @@ fn write_conn(s: &mut State, conn: &AgentConnection, exp: u64) {
         .entry(conn.agent_id)
         .or_default()
         .insert(conn.kas.clone(), exp);
+}
+
+fn put_instance(s: &mut State, i: &KasInstance, exp: u64) {
+    s.kas.insert(
+        i.address.clone(),
+        Expiring {
+            expires_at_ms: exp,
+            value: i.clone(),
+        },
+    );
 }
 
 fn live<'a>(

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use backon::ExponentialBuilder;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -52,7 +53,9 @@ pub struct RegistryConfig {
     /// How often `wait_for_agent` re-checks without an event (safety net only).
     #[serde(with = "humantime_serde")]
     pub wait_recheck_interval: Duration,
-    /// Longest pause between reconnection attempts.
+    /// Longest pause between reconnection attempts, before jitter: pauses start at
+    /// 50ms and double up to this, and each is lengthened by a random part of
+    /// itself (up to as much again), as the Redis client's own reconnects are.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
     /// Longest a Redis call waits for its answer before it fails (transient).
@@ -143,5 +146,47 @@ impl RegistryConfig {
                 problems: bad,
             })
         }
+    }
+}
+
+/// The pauses between reconnection attempts: from 50ms, doubling up to `max`, each
+/// lengthened by a random part of itself (up to as much again), so processes that
+/// lost Redis together do not all come back at the same moment. No limit on
+/// attempts: the iterator it builds never ends; build a new one to start over.
+pub(crate) fn reconnect_backoff(max: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(max)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+}
+
+#[cfg(test)]
+mod tests {
+    use backon::BackoffBuilder as _;
+
+    use super::*;
+
+    #[test]
+    fn reconnect_pauses_double_from_50ms_to_the_ceiling_with_jitter_and_never_end() {
+        let max = Duration::from_millis(400);
+        let pauses: Vec<Duration> = reconnect_backoff(max).build().take(1_000).collect();
+        assert_eq!(pauses.len(), 1_000, "no limit on attempts");
+        // Each pause is its base plus up to as much again; float rounding stays
+        // far below the millisecond allowed here.
+        let ms = Duration::from_millis;
+        let bases = [50, 100, 200].into_iter().chain(std::iter::repeat(400));
+        for (i, (pause, base)) in pauses.iter().zip(bases).enumerate() {
+            assert!(
+                *pause >= ms(base) && *pause <= ms(2 * base + 1),
+                "pause {i}: {pause:?} for a base of {base}ms"
+            );
+        }
+        let at_ceiling = &pauses[3..];
+        assert!(
+            at_ceiling.iter().any(|p| *p != at_ceiling[0]),
+            "jitter spreads the pauses"
+        );
     }
 }

@@ -1,10 +1,13 @@
 //! [`Registry`]: the one handle the proxy and kas use. It owns what this process
 //! registered, keeps it refreshed, serves topology snapshots lock-free, and wakes
 //! waiters on presence events.
+//!
+//! This file builds the handle and holds its topology; `presence` registers,
+//! looks up and refreshes connections; `tasks` runs the background work; `config`
+//! is [`RegistryConfig`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tokio::sync::{broadcast, watch};
@@ -12,25 +15,22 @@ use tokio::task::JoinHandle;
 
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, RedisTarget};
-use crate::backend::{BackendEvent, TopologyChange};
+use crate::backend::{Backend, BackendEvent, TopologyChange};
 use crate::error::{Error, Result};
 use crate::metrics::{Health, RegistryMetrics};
-use crate::presence::{AgentConnection, AgentEvent, KasAddress, KasInstance, OwnedConn};
+use crate::presence::{AgentEvent, KasInstance, OwnedConn};
 use crate::topology::{Pod, PodState, Topology, TopologyFile};
 use podgate_tokens::PodId;
 use tasks::{event_pump, every};
 
 mod config;
+mod presence;
 mod tasks;
 
+pub(crate) use config::reconnect_backoff;
 pub use config::{BackendConfig, RegistryConfig};
 
-#[derive(Clone)]
-enum Backend {
-    Memory(MemoryBackend),
-    Redis(RedisBackend),
-}
-
+/// What this process registered: refreshed until unregistered, removed at shutdown.
 #[derive(Default)]
 struct Owned {
     conns: HashMap<(i64, i64), Arc<OwnedConn>>,
@@ -38,7 +38,9 @@ struct Owned {
 }
 
 struct Inner {
-    backend: Backend,
+    /// Behind a trait object: see [`Backend`] for why that costs the hot paths
+    /// nothing.
+    backend: Arc<dyn Backend>,
     config: RegistryConfig,
     read_only_topology: bool,
     topology: ArcSwap<Topology>,
@@ -88,12 +90,12 @@ impl Registry {
             BackendConfig::Redis { url } => Some(RedisTarget::Standalone(url.clone())),
             BackendConfig::RedisCluster { nodes } => Some(RedisTarget::Cluster(nodes.clone())),
         };
-        let backend = match target {
-            None => Backend::Memory(MemoryBackend::new(
+        let backend: Arc<dyn Backend> = match target {
+            None => Arc::new(MemoryBackend::new(
                 file.as_ref().map(|f| f.to_topology(1)).unwrap_or_default(),
             )),
             Some(target) => {
-                Backend::Redis(RedisBackend::connect(&target, &config, health.clone()).await?)
+                Arc::new(RedisBackend::connect(&target, &config, health.clone()).await?)
             }
         };
         Ok(Self::start(backend, config, file, health).await)
@@ -104,11 +106,11 @@ impl Registry {
     pub async fn with_memory(backend: MemoryBackend, config: RegistryConfig) -> Result<Registry> {
         config.validate()?;
         let health = Arc::new(Health::new(Arc::new(RegistryMetrics::new())));
-        Ok(Self::start(Backend::Memory(backend), config, None, health).await)
+        Ok(Self::start(Arc::new(backend), config, None, health).await)
     }
 
     async fn start(
-        backend: Backend,
+        backend: Arc<dyn Backend>,
         config: RegistryConfig,
         file: Option<TopologyFile>,
         health: Arc<Health>,
@@ -160,10 +162,7 @@ impl Registry {
     }
 
     fn backend_events(&self) -> broadcast::Receiver<BackendEvent> {
-        match &self.inner.backend {
-            Backend::Memory(m) => m.events(),
-            Backend::Redis(r) => r.events(),
-        }
+        self.inner.backend.events()
     }
 
     /// The configuration in force.
@@ -222,10 +221,7 @@ impl Registry {
         if self.inner.read_only_topology {
             return Ok(self.topology());
         }
-        let t = match &self.inner.backend {
-            Backend::Memory(m) => m.load_topology(),
-            Backend::Redis(r) => r.load_topology().await?,
-        };
+        let t = self.inner.backend.load_topology().await?;
         self.install_topology(t);
         Ok(self.topology())
     }
@@ -235,10 +231,7 @@ impl Registry {
         if self.inner.read_only_topology {
             return Err(Error::ReadOnly);
         }
-        let next = match &self.inner.backend {
-            Backend::Memory(m) => m.update_topology(&change)?,
-            Backend::Redis(r) => r.update_topology(&change).await?,
-        };
+        let next = self.inner.backend.update_topology(&change).await?;
         self.install_topology(next);
         Ok(self.topology())
     }
@@ -264,245 +257,6 @@ impl Registry {
         self.update_topology(TopologyChange::SetDefault(id)).await
     }
 
-    // ---- presence ----------------------------------------------------------------
-
-    /// Register an agent connection this process holds. It is owned from the moment
-    /// the backend has it: refreshed until unregistered and removed at shutdown.
-    ///
-    /// If the write fails, or this future is dropped before it finishes (the caller
-    /// was cancelled), the connection is not owned: nothing refreshes it, and what
-    /// may have reached the backend expires within the TTL. The caller, who got an
-    /// error (or nothing), has not handed the connection to anyone; it would
-    /// otherwise be refreshed forever with no stream behind it (a ghost `GetPods`
-    /// is routed to).
-    pub async fn register_agent(&self, conn: AgentConnection) -> Result<()> {
-        let owned = Arc::new(OwnedConn::new(conn));
-        let key = (owned.conn.agent_id, owned.conn.connection_id);
-        // Owned before the write, so a refresh that runs during it rewrites it too;
-        // disowned again unless the write completes.
-        {
-            let mut o = self.owned();
-            o.conns.insert(key, owned.clone());
-            self.metrics().owned_connections.set(o.conns.len() as i64);
-        }
-        let mut pending = Pending {
-            registry: self,
-            key,
-            conn: Some(owned.clone()),
-        };
-        let ttl = self.ttl_ms();
-        let res = match &self.inner.backend {
-            Backend::Memory(m) => {
-                m.register(&owned.conn, ttl);
-                Ok(())
-            }
-            Backend::Redis(r) => r.register(&owned, ttl).await,
-        };
-        if res.is_ok() {
-            pending.conn = None;
-        }
-        res
-    }
-
-    /// Unregister a connection this process registered. Returns whether it was owned.
-    pub async fn unregister_agent(&self, agent_id: i64, connection_id: i64) -> Result<bool> {
-        let (conn, drop_holding) = {
-            let mut o = self.owned();
-            let Some(conn) = o.conns.remove(&(agent_id, connection_id)) else {
-                return Ok(false);
-            };
-            self.inner
-                .health
-                .metrics()
-                .owned_connections
-                .set(o.conns.len() as i64);
-            let others = o
-                .conns
-                .values()
-                .any(|c| c.conn.agent_id == agent_id && c.conn.kas == conn.conn.kas);
-            (conn, !others)
-        };
-        match &self.inner.backend {
-            Backend::Memory(m) => m.unregister(&conn.conn, drop_holding),
-            Backend::Redis(r) => r.unregister(&conn.conn, drop_holding).await?,
-        }
-        Ok(true)
-    }
-
-    /// Register this kas instance (owned, refreshed, removed at shutdown).
-    pub async fn register_kas(&self, info: KasInstance) -> Result<()> {
-        self.owned().kas = Some(info.clone());
-        let ttl = self.ttl_ms();
-        match &self.inner.backend {
-            Backend::Memory(m) => {
-                m.put_kas_instance(&info, ttl);
-                Ok(())
-            }
-            Backend::Redis(r) => r.put_kas_instance(&info, ttl).await,
-        }
-    }
-
-    /// Live connections of an agent, on every kas.
-    pub async fn connections_by_agent(&self, agent_id: i64) -> Result<Vec<AgentConnection>> {
-        match &self.inner.backend {
-            Backend::Memory(m) => Ok(m.by_agent(agent_id)),
-            Backend::Redis(r) => r.by_agent(agent_id).await,
-        }
-    }
-
-    /// Live connections of every agent of a configuration project.
-    pub async fn connections_by_project(&self, project_id: i64) -> Result<Vec<AgentConnection>> {
-        match &self.inner.backend {
-            Backend::Memory(m) => Ok(m.by_project(project_id)),
-            Backend::Redis(r) => r.by_project(project_id).await,
-        }
-    }
-
-    /// The kas instances holding at least one connection of an agent.
-    pub async fn kas_for_agent(&self, agent_id: i64) -> Result<Vec<KasAddress>> {
-        match &self.inner.backend {
-            Backend::Memory(m) => Ok(m.kas_for_agent(agent_id)),
-            Backend::Redis(r) => r.kas_for_agent(agent_id).await,
-        }
-    }
-
-    /// Every live kas instance.
-    pub async fn kas_instances(&self) -> Result<Vec<KasInstance>> {
-        match &self.inner.backend {
-            Backend::Memory(m) => Ok(m.kas_instances()),
-            Backend::Redis(r) => r.kas_instances().await,
-        }
-    }
-
-    /// Presence events (connects, disconnects, and `Resync` when some may be lost).
-    pub fn subscribe(&self) -> broadcast::Receiver<AgentEvent> {
-        self.inner.events.subscribe()
-    }
-
-    /// Resolve with the agent's connections as soon as it is connected on any kas,
-    /// or fail with [`Error::AgentNotConnected`] at `deadline`. Woken by the connect
-    /// event; `wait_recheck_interval` is only a safety net. Backend errors while
-    /// waiting are not fatal: the wait goes on until the deadline.
-    pub async fn wait_for_agent(
-        &self,
-        agent_id: i64,
-        deadline: tokio::time::Instant,
-    ) -> Result<Vec<AgentConnection>> {
-        let started = Instant::now();
-        // Subscribe before the first look, so a connect in between is not missed.
-        let mut events = self.subscribe();
-        let recheck = self.inner.config.wait_recheck_interval;
-        loop {
-            if let Ok(conns) = self.connections_by_agent(agent_id).await
-                && !conns.is_empty()
-            {
-                return Ok(conns);
-            }
-            let next_check = tokio::time::Instant::now() + recheck;
-            loop {
-                tokio::select! {
-                    ev = events.recv() => match ev {
-                        Ok(AgentEvent::Connected { agent_id: a, .. }) if a == agent_id => break,
-                        Ok(AgentEvent::Resync) | Err(broadcast::error::RecvError::Lagged(_)) => break,
-                        Ok(_) => continue,
-                        Err(broadcast::error::RecvError::Closed) => {
-                            tokio::time::sleep_until(next_check.min(deadline)).await;
-                            break;
-                        }
-                    },
-                    _ = tokio::time::sleep_until(next_check) => break,
-                    _ = tokio::time::sleep_until(deadline) => {
-                        return Err(Error::AgentNotConnected { agent_id, waited: started.elapsed() });
-                    }
-                }
-            }
-        }
-    }
-
-    /// Rewrite everything this process owns with a fresh expiry (the background task
-    /// does this every `refresh_interval`).
-    pub async fn refresh(&self) -> Result<usize> {
-        let (conns, kas): (Vec<Arc<OwnedConn>>, Option<KasInstance>) = {
-            let o = self.owned();
-            (o.conns.values().cloned().collect(), o.kas.clone())
-        };
-        let timer = self.metrics().refresh_seconds.start_timer();
-        let ttl = self.ttl_ms();
-        match &self.inner.backend {
-            Backend::Memory(m) => m.refresh(&conns, kas.as_ref(), ttl),
-            Backend::Redis(r) => r.refresh(&conns, kas.as_ref(), ttl).await?,
-        }
-        timer.observe_duration();
-        Ok(conns.len())
-    }
-
-    /// Remove expired entries in the keys this process writes (and, in memory,
-    /// everywhere). Returns how many went.
-    pub async fn gc(&self) -> Result<usize> {
-        let owned: Vec<(i64, i64)> = self
-            .owned()
-            .conns
-            .values()
-            .map(|c| (c.conn.project_id, c.conn.agent_id))
-            .collect();
-        let removed = match &self.inner.backend {
-            Backend::Memory(m) => m.gc(),
-            Backend::Redis(r) => r.gc(&owned).await?,
-        };
-        self.metrics().gc_removed.inc_by(removed as u64);
-        Ok(removed)
-    }
-
-    /// Stop background work and remove everything this process registered. Call it
-    /// before exiting; other clones of this handle stop refreshing too.
-    pub async fn shutdown(&self) -> Result<()> {
-        for t in self
-            .inner
-            .tasks
-            .lock()
-            .map(|mut t| std::mem::take(&mut *t))
-            .unwrap_or_default()
-        {
-            t.abort();
-        }
-        let keys: Vec<(i64, i64)> = self.owned().conns.keys().copied().collect();
-        let mut first_err = None;
-        for (agent, conn) in keys {
-            if let Err(e) = self.unregister_agent(agent, conn).await {
-                first_err.get_or_insert(e);
-            }
-        }
-        let kas = self.owned().kas.take();
-        if let Some(k) = kas {
-            match &self.inner.backend {
-                Backend::Memory(m) => m.remove_kas_instance(&k.address),
-                Backend::Redis(r) => {
-                    if let Err(e) = r.remove_kas_instance(&k.address).await {
-                        first_err.get_or_insert(e);
-                    }
-                }
-            }
-        }
-        first_err.map_or(Ok(()), Err)
-    }
-
-    /// How many connections this process owns.
-    pub fn owned_connections(&self) -> usize {
-        self.owned().conns.len()
-    }
-
-    /// The connections of `agent_id` this process owns (registered and keeps
-    /// refreshing). Answered from this process's own state, with no backend call:
-    /// it holds while the backend is down.
-    pub fn owned_by_agent(&self, agent_id: i64) -> Vec<AgentConnection> {
-        self.owned()
-            .conns
-            .values()
-            .filter(|c| c.conn.agent_id == agent_id)
-            .map(|c| c.conn.clone())
-            .collect()
-    }
-
     /// This registry's own metrics.
     pub fn metrics(&self) -> &RegistryMetrics {
         self.inner.health.metrics()
@@ -526,35 +280,6 @@ impl Registry {
     /// Test support: every stored entry in the memory backend, expired or not.
     #[doc(hidden)]
     pub fn memory_raw_len(&self) -> Option<usize> {
-        match &self.inner.backend {
-            Backend::Memory(m) => Some(m.raw_len()),
-            Backend::Redis(_) => None,
-        }
-    }
-}
-
-/// A registration whose write has not completed: disowns the connection when
-/// dropped unless `conn` was taken (the write succeeded).
-struct Pending<'a> {
-    registry: &'a Registry,
-    key: (i64, i64),
-    conn: Option<Arc<OwnedConn>>,
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        let Some(conn) = self.conn.take() else { return };
-        let mut o = self.registry.owned();
-        // Only this registration's entry: a newer one under the same key stays.
-        if o.conns
-            .get(&self.key)
-            .is_some_and(|c| Arc::ptr_eq(c, &conn))
-        {
-            o.conns.remove(&self.key);
-            self.registry
-                .metrics()
-                .owned_connections
-                .set(o.conns.len() as i64);
-        }
+        self.inner.backend.raw_len()
     }
 }

@@ -3,9 +3,10 @@
 use std::sync::Weak;
 use std::time::Duration;
 
+use backon::BackoffBuilder as _;
 use tokio::sync::broadcast;
 
-use super::{Inner, Registry};
+use super::{Inner, Registry, reconnect_backoff};
 use crate::backend::BackendEvent;
 use crate::presence::AgentEvent;
 
@@ -53,12 +54,12 @@ pub(super) async fn event_pump(weak: Weak<Inner>, mut rx: broadcast::Receiver<Ba
                 drop(r);
                 // After a Redis restart the command connection may still hold the
                 // old server's socket: its first call fails and reconnects. Try again
-                // at once (with a short back-off), so the topology, everything owned
-                // and `backend_up` are back now, not at the next periodic tick. Each
-                // try takes the registry anew and none holds it while sleeping: a
-                // registry dropped meanwhile stops here instead of refreshing on.
-                let mut delay = Duration::from_millis(50);
-                for _ in 0..6 {
+                // at once (six tries, with the reconnect back-off), so the topology,
+                // everything owned and `backend_up` are back now, not at the next
+                // periodic tick. Each try takes the registry anew and none holds it
+                // while sleeping: a registry dropped meanwhile stops here instead of
+                // refreshing on.
+                for delay in reconnect_backoff(backoff_max).build().take(6) {
                     let Some(inner) = weak.upgrade() else { return };
                     let r = Registry { inner };
                     let topology = r.reload_topology().await.is_ok();
@@ -67,7 +68,6 @@ pub(super) async fn event_pump(weak: Weak<Inner>, mut rx: broadcast::Receiver<Ba
                     }
                     drop(r);
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(backoff_max);
                 }
             }
             Err(broadcast::error::RecvError::Closed) => return,

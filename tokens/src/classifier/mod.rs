@@ -6,6 +6,11 @@
 //! same token costs one hash and one lookup. Entries expire with the token, and a
 //! key-set change invalidates them all.
 
+//!
+//! Layout: this file holds the [`Classifier`] and its verdict cache; `config` is
+//! [`ClassifierConfig`] and this module's [`Error`]; `structural` classifies what is
+//! not a JWT.
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -13,100 +18,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher as _;
-use thiserror::Error;
 
-use crate::identity::{
-    Classification, Identity, InvalidReason, PodId, TokenFormat, UnroutableReason,
-};
+use crate::identity::{Classification, Identity, InvalidReason};
+use crate::jwt;
 use crate::keys::KeySet;
-use crate::{gitlab, jwt};
+use structural::{classify_structural, invalid, looks_like_jwt};
 
-/// Configuration errors; fix the configuration, do not retry.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum Error {
-    /// One or more fields are out of range; every problem is listed.
-    #[error("invalid classifier configuration: {}", .0.join("; "))]
-    Invalid(Vec<String>),
-}
+mod config;
+mod structural;
 
-/// Result alias for this module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// How the classifier verifies and caches.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClassifierConfig {
-    /// Clock skew tolerated on JWT `exp`/`nbf`, in seconds.
-    pub leeway_secs: u64,
-    /// When set, JWTs must carry this audience (`aud`).
-    pub audience: Option<String>,
-    /// When set, JWTs must carry this issuer (`iss`).
-    pub issuer: Option<String>,
-    /// Most verdicts kept in the cache (0 disables it).
-    pub cache_capacity: usize,
-    /// Longest a positive verdict is cached, in seconds (it never outlives the token).
-    pub cache_ttl_secs: u64,
-    /// How long a rejected JWT's verdict is cached, in seconds, so that a client
-    /// retrying a bad token does not cost a signature check each time.
-    pub negative_ttl_secs: u64,
-    /// Longest token accepted, in bytes.
-    pub max_token_bytes: usize,
-}
-
-impl Default for ClassifierConfig {
-    fn default() -> Self {
-        ClassifierConfig {
-            leeway_secs: 60,
-            audience: None,
-            issuer: None,
-            cache_capacity: 100_000,
-            cache_ttl_secs: 300,
-            negative_ttl_secs: 60,
-            max_token_bytes: 8192,
-        }
-    }
-}
-
-impl ClassifierConfig {
-    /// Check every field; the error lists all bad ones by name.
-    pub fn validate(&self) -> Result<()> {
-        let mut bad = Vec::new();
-        if self.leeway_secs > 3600 {
-            bad.push(format!(
-                "leeway_secs = {}: at most 3600 (an hour of clock skew means a broken clock)",
-                self.leeway_secs
-            ));
-        }
-        if self.max_token_bytes < 64 || self.max_token_bytes > 1 << 20 {
-            bad.push(format!(
-                "max_token_bytes = {}: must lie in 64..=1048576",
-                self.max_token_bytes
-            ));
-        }
-        if self.cache_capacity > 0 && self.cache_ttl_secs == 0 {
-            bad.push("cache_ttl_secs = 0: must be positive while the cache is on".into());
-        }
-        if self.audience.as_deref() == Some("") {
-            bad.push("audience = \"\": leave it out rather than empty".into());
-        }
-        if self.issuer.as_deref() == Some("") {
-            bad.push("issuer = \"\": leave it out rather than empty".into());
-        }
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Invalid(bad))
-        }
-    }
-
-    fn policy(&self) -> jwt::Policy {
-        jwt::Policy {
-            leeway_secs: self.leeway_secs,
-            audience: self.audience.clone(),
-            issuer: self.issuer.clone(),
-        }
-    }
-}
+pub use config::{ClassifierConfig, Error, Result};
+pub(crate) use structural::split_gitlab_prefix;
 
 #[derive(Clone, Copy)]
 struct Entry {
@@ -252,7 +174,7 @@ impl Classifier {
                 return jwt::verify(&parts, &self.keys.load(), &self.policy, now);
             }
         }
-        self.classify_structural(token)
+        classify_structural(token)
     }
 
     /// Classify without consulting or filling the cache (benchmarks, `inspect`).
@@ -265,7 +187,7 @@ impl Classifier {
         {
             return jwt::verify(&parts, &self.keys.load(), &self.policy, now);
         }
-        self.classify_structural(token)
+        classify_structural(token)
     }
 
     fn precheck(&self, token: &str) -> std::result::Result<(), InvalidReason> {
@@ -284,24 +206,6 @@ impl Classifier {
             return Err(InvalidReason::BadCharacters);
         }
         Ok(())
-    }
-
-    /// Everything that is not a JWT: GitLab routable tokens and opaque ones.
-    fn classify_structural(&self, token: &str) -> Classification {
-        if let Some(shape) = gitlab::shape(token) {
-            return match gitlab::decode_shaped(token, shape) {
-                Ok(d) => classify_gitlab(&d),
-                Err(reason) => invalid(reason),
-            };
-        }
-        if token.contains('.') {
-            return invalid(InvalidReason::Malformed(
-                "a dotted token that is neither a JWT nor a GitLab routable token",
-            ));
-        }
-        Classification::Unroutable {
-            reason: opaque_reason(token),
-        }
     }
 
     fn verify_and_cache(
@@ -349,150 +253,12 @@ impl Classifier {
     }
 }
 
-/// Whether `token` may be a JWT: a bare one (`eyJ…`) or one behind a short `gl…-`
-/// prefix, and not a GitLab routable token (whose random part may start `eyJ` too).
-fn looks_like_jwt(token: &str) -> bool {
-    let b = token.as_bytes();
-    let head = &b[..b.len().min(52)];
-    (b.starts_with(b"eyJ") || head.windows(4).any(|w| w == b"-eyJ"))
-        && gitlab::shape(token).is_none()
-}
-
-fn invalid(reason: InvalidReason) -> Classification {
-    Classification::Invalid { reason }
-}
-
-fn classify_gitlab(d: &gitlab::Decoded) -> Classification {
-    let Some(cell) = d.keys.cell else {
-        return Classification::Unroutable {
-            reason: UnroutableReason::NoPodKey,
-        };
-    };
-    let Some(pod) = PodId::new(cell) else {
-        return invalid(InvalidReason::BadPayload("cell id 0"));
-    };
-    Classification::Routable(Identity {
-        pod,
-        kind: d.kind(),
-        format: if d.version == 0 {
-            TokenFormat::GitlabV0
-        } else {
-            TokenFormat::GitlabV1
-        },
-        organization: d.keys.organization,
-        group: d.keys.group,
-        project: d.keys.project,
-        user: d.keys.user,
-        agent: None,
-        runner_type: d.keys.runner_type(),
-        expires_at: None,
-    })
-}
-
-/// Split a `gl…-` prefix (with optional instance prefix) from the body of an
-/// undotted token.
-pub(crate) fn split_gitlab_prefix(token: &str) -> Option<(&str, &str)> {
-    // GitLab prefixes are short; look for the dash that ends one in the first 48 bytes.
-    // Byte search: '-' is ASCII, so every index found is a char boundary.
-    let head = &token.as_bytes()[..token.len().min(48)];
-    head.iter()
-        .enumerate()
-        .filter(|&(_, &c)| c == b'-')
-        .map(|(i, _)| i)
-        .find(|&i| jwt::is_gitlab_prefix(&token[..=i]))
-        .map(|i| token.split_at(i + 1))
-}
-
-fn opaque_reason(token: &str) -> UnroutableReason {
-    if token.starts_with("GR1348941") {
-        return UnroutableReason::LegacyRegistration;
-    }
-    let Some((prefix, body)) = split_gitlab_prefix(token) else {
-        return UnroutableReason::Opaque;
-    };
-    let b = body.as_bytes();
-    if b.len() > 3 && b[0] == b't' && matches!(b[1], b'1'..=b'3') && b[2] == b'_' {
-        return UnroutableReason::RunnerTypePartition;
-    }
-    if gitlab::kind_of_prefix(prefix) == crate::TokenKind::Job
-        && let Some(us) = body.find('_')
-        && us > 0
-        && body[..us].bytes().all(|c| c.is_ascii_hexdigit())
-    {
-        return UnroutableReason::JobPartition;
-    }
-    UnroutableReason::LegacyPrefixed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn c() -> Classifier {
         Classifier::with_keys(KeySet::new())
-    }
-
-    #[test]
-    fn config_validation_names_every_bad_field() {
-        let cfg = ClassifierConfig {
-            leeway_secs: 99_999,
-            max_token_bytes: 1,
-            cache_ttl_secs: 0,
-            audience: Some(String::new()),
-            ..ClassifierConfig::default()
-        };
-        let Err(Error::Invalid(msgs)) = cfg.validate() else {
-            panic!("expected invalid")
-        };
-        let all = msgs.join("\n");
-        for field in [
-            "leeway_secs",
-            "max_token_bytes",
-            "cache_ttl_secs",
-            "audience",
-        ] {
-            assert!(all.contains(field), "{field} not named in {all}");
-        }
-        assert!(ClassifierConfig::default().validate().is_ok());
-    }
-
-    #[test]
-    fn opaque_shapes_have_reasons() {
-        let cases = [
-            (
-                "glrt-t1_abcdefghijklmnopqrst",
-                UnroutableReason::RunnerTypePartition,
-            ),
-            (
-                "glrt-t3_abcdefghijklmnopqrst",
-                UnroutableReason::RunnerTypePartition,
-            ),
-            (
-                "glcbt-64_abcdefghijklmnopqrst",
-                UnroutableReason::JobPartition,
-            ),
-            (
-                "glrt-abcdefghijklmnopqrst",
-                UnroutableReason::LegacyPrefixed,
-            ),
-            (
-                "acme-glpat-abcdefghijklmnopqrst",
-                UnroutableReason::LegacyPrefixed,
-            ),
-            (
-                "GR1348941abcdefghijklmnop",
-                UnroutableReason::LegacyRegistration,
-            ),
-            ("a1b2c3d4e5f6", UnroutableReason::Opaque),
-            ("x-y-z", UnroutableReason::Opaque),
-        ];
-        for (t, want) in cases {
-            assert_eq!(
-                c().classify(t),
-                Classification::Unroutable { reason: want },
-                "{t}"
-            );
-        }
     }
 
     #[test]
