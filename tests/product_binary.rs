@@ -65,12 +65,18 @@ fn the_product_binary_has_no_simulator_subcommand() {
 #[test]
 fn the_product_binary_links_no_simulator_code() {
     let bytes = std::fs::read(product_binary()).expect("a readable binary");
-    for krate in ["podgate_loadtest", "podgate_kube_sim", "podgate_testkit"] {
-        assert!(
-            !bytes.windows(krate.len()).any(|w| w == krate.as_bytes()),
-            "the product binary holds symbols of {krate}"
-        );
-    }
+    // Symbol names (mangled or not) and panic locations carry the crate's name.
+    let simulators = regex::bytes::Regex::new("podgate_(loadtest|kube_sim|testkit)").unwrap();
+    let found = simulators
+        .find(&bytes)
+        .map(|m| String::from_utf8_lossy(m.as_bytes()).into_owned());
+    assert_eq!(
+        found, None,
+        "the product binary holds symbols of a simulator crate"
+    );
+    // The same scan finds the simulators in the default binary: it can fail.
+    let default = std::fs::read(env!("CARGO_BIN_EXE_podgate")).expect("a readable binary");
+    assert!(simulators.is_match(&default));
 }
 
 #[test]
