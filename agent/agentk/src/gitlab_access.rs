@@ -7,7 +7,7 @@
 //! chunks, a trailer; kas answers with a header (status, headers), the body in chunks
 //! and a trailer. kas sends the request on to
 //! `/api/v4/internal/kubernetes/modules/<module><path>` on the agent's GitLab and
-//! streams the answer back unchanged ([`podgate_kas::gitlab_access`]).
+//! streams the answer back unchanged (`podgate-kas`, `agent/kas/src/gitlab_access/`).
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt as _;

@@ -1,4 +1,4 @@
-//! The in-process Kubernetes API server of tests: a [`KubeSim`](podgate_kube_sim::KubeSim)
+//! The in-process Kubernetes API server of tests: a [`KubeSim`]
 //! on a free loopback port, stopped when dropped.
 
 use std::net::SocketAddr;
