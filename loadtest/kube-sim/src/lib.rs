@@ -223,7 +223,7 @@ impl KubeSim {
     /// Deny `get`, `list` and `watch` of `resource` (a plural: `deployments`) in
     /// `group` (`apps`; `""` for the core group): those requests get a `403
     /// Forbidden` `Status` naming the user, as when RBAC does not allow them. Other
-    /// resources, and writes, are served as before.
+    /// resources, and writes, are served as usual.
     pub fn deny(&self, group: &str, resource: &str) {
         self.shared.access.deny(group, resource, &[]);
     }

@@ -551,7 +551,7 @@ async fn kubectl_is_forbidden_a_denied_resource_and_impersonates() {
     assert_eq!(get.verb, "get");
     assert_eq!(get.user.as_deref(), Some("gitlab:user:alice"));
     assert_eq!(get.groups, ["gitlab:user", "devs"]);
-    // Other resources are served as before.
+    // Other resources are still served.
     let (ok, _, err) = tokio::task::block_in_place(|| k.run(&["get", "pods", "--as", "bob"], None));
     assert!(ok, "{err}");
     assert!(

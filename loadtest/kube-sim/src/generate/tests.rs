@@ -90,7 +90,7 @@ fn generated_clusters_are_exact_deterministic_and_their_references_resolve() {
     generate(&other, 3000, 8);
     assert_ne!(names(&sim), names(&other));
 
-    // Every kind of graph-api.md §6 is there.
+    // Every kind of docs/graph-api.md §6 is there.
     let objects = sim.objects();
     let mut per: BTreeMap<&str, usize> = BTreeMap::new();
     for o in &objects {
