@@ -97,7 +97,7 @@
 //!
 //! At 50,000 generated objects the process holds 120–150 MiB after generation and
 //! about 250 MiB while serving cluster-wide lists (objects are kept as JSON text,
-//! parsed only when asked for); `cargo bench -p podgate-agent --bench kube_sim`
+//! parsed only when asked for); `cargo bench -p podgate-kube-sim --bench kube_sim`
 //! measures it.
 //!
 //! Layout: [`KubeSim`] here is the handle (denials, refusals, settings, audit,
@@ -105,7 +105,7 @@
 //! generated clusters and seeding ([`StoredObject`]);
 //! `resources` holds the served kinds, discovery documents and
 //! CustomResourceDefinitions; `selector` label and field selectors; `patch` body
-//! decoding and merge patches; `fieldset` and `ssa` field ownership and
+//! decoding and the kind of patch; `fieldset` and `ssa` field ownership and
 //! server-side apply; `store` the objects, resource versions and change history;
 //! `namespaces` namespace lifecycle; `faults` validation and refusals; `paging`
 //! lists, whole or in pages, and their snapshots; `watch` the watch streams;
