@@ -105,6 +105,11 @@ impl Collector<'_> {
         self.push(Target::Resource(group, resource), "", name, arc);
     }
 
+    /// The name at `path` in `v`: a core `resource` in this namespace.
+    fn local_at(&mut self, resource: &'static str, v: &Value, path: &[&str], arc: ArcType) {
+        self.local(CORE, resource, at(v, path).and_then(Value::as_str), arc);
+    }
+
     /// A Flux-style `{kind, name, namespace?}` reference in `group`.
     fn kind_ref(&mut self, group: &str, r: &Value, default_kind: Option<&str>, arc: ArcType) {
         let Some(kind) = str_at(r, "kind").or(default_kind) else {
@@ -256,69 +261,29 @@ pub(crate) fn references(group: &str, kind: &str, namespace: &str, obj: &Value) 
 /// A pod spec's references, typed `arc` (`r` in a Pod, `t` in a template).
 fn pod_spec(c: &mut Collector<'_>, spec: &Value, arc: ArcType) {
     for v in items(spec.get("volumes")) {
-        c.local(
-            CORE,
-            "configmaps",
-            at(v, &["configMap", "name"]).and_then(Value::as_str),
-            arc,
-        );
-        c.local(
-            CORE,
-            "secrets",
-            at(v, &["secret", "secretName"]).and_then(Value::as_str),
-            arc,
-        );
-        c.local(
-            CORE,
+        c.local_at("configmaps", v, &["configMap", "name"], arc);
+        c.local_at("secrets", v, &["secret", "secretName"], arc);
+        c.local_at(
             "persistentvolumeclaims",
-            at(v, &["persistentVolumeClaim", "claimName"]).and_then(Value::as_str),
+            v,
+            &["persistentVolumeClaim", "claimName"],
             arc,
         );
         for s in items(at(v, &["projected", "sources"])) {
-            c.local(
-                CORE,
-                "configmaps",
-                at(s, &["configMap", "name"]).and_then(Value::as_str),
-                arc,
-            );
-            c.local(
-                CORE,
-                "secrets",
-                at(s, &["secret", "name"]).and_then(Value::as_str),
-                arc,
-            );
+            c.local_at("configmaps", s, &["configMap", "name"], arc);
+            c.local_at("secrets", s, &["secret", "name"], arc);
         }
     }
     for key in ["containers", "initContainers", "ephemeralContainers"] {
         for ctr in items(spec.get(key)) {
             for e in items(ctr.get("env")) {
                 let from = e.get("valueFrom").unwrap_or(&Value::Null);
-                c.local(
-                    CORE,
-                    "configmaps",
-                    at(from, &["configMapKeyRef", "name"]).and_then(Value::as_str),
-                    arc,
-                );
-                c.local(
-                    CORE,
-                    "secrets",
-                    at(from, &["secretKeyRef", "name"]).and_then(Value::as_str),
-                    arc,
-                );
+                c.local_at("configmaps", from, &["configMapKeyRef", "name"], arc);
+                c.local_at("secrets", from, &["secretKeyRef", "name"], arc);
             }
             for e in items(ctr.get("envFrom")) {
-                c.local(
-                    CORE,
-                    "configmaps",
-                    at(e, &["configMapRef", "name"]).and_then(Value::as_str),
-                    arc,
-                );
-                c.local(
-                    CORE,
-                    "secrets",
-                    at(e, &["secretRef", "name"]).and_then(Value::as_str),
-                    arc,
-                );
+                c.local_at("configmaps", e, &["configMapRef", "name"], arc);
+                c.local_at("secrets", e, &["secretRef", "name"], arc);
             }
         }
     }

@@ -30,10 +30,10 @@ pub(super) fn kustomization(c: &mut Collector<'_>, obj: &Value, spec: &Value) {
         c.kind_ref(CORE, s, None, ArcType::Reference);
     }
     common(c, spec);
-    c.local(
-        CORE,
+    c.local_at(
         "secrets",
-        at(spec, &["decryption", "secretRef", "name"]).and_then(Value::as_str),
+        spec,
+        &["decryption", "secretRef", "name"],
         ArcType::Reference,
     );
 }
@@ -111,8 +111,12 @@ pub(super) fn helm_release_objects(c: &mut Collector<'_>, obj: &Value) {
 
 /// `kubeConfig.secretRef` and `serviceAccountName`, shared by Flux kinds.
 fn common(c: &mut Collector<'_>, spec: &Value) {
-    let secret = at(spec, &["kubeConfig", "secretRef", "name"]).and_then(Value::as_str);
-    c.local(CORE, "secrets", secret, ArcType::Reference);
+    c.local_at(
+        "secrets",
+        spec,
+        &["kubeConfig", "secretRef", "name"],
+        ArcType::Reference,
+    );
     c.local(
         CORE,
         "serviceaccounts",
