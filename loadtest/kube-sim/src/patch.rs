@@ -75,6 +75,10 @@ mod tests {
             o,
             json!({"metadata": {"labels": {"b": "2", "c": "3"}}, "spec": 2})
         );
+        // RFC 7386: an object replacing a scalar loses its nulls too.
+        let mut o = json!({"spec": 1});
+        json_patch::merge(&mut o, &json!({"spec": {"a": null, "b": 2}}));
+        assert_eq!(o, json!({"spec": {"b": 2}}));
         let (k, v) = decode_body("application/apply-patch+yaml", b"a: 1\n").unwrap();
         assert_eq!((k, v), (PatchKind::Apply, json!({"a": 1})));
         let (k, _) = decode_body("application/merge-patch+json", b"{}").unwrap();
