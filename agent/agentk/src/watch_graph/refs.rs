@@ -25,8 +25,8 @@
 //!   `dependsOn`, `kubeConfig.secretRef`, `serviceAccountName`, and its latest
 //!   release's Helm storage Secret (`sh.helm.release.v1.<release>.v<version>`) → `r`;
 //! - Helm storage Secret (type `helm.sh/release.v1`): every object of the release's
-//!   manifest (a list reference: "HelmRelease's Secret stores the list of managed
-//!   objects", `docs/graph-api.md` §6) → `r`.
+//!   manifest (a list reference, as GitLab's design document has the HelmRelease's
+//!   Secret store the list of managed objects) → `r`.
 //!   Helm stores the release as base64 of gzipped JSON (`pkg/storage/driver/util.go`
 //!   `encodeRelease` in helm/helm) in `data.release`; namespaced objects without a
 //!   namespace are in the release's namespace.
