@@ -90,11 +90,6 @@ mod tests {
             StatusCode::BAD_REQUEST
         );
     }
-}
-
-#[cfg(test)]
-mod media_type_tests {
-    use super::*;
 
     #[test]
     fn protobuf_and_cbor_bodies_are_415_json_and_yaml_decode() {
