@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder as _, ExponentialBuilder};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
@@ -12,8 +13,16 @@ use podgate_agent::proto::agent_configuration_service_client::AgentConfiguration
 use podgate_agent::proto::{AgentMeta, GetConfigurationRequest};
 use podgate_agent::task::AbortOnDrop;
 
-const RECONNECT_START: Duration = Duration::from_millis(250);
-const RECONNECT_MAX: Duration = Duration::from_secs(20);
+/// Waits between connection attempts: a base doubling from 125 ms to 10 s, each
+/// wait between 1× and 2× its base (jitter, so replicas that lost kas together do
+/// not come back together): the first retry within 250 ms, none after more than
+/// 20 s. A connection that opened starts the sequence again.
+const RECONNECT: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(125))
+    .with_max_delay(Duration::from_secs(10))
+    .with_factor(2.0)
+    .with_jitter()
+    .without_max_times();
 
 /// What [`run`] reports.
 pub(super) struct Watches {
@@ -48,7 +57,7 @@ pub(super) async fn run<H: Handler>(
     watches: Watches,
 ) {
     let status = &watches.status;
-    let mut backoff = RECONNECT_START;
+    let mut delays = RECONNECT.build();
     let mut attempts = 0;
     loop {
         attempts += 1;
@@ -56,7 +65,7 @@ pub(super) async fn run<H: Handler>(
             Ok((first, mut stream)) => {
                 pool.metrics.connect("ok");
                 pool.metrics.connected.set(1);
-                backoff = RECONNECT_START;
+                delays = RECONNECT.build();
                 tracing::info!(
                     agent_id = first.agent_id,
                     connection_id = first.connection_id,
@@ -125,16 +134,10 @@ pub(super) async fn run<H: Handler>(
                 }
             }
         }
-        tokio::time::sleep(jitter(backoff)).await;
-        backoff = (backoff * 2).min(RECONNECT_MAX);
+        // Without a limit on attempts the sequence never ends.
+        let wait = delays.next().unwrap_or(Duration::from_secs(20));
+        tokio::time::sleep(wait).await;
     }
-}
-
-/// Between 75% and 100% of `d`, so replicas that lost kas together do not come
-/// back together.
-fn jitter(d: Duration) -> Duration {
-    use rand::Rng as _;
-    d.mul_f64(rand::thread_rng().gen_range(0.75..=1.0))
 }
 
 async fn connect(
@@ -171,5 +174,25 @@ async fn connect(
         None => Err(tonic::Status::unavailable(
             "kas ended the configuration stream at once",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_waits_double_within_their_jitter_up_to_20_s() {
+        for _ in 0..20 {
+            let waits: Vec<Duration> = RECONNECT.build().take(12).collect();
+            let mut base = Duration::from_millis(125);
+            for wait in waits {
+                assert!(
+                    wait >= base && wait <= base * 2,
+                    "{wait:?} for base {base:?}"
+                );
+                base = (base * 2).min(Duration::from_secs(10));
+            }
+        }
     }
 }

@@ -30,6 +30,7 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body_util::BodyExt as _;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use prost::Message as _;
 use tonic::Status;
 
@@ -110,7 +111,7 @@ pub(crate) fn impersonate(
     for e in &imp.extra {
         // Extra keys are percent-encoded in the header name (client-go does the
         // same for keys with characters a header name cannot hold).
-        let key = percent_encode_key(&e.key);
+        let key = utf8_percent_encode(&e.key, HEADER_KEY_ESCAPE);
         for v in &e.values {
             add(&format!("Impersonate-Extra-{key}"), v)?;
         }
@@ -119,19 +120,22 @@ pub(crate) fn impersonate(
 }
 
 /// client-go's `headerKeyEscape`: bytes other than RFC 7230 token characters
-/// (`legalHeaderKeyBytes`) as `%XX`.
-fn percent_encode_key(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        let legal = b.is_ascii_alphanumeric() || b"!#$&'*+-.^_`|~".contains(&b);
-        if legal {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+/// (`legalHeaderKeyBytes`), and `%` itself, as `%XX`.
+const HEADER_KEY_ESCAPE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'!')
+    .remove(b'#')
+    .remove(b'$')
+    .remove(b'&')
+    .remove(b'\'')
+    .remove(b'*')
+    .remove(b'+')
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'^')
+    .remove(b'_')
+    .remove(b'`')
+    .remove(b'|')
+    .remove(b'~');
 
 fn is_empty(imp: &ImpersonationConfig) -> bool {
     imp.username.is_empty() && imp.groups.is_empty() && imp.uid.is_empty() && imp.extra.is_empty()
@@ -290,10 +294,16 @@ mod tests {
                 "gitlab:project_role:7:developer".into(),
             ],
             uid: "gitlab:user:1".into(),
-            extra: vec![podgate_agent::proto::kubernetes_api::ExtraValue {
-                key: "agent.gitlab.com/id".into(),
-                values: vec!["3".into()],
-            }],
+            extra: vec![
+                podgate_agent::proto::kubernetes_api::ExtraValue {
+                    key: "agent.gitlab.com/id".into(),
+                    values: vec!["3".into()],
+                },
+                podgate_agent::proto::kubernetes_api::ExtraValue {
+                    key: "a+b%c é".into(),
+                    values: vec!["4".into()],
+                },
+            ],
         };
         let r = build(request(
             &[
@@ -325,6 +335,7 @@ mod tests {
         assert_eq!(groups, ["gitlab:user", "gitlab:project_role:7:developer"]);
         assert_eq!(h["impersonate-uid"], "gitlab:user:1");
         assert_eq!(h["impersonate-extra-agent.gitlab.com%2Fid"], "3");
+        assert_eq!(h["impersonate-extra-a+b%25c%20%C3%A9"], "4");
         assert!(
             h["via"]
                 .to_str()

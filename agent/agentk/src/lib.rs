@@ -97,7 +97,8 @@ pub struct AgentkConfig {
     /// the system's.
     pub ca_file: Option<PathBuf>,
     /// Graph API watches: how long a watch may take to list before the client gets
-    /// `INFORMER_SYNC_FAILED` (default 30 s, the seed's figure).
+    /// `INFORMER_SYNC_FAILED` (default 30 s, the figure of GitLab's example message,
+    /// `docs/graph-api.md` §5).
     pub graph_sync_timeout: Duration,
 }
 

@@ -215,7 +215,8 @@ impl AgentkMetrics {
             )
             .expect("valid metric"),
         };
-        // Every warning type of the seed, at zero until sent.
+        // Every warning type of the Graph API (`docs/graph-api.md` §8), at zero until
+        // sent.
         for t in [
             "INFORMER_SYNC_FAILED",
             "DISCOVERY_FAILED",

@@ -13,6 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder as _, ExponentialBuilder};
 use futures_util::{Stream, StreamExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -65,8 +66,13 @@ impl TunnelPool {
     }
 }
 
-const BACKOFF_START: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Waits after a tunnel failed: 100 ms doubling to 10 s, again from 100 ms once a
+/// tunnel worked.
+const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
+    .with_min_delay(Duration::from_millis(100))
+    .with_max_delay(Duration::from_secs(10))
+    .with_factor(2.0)
+    .without_max_times();
 
 /// Serve tunnels for replica `connection_id` until dropped (cancelling it stops
 /// every tunnel and the requests in flight).
@@ -84,7 +90,7 @@ pub async fn serve_tunnels<H: Handler>(
         let (channel, token, handler) = (channel.clone(), token.clone(), handler.clone());
         let (busy, metrics, answering) = (busy.clone(), pool.metrics.clone(), answering_tx.clone());
         slots.spawn(async move {
-            let mut backoff = BACKOFF_START;
+            let mut delays = BACKOFF.build();
             loop {
                 // A free slot first: past max_busy the idle pool stops refilling.
                 let Ok(permit) = busy.clone().acquire_owned().await else {
@@ -92,17 +98,18 @@ pub async fn serve_tunnels<H: Handler>(
                 };
                 match wait_for_request(channel.clone(), &token, connection_id, &metrics).await {
                     Ok(Some(request)) => {
-                        backoff = BACKOFF_START;
+                        delays = BACKOFF.build();
                         let task = answer(request, handler.clone(), metrics.clone(), permit);
                         if answering.send(task).is_err() {
                             return;
                         }
                     }
-                    Ok(None) => backoff = BACKOFF_START,
+                    Ok(None) => delays = BACKOFF.build(),
                     Err(e) => {
                         tracing::debug!(error = %e, "tunnel failed; backing off");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        // Without a limit on attempts the sequence never ends.
+                        let wait = delays.next().unwrap_or(Duration::from_secs(10));
+                        tokio::time::sleep(wait).await;
                     }
                 }
             }
@@ -235,4 +242,22 @@ async fn answer<H: Handler>(
         while let Ok(Some(_)) = down.message().await {}
     }
     metrics.tunnels_busy.dec();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunnel_waits_double_from_100_ms_to_10_s() {
+        let waits: Vec<u64> = BACKOFF
+            .build()
+            .take(10)
+            .map(|d| d.as_millis() as u64)
+            .collect();
+        assert_eq!(
+            waits,
+            [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]
+        );
+    }
 }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use http::{HeaderMap, StatusCode};
+use percent_encoding::percent_decode_str;
 use serde_json::json;
 
 use super::rbac::{Policy, UserInfo};
@@ -83,10 +84,12 @@ impl Identity {
             uid: headers.get("impersonate-uid").map(text),
             extra: BTreeMap::new(),
         };
+        // The key: the header name's suffix, lower case (as every `HeaderName`),
+        // path-unescaped (`unescapeExtraKey`: `%XX` decoded, `+` kept).
         for (name, value) in headers {
             if let Some(key) = name.as_str().strip_prefix("impersonate-extra-") {
                 id.extra
-                    .entry(super::http::percent_decode(key).to_lowercase())
+                    .entry(percent_decode_str(key).decode_utf8_lossy().into_owned())
                     .or_default()
                     .push(text(value));
             }
@@ -299,6 +302,7 @@ mod tests {
             "impersonate-extra-agent.gitlab.com%2Fid",
             "10".parse().unwrap(),
         );
+        h.append("impersonate-extra-a+b%2fc", "x".parse().unwrap());
         let id = Identity::from_headers(&h).unwrap();
         assert_eq!(id.name(), "gitlab:user:root");
         assert_eq!(
@@ -307,6 +311,7 @@ mod tests {
         );
         assert_eq!(id.uid.as_deref(), Some("42"));
         assert_eq!(id.extra["agent.gitlab.com/id"], ["9", "10"]);
+        assert_eq!(id.extra["a+b/c"], ["x"]);
 
         let mut h = HeaderMap::new();
         h.insert("impersonate-group", "g".parse().unwrap());

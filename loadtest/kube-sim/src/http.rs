@@ -77,30 +77,12 @@ fn query(uri: &http::Uri) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Decode `%XX` escapes and `+` (as a space).
+/// A query value as Go's `url.ParseQuery` reads it: `+` is a space, then `%XX`
+/// escapes are decoded.
 pub(super) fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 3 <= bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(&s.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 impl Shared {
@@ -370,5 +352,6 @@ mod tests {
     #[test]
     fn query_values_are_percent_decoded() {
         assert_eq!(percent_decode("app%3Dweb%2Ctier+in"), "app=web,tier in");
+        assert_eq!(percent_decode("a%2Bb+c%zz%"), "a+b c%zz%");
     }
 }

@@ -97,7 +97,7 @@
 //!
 //! At 50,000 generated objects the process holds 120–150 MiB after generation and
 //! about 250 MiB while serving cluster-wide lists (objects are kept as JSON text,
-//! parsed only when asked for); `cargo bench -p podgate-agent --bench kube_sim`
+//! parsed only when asked for); `cargo bench -p podgate-kube-sim --bench kube_sim`
 //! measures it.
 //!
 //! Layout: [`KubeSim`] here is the handle (denials, refusals, settings, audit,
@@ -105,7 +105,7 @@
 //! generated clusters and seeding ([`StoredObject`]);
 //! `resources` holds the served kinds, discovery documents and
 //! CustomResourceDefinitions; `selector` label and field selectors; `patch` body
-//! decoding and merge patches; `fieldset` and `ssa` field ownership and
+//! decoding and the kind of patch; `fieldset` and `ssa` field ownership and
 //! server-side apply; `store` the objects, resource versions and change history;
 //! `namespaces` namespace lifecycle; `faults` validation and refusals; `paging`
 //! lists, whole or in pages, and their snapshots; `watch` the watch streams;
@@ -223,7 +223,7 @@ impl KubeSim {
     /// Deny `get`, `list` and `watch` of `resource` (a plural: `deployments`) in
     /// `group` (`apps`; `""` for the core group): those requests get a `403
     /// Forbidden` `Status` naming the user, as when RBAC does not allow them. Other
-    /// resources, and writes, are served as before.
+    /// resources, and writes, are served as usual.
     pub fn deny(&self, group: &str, resource: &str) {
         self.shared.access.deny(group, resource, &[]);
     }

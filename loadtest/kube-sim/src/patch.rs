@@ -1,5 +1,9 @@
-//! Request bodies of writes: JSON or YAML decoding, and the merge that merge,
-//! strategic-merge and server-side apply patches share here.
+//! Request bodies of writes: JSON or YAML decoding, and the kind of patch a body is.
+//!
+//! Merge patches are RFC 7386's, applied with `json_patch::merge`. Strategic-merge
+//! patches (kube-apiserver's own, which json-patch does not do) are applied the same
+//! way: for the maps and scalars kubectl's edits touch, the two agree. Server-side
+//! apply is `ssa`'s.
 
 use http::StatusCode;
 use serde_json::Value;
@@ -55,23 +59,6 @@ pub(super) fn decode_body(
     Ok((kind, body))
 }
 
-/// RFC 7386 JSON merge patch (also used for strategic-merge and apply patches: for
-/// the maps and scalars kubectl's edits touch, they agree).
-pub(super) fn merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        (t, p) => *t = p.clone(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,7 +67,7 @@ mod tests {
     #[test]
     fn merge_patches_and_bodies() {
         let mut o = json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"x": 1}});
-        merge(
+        json_patch::merge(
             &mut o,
             &json!({"metadata": {"labels": {"a": null, "c": "3"}}, "spec": 2}),
         );
@@ -88,6 +75,10 @@ mod tests {
             o,
             json!({"metadata": {"labels": {"b": "2", "c": "3"}}, "spec": 2})
         );
+        // RFC 7386: an object replacing a scalar loses its nulls too.
+        let mut o = json!({"spec": 1});
+        json_patch::merge(&mut o, &json!({"spec": {"a": null, "b": 2}}));
+        assert_eq!(o, json!({"spec": {"b": 2}}));
         let (k, v) = decode_body("application/apply-patch+yaml", b"a: 1\n").unwrap();
         assert_eq!((k, v), (PatchKind::Apply, json!({"a": 1})));
         let (k, _) = decode_body("application/merge-patch+json", b"{}").unwrap();
@@ -99,11 +90,6 @@ mod tests {
             StatusCode::BAD_REQUEST
         );
     }
-}
-
-#[cfg(test)]
-mod media_type_tests {
-    use super::*;
 
     #[test]
     fn protobuf_and_cbor_bodies_are_415_json_and_yaml_decode() {

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::controller::{Controller, MANAGER, pods, replicasets};
 use super::generate::controller_ref;
-use super::store::now;
+use super::store;
 
 /// Whether a Pod's containers include one whose image's tag is `crashloop`.
 fn crashloops(container: &Value) -> bool {
@@ -38,7 +38,7 @@ fn ready(pod: &Value) -> bool {
 
 /// The status a kubelet reports for a started Pod.
 fn running_status(pod: &Value) -> Value {
-    let now = now();
+    let now = store::now();
     let containers = pod["spec"]["containers"]
         .as_array()
         .cloned()
@@ -134,7 +134,7 @@ impl Controller {
                         "ownerReferences": controller_ref(rs),
                     },
                     "spec": template["spec"],
-                    "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now_string()}], "qosClass": "BestEffort"},
+                    "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": store::now()}], "qosClass": "BestEffort"},
                 });
                 if !self
                     .write(MANAGER, Method::POST, pods(), &ns, &name, pod)
@@ -155,7 +155,7 @@ impl Controller {
             });
             for p in extra.into_iter().take(active.len() - desired) {
                 let name = p["metadata"]["name"].as_str().unwrap_or("").to_owned();
-                self.write("kubelet", Method::PATCH, pods(), &ns, &name, json!({"metadata": {"deletionTimestamp": now_string(), "deletionGracePeriodSeconds": 30}}));
+                self.write("kubelet", Method::PATCH, pods(), &ns, &name, json!({"metadata": {"deletionTimestamp": store::now(), "deletionGracePeriodSeconds": 30}}));
                 self.dying.insert((ns.clone(), name), now);
             }
             changed = true;
@@ -215,8 +215,4 @@ impl Controller {
         self.write_status(MANAGER, replicasets(), &ns, &rs_name, &fresh, &status);
         wake
     }
-}
-
-fn now_string() -> String {
-    now()
 }

@@ -26,6 +26,9 @@
 //! to everyone (kube-apiserver grants it to every authenticated user through
 //! `system:discovery`); there are no bootstrap roles (`cluster-admin` and the
 //! others exist when a test creates them).
+//!
+//! Layout: the policy and its evaluation here; who a request is served as (its
+//! bearer token, its impersonation) in `requester`.
 
 use std::collections::HashMap;
 
@@ -33,10 +36,12 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::access::Identity;
-use super::http::status;
 use super::resources::{RBAC_GROUP, kind_named};
 use super::store::Store;
+
+mod requester;
+
+pub(super) use self::requester::{bearer, requester};
 
 /// Who asks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -238,94 +243,6 @@ impl Policy {
             .flatten()
             .any(|r| rule_allows(r, a))
     }
-}
-
-/// The `Authorization: Bearer` token of a request, if any.
-pub(super) fn bearer(headers: &http::HeaderMap) -> Option<&str> {
-    headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-}
-
-/// The user a request is served as when RBAC is enforced: who its bearer token
-/// says, or, with impersonation headers, the user they name, when that one may
-/// `impersonate` each of them (`k8s.io/apiserver/pkg/endpoints/filters/impersonation.go`:
-/// `users`, `groups` and `uids`, and `userextras/<key>` in
-/// `authentication.k8s.io`). Impersonated users are also in
-/// `system:authenticated`. Otherwise the answer: 401 for an unknown token, 403
-/// for an impersonation not allowed.
-pub(super) fn requester(
-    policy: &Policy,
-    headers: &http::HeaderMap,
-    id: &Identity,
-) -> Result<UserInfo, (http::StatusCode, Value)> {
-    let who = policy.authenticate(bearer(headers)).ok_or_else(|| {
-        (
-            http::StatusCode::UNAUTHORIZED,
-            status(
-                http::StatusCode::UNAUTHORIZED,
-                "Unauthorized",
-                "Unauthorized",
-            ),
-        )
-    })?;
-    let Some(user) = &id.user else {
-        return Ok(who);
-    };
-    let mut asks: Vec<(&str, String, &str)> = vec![("", "users".into(), user.as_str())];
-    asks.extend(
-        id.groups
-            .iter()
-            .map(|g| ("", "groups".to_owned(), g.as_str())),
-    );
-    if let Some(uid) = &id.uid {
-        asks.push(("authentication.k8s.io", "uids".into(), uid.as_str()));
-    }
-    for (key, values) in &id.extra {
-        for v in values {
-            asks.push((
-                "authentication.k8s.io",
-                format!("userextras/{key}"),
-                v.as_str(),
-            ));
-        }
-    }
-    for (group, resource, name) in &asks {
-        let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
-        let a = Attributes {
-            verb: "impersonate",
-            group,
-            resource,
-            subresource,
-            name,
-            ..Attributes::default()
-        };
-        if !policy.allows(&who, &a) {
-            let message = format!(
-                "{resource} {name:?} is forbidden: User {:?} cannot impersonate resource {:?} in API group {group:?} at the cluster scope",
-                who.name,
-                if subresource.is_empty() {
-                    resource.to_owned()
-                } else {
-                    format!("{resource}/{subresource}")
-                }
-            );
-            return Err((
-                http::StatusCode::FORBIDDEN,
-                status(http::StatusCode::FORBIDDEN, "Forbidden", &message),
-            ));
-        }
-    }
-    let mut groups = id.groups.clone();
-    if !groups.iter().any(|g| g == "system:authenticated") {
-        groups.push("system:authenticated".into());
-    }
-    Ok(UserInfo {
-        name: user.clone(),
-        groups,
-    })
 }
 
 /// `appliesTo`: whether a binding (in `namespace`, `""` for a cluster binding)

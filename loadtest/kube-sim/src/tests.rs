@@ -91,6 +91,15 @@ async fn stopping_ends_open_watches() {
         .expect("the watch connection closed when the server stopped");
 }
 
+/// `sim` served on a free port until the task ends or is aborted: its address.
+async fn serve(sim: &KubeSim) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sim = sim.clone();
+    let server = tokio::spawn(async move { sim.serve(listener, std::future::pending()).await });
+    (addr, server)
+}
+
 /// One HTTP/1.1 request to `addr`: (status, body).
 async fn request(
     addr: std::net::SocketAddr,
@@ -120,12 +129,7 @@ async fn request(
 #[tokio::test]
 async fn impersonated_requests_are_audited_and_denials_name_the_user() {
     let sim = KubeSim::new(10);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn({
-        let sim = sim.clone();
-        async move { sim.serve(listener, std::future::pending()).await }
-    });
+    let (addr, server) = serve(&sim).await;
     sim.put(
         "deployments",
         "default",
@@ -298,12 +302,7 @@ fn objects_lists_everything_with_its_kind() {
 async fn enforced_rbac_authenticates_tokens_and_authorizes_by_bindings() {
     use base64::Engine as _;
     let sim = KubeSim::new(10);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let _server = tokio::spawn({
-        let sim = sim.clone();
-        async move { sim.serve(listener, std::future::pending()).await }
-    });
+    let (addr, _server) = serve(&sim).await;
     sim.put(
         "deployments",
         "default",

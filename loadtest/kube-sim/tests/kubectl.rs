@@ -98,28 +98,17 @@ async fn kubectl_applies_gets_and_watches_through_the_test_server() {
     assert!(ok && out.contains("namespace/kube-system"), "{out}");
 
     // get -w: the initial state, then live changes as they happen.
-    let mut watch = k
-        .command(&[
+    let (mut watch, mut rx) = spawn_lines(
+        &k,
+        &[
             "get",
             "pods",
             "-w",
             "--output-watch-events",
             "-o",
             "custom-columns=EVENT:.type,NAME:.object.metadata.name",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = watch.stdout.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+        ],
+    );
     let mut seen = Vec::new();
     // The initial list, in name order.
     seen.push(expect_line("ADDED db-1", &mut rx).await);
@@ -141,6 +130,32 @@ async fn kubectl_applies_gets_and_watches_through_the_test_server() {
         tokio::task::block_in_place(|| k.run(&["delete", "pod", "cache-1", "--wait=false"], None));
     assert!(ok, "delete: {out}\n{err}");
     assert!(server.get("pods", "default", "cache-1").is_none());
+}
+
+/// `kubectl <args>` started, and the lines it prints, as they come.
+fn spawn_lines(
+    k: &Kubectl,
+    args: &[&str],
+) -> (
+    std::process::Child,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut child = k
+        .command(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, rx)
 }
 
 /// Read `kubectl -w` lines until one reads `want` (columns joined by one space).
@@ -310,8 +325,9 @@ async fn kubectl_reaches_api_groups_and_chooses_versions() {
     );
 
     // get -w on deployments, then an apply through apps/v1 shows up in it.
-    let mut watch = k
-        .command(&[
+    let (mut watch, mut rx) = spawn_lines(
+        &k,
+        &[
             "get",
             "deploy",
             "-A",
@@ -319,20 +335,8 @@ async fn kubectl_reaches_api_groups_and_chooses_versions() {
             "--output-watch-events",
             "-o",
             "custom-columns=EVENT:.type,NAME:.object.metadata.name,API:.object.apiVersion",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = watch.stdout.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+        ],
+    );
     // The watch is open once the initial list is out.
     expect_line("ADDED coredns apps/v1", &mut rx).await;
     let (ok, out, err) =
@@ -551,7 +555,7 @@ async fn kubectl_is_forbidden_a_denied_resource_and_impersonates() {
     assert_eq!(get.verb, "get");
     assert_eq!(get.user.as_deref(), Some("gitlab:user:alice"));
     assert_eq!(get.groups, ["gitlab:user", "devs"]);
-    // Other resources are served as before.
+    // Other resources are still served.
     let (ok, _, err) = tokio::task::block_in_place(|| k.run(&["get", "pods", "--as", "bob"], None));
     assert!(ok, "{err}");
     assert!(

@@ -346,6 +346,8 @@ fn stopped(r: Result<(), oneshot::error::RecvError>) -> Stop {
 }
 
 /// `wait.Jitter(period, JITTER_FACTOR)`: period plus up to factor × period.
+/// Not backon's `ExponentialBuilder`: the period does not grow, and its jitter adds
+/// at most 1× the delay where client-go's adds up to 1.2×.
 pub(super) fn jittered(period: Duration) -> Duration {
     period + period.mul_f64(rand::random::<f64>() * JITTER_FACTOR)
 }

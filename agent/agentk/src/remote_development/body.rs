@@ -1,5 +1,5 @@
 //! The JSON of `POST …/modules/remote_development/reconcile`: what agentk sends
-//! (`workspaces.md` §2) and what GitLab answers (§3).
+//! and what GitLab answers.
 //!
 //! Shaped as GitLab agentk's `RequestPayload`, `WorkspaceAgentInfo`, `ErrorDetails`,
 //! `ResponsePayload` and `WorkspaceRailsInfo` in
@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 /// fails and the next one asks again.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The answer is not the JSON §3 describes (agentk's words:
+    /// The answer is not a `ResponsePayload` (agentk's words:
     /// `error parsing response body: …`).
     #[error("error parsing response body: {0}")]
     Parse(#[source] serde_json::Error),

@@ -1,4 +1,4 @@
-//! What one reconciler remembers between cycles (`workspaces.md` §4.3, §4.4), as
+//! What one reconciler remembers between cycles, as
 //! GitLab agentk's `persisted_state.go`, `termination_tracker.go` and
 //! `error_tracker.go` (`internal/module/remote_development/agent/`, gitlab-agent
 //! v16):

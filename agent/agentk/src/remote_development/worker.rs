@@ -1,4 +1,4 @@
-//! When cycles run (`workspaces.md` §4.1): [`Worker`] schedules full and partial
+//! When cycles run: [`Worker`] schedules full and partial
 //! cycles, [`supervise`] runs a worker only while this replica leads and the agent
 //! configuration enables the module, and restarts it when that configuration
 //! changes.

@@ -50,8 +50,8 @@ pub use self::batch::encode_batches;
 /// How a `WatchGraph` behaves.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// How long a watch may take to list before `INFORMER_SYNC_FAILED` (the seed's
-    /// example says 30 seconds).
+    /// How long a watch may take to list before `INFORMER_SYNC_FAILED` (GitLab's
+    /// example message says 30 seconds, `docs/graph-api.md` §5).
     pub sync_timeout: Duration,
     /// Changes are collected this long before a batch is sent.
     pub batch_interval: Duration,

@@ -1,6 +1,7 @@
 //! The references an object makes to others: the arcs it is the source of
 //! (the `sarc` arcs of the Graph API). GitLab's agentk code for this is not public, so
-//! this follows a table built from the two examples of GitLab's Graph API design:
+//! this follows a table built from the two examples of GitLab's Graph API design
+//! (`docs/graph-api.md` §6):
 //!
 //! - every object: `metadata.ownerReferences[]` → owner, `or` (`c` = controller,
 //!   `b` = blockOwnerDeletion);
@@ -24,15 +25,20 @@
 //!   `dependsOn`, `kubeConfig.secretRef`, `serviceAccountName`, and its latest
 //!   release's Helm storage Secret (`sh.helm.release.v1.<release>.v<version>`) → `r`;
 //! - Helm storage Secret (type `helm.sh/release.v1`): every object of the release's
-//!   manifest (a list reference, as the seed says of "`HelmRelease`'s `Secret`") → `r`.
+//!   manifest (a list reference, as GitLab's design document has the HelmRelease's
+//!   Secret store the list of managed objects) → `r`.
 //!   Helm stores the release as base64 of gzipped JSON (`pkg/storage/driver/util.go`
 //!   `encodeRelease` in helm/helm) in `data.release`; namespaced objects without a
 //!   namespace are in the release's namespace.
+//!
+//! Layout: owner references and the built-in kinds here; Flux's and Helm's in
+//! `flux`.
 
-use serde::Deserialize as _;
 use serde_json::Value;
 
 use podgate_agent::graph::request::ArcType;
+
+mod flux;
 
 /// What a reference names: a resource by its plural (built-in fields) or a kind
 /// (owner references, Flux references), in a group.
@@ -57,9 +63,6 @@ pub(crate) struct Ref {
 }
 
 const CORE: &str = "";
-const FLUX_SOURCE: &str = "source.toolkit.fluxcd.io";
-const FLUX_KUSTOMIZE: &str = "kustomize.toolkit.fluxcd.io";
-const FLUX_HELM: &str = "helm.toolkit.fluxcd.io";
 
 struct Collector<'a> {
     namespace: &'a str,
@@ -100,6 +103,11 @@ impl Collector<'_> {
         arc: ArcType,
     ) {
         self.push(Target::Resource(group, resource), "", name, arc);
+    }
+
+    /// The name at `path` in `v`: a core `resource` in this namespace.
+    fn local_at(&mut self, resource: &'static str, v: &Value, path: &[&str], arc: ArcType) {
+        self.local(CORE, resource, at(v, path).and_then(Value::as_str), arc);
     }
 
     /// A Flux-style `{kind, name, namespace?}` reference in `group`.
@@ -240,238 +248,42 @@ pub(crate) fn references(group: &str, kind: &str, namespace: &str, obj: &Value) 
                 c.local(CORE, "secrets", str_at(s, "name"), ArcType::Reference);
             }
         }
-        (FLUX_KUSTOMIZE, "Kustomization") => {
-            for e in items(at(obj, &["status", "inventory", "entries"])) {
-                if let Some(id) = str_at(e, "id") {
-                    inventory_entry(&mut c, id);
-                }
-            }
-            if let Some(s) = spec.get("sourceRef") {
-                c.kind_ref(FLUX_SOURCE, s, None, ArcType::Reference);
-            }
-            for d in items(spec.get("dependsOn")) {
-                c.kind_ref(FLUX_KUSTOMIZE, d, Some("Kustomization"), ArcType::Reference);
-            }
-            for s in items(at(spec, &["postBuild", "substituteFrom"])) {
-                c.kind_ref(CORE, s, None, ArcType::Reference);
-            }
-            flux_common(&mut c, spec);
-            c.local(
-                CORE,
-                "secrets",
-                at(spec, &["decryption", "secretRef", "name"]).and_then(Value::as_str),
-                ArcType::Reference,
-            );
-        }
-        (FLUX_HELM, "HelmRelease") => {
-            if let Some(s) = at(spec, &["chart", "spec", "sourceRef"]) {
-                c.kind_ref(FLUX_SOURCE, s, None, ArcType::Reference);
-            }
-            if let Some(s) = spec.get("chartRef") {
-                c.kind_ref(FLUX_SOURCE, s, None, ArcType::Reference);
-            }
-            for v in items(spec.get("valuesFrom")) {
-                c.kind_ref(CORE, v, None, ArcType::Reference);
-            }
-            for d in items(spec.get("dependsOn")) {
-                c.kind_ref(FLUX_HELM, d, Some("HelmRelease"), ArcType::Reference);
-            }
-            flux_common(&mut c, spec);
-            helm_storage_secret(&mut c, obj, spec);
-        }
+        (flux::KUSTOMIZE, "Kustomization") => flux::kustomization(&mut c, obj, spec),
+        (flux::HELM, "HelmRelease") => flux::helm_release(&mut c, obj, spec),
         (CORE, "Secret") if str_at(obj, "type") == Some("helm.sh/release.v1") => {
-            helm_release_objects(&mut c, obj);
+            flux::helm_release_objects(&mut c, obj);
         }
         _ => {}
     }
     c.out
 }
 
-/// The objects of the Helm release a storage Secret holds (see the module docs).
-/// A release that cannot be decoded names nothing.
-fn helm_release_objects(c: &mut Collector<'_>, obj: &Value) {
-    use base64::Engine as _;
-    use std::io::Read as _;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let Some(data) = at(obj, &["data", "release"]).and_then(Value::as_str) else {
-        return;
-    };
-    let Ok(helm) = b64.decode(data) else { return };
-    let Ok(mut raw) = b64.decode(helm.trim_ascii()) else {
-        return;
-    };
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        let limit = 64 * 1024 * 1024;
-        if flate2::read::GzDecoder::new(raw.as_slice())
-            .take(limit)
-            .read_to_end(&mut out)
-            .is_err()
-        {
-            return;
-        }
-        raw = out;
-    }
-    let Ok(release) = serde_json::from_slice::<Value>(&raw) else {
-        return;
-    };
-    let release_ns = str_at(&release, "namespace")
-        .unwrap_or(c.namespace)
-        .to_owned();
-    let Some(manifest) = str_at(&release, "manifest") else {
-        return;
-    };
-    for doc in serde_yaml::Deserializer::from_str(manifest) {
-        let Ok(v) = serde_json::Value::deserialize(doc) else {
-            continue;
-        };
-        let (Some(api_version), Some(kind)) = (str_at(&v, "apiVersion"), str_at(&v, "kind")) else {
-            continue;
-        };
-        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
-        let meta = v.get("metadata").unwrap_or(&Value::Null);
-        let ns = str_at(meta, "namespace").unwrap_or(&release_ns).to_owned();
-        c.push(
-            Target::Kind(group.to_owned(), kind.to_owned()),
-            &ns,
-            str_at(meta, "name"),
-            ArcType::Reference,
-        );
-    }
-}
-
-/// `kubeConfig.secretRef` and `serviceAccountName`, shared by Flux kinds.
-fn flux_common(c: &mut Collector<'_>, spec: &Value) {
-    let secret = at(spec, &["kubeConfig", "secretRef", "name"]).and_then(Value::as_str);
-    c.local(CORE, "secrets", secret, ArcType::Reference);
-    c.local(
-        CORE,
-        "serviceaccounts",
-        str_at(spec, "serviceAccountName"),
-        ArcType::Reference,
-    );
-}
-
-/// A Flux inventory id: `<namespace>_<name>_<group>_<Kind>` (namespace and group may
-/// be empty; names, namespaces, groups and kinds cannot contain `_`).
-fn inventory_entry(c: &mut Collector<'_>, id: &str) {
-    let parts: Vec<&str> = id.splitn(4, '_').collect();
-    if let [ns, name, group, kind] = parts[..] {
-        c.push(
-            Target::Kind(group.to_owned(), kind.to_owned()),
-            ns,
-            Some(name),
-            ArcType::Reference,
-        );
-    }
-}
-
-/// The Helm storage Secret of a HelmRelease's latest release: helm-controller v2
-/// names the release `spec.releaseName`, else `<targetNamespace>-<name>` when a target
-/// namespace is set, else `<name>`; it is stored in `spec.storageNamespace`, else the
-/// target namespace, else the HelmRelease's own; the version is the newest
-/// `status.history[]` entry's (`status.lastReleaseRevision` in older objects).
-fn helm_storage_secret(c: &mut Collector<'_>, obj: &Value, spec: &Value) {
-    let name = at(obj, &["metadata", "name"])
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let target_ns = str_at(spec, "targetNamespace").filter(|s| !s.is_empty());
-    let release = match (
-        str_at(spec, "releaseName").filter(|s| !s.is_empty()),
-        target_ns,
-    ) {
-        (Some(r), _) => r.to_owned(),
-        (None, Some(t)) => format!("{t}-{name}"),
-        (None, None) => name.to_owned(),
-    };
-    let storage_ns = str_at(spec, "storageNamespace")
-        .filter(|s| !s.is_empty())
-        .or(target_ns)
-        .unwrap_or(c.namespace)
-        .to_owned();
-    let status = obj.get("status").unwrap_or(&Value::Null);
-    let version = items(status.get("history"))
-        .next()
-        .and_then(|h| h.get("version"))
-        .and_then(Value::as_u64)
-        .or_else(|| status.get("lastReleaseRevision").and_then(Value::as_u64));
-    if let Some(v) = version {
-        let secret = format!("sh.helm.release.v1.{release}.v{v}");
-        c.push(
-            Target::Resource(CORE, "secrets"),
-            &storage_ns,
-            Some(&secret),
-            ArcType::Reference,
-        );
-    }
-}
-
 /// A pod spec's references, typed `arc` (`r` in a Pod, `t` in a template).
 fn pod_spec(c: &mut Collector<'_>, spec: &Value, arc: ArcType) {
     for v in items(spec.get("volumes")) {
-        c.local(
-            CORE,
-            "configmaps",
-            at(v, &["configMap", "name"]).and_then(Value::as_str),
-            arc,
-        );
-        c.local(
-            CORE,
-            "secrets",
-            at(v, &["secret", "secretName"]).and_then(Value::as_str),
-            arc,
-        );
-        c.local(
-            CORE,
+        c.local_at("configmaps", v, &["configMap", "name"], arc);
+        c.local_at("secrets", v, &["secret", "secretName"], arc);
+        c.local_at(
             "persistentvolumeclaims",
-            at(v, &["persistentVolumeClaim", "claimName"]).and_then(Value::as_str),
+            v,
+            &["persistentVolumeClaim", "claimName"],
             arc,
         );
         for s in items(at(v, &["projected", "sources"])) {
-            c.local(
-                CORE,
-                "configmaps",
-                at(s, &["configMap", "name"]).and_then(Value::as_str),
-                arc,
-            );
-            c.local(
-                CORE,
-                "secrets",
-                at(s, &["secret", "name"]).and_then(Value::as_str),
-                arc,
-            );
+            c.local_at("configmaps", s, &["configMap", "name"], arc);
+            c.local_at("secrets", s, &["secret", "name"], arc);
         }
     }
     for key in ["containers", "initContainers", "ephemeralContainers"] {
         for ctr in items(spec.get(key)) {
             for e in items(ctr.get("env")) {
                 let from = e.get("valueFrom").unwrap_or(&Value::Null);
-                c.local(
-                    CORE,
-                    "configmaps",
-                    at(from, &["configMapKeyRef", "name"]).and_then(Value::as_str),
-                    arc,
-                );
-                c.local(
-                    CORE,
-                    "secrets",
-                    at(from, &["secretKeyRef", "name"]).and_then(Value::as_str),
-                    arc,
-                );
+                c.local_at("configmaps", from, &["configMapKeyRef", "name"], arc);
+                c.local_at("secrets", from, &["secretKeyRef", "name"], arc);
             }
             for e in items(ctr.get("envFrom")) {
-                c.local(
-                    CORE,
-                    "configmaps",
-                    at(e, &["configMapRef", "name"]).and_then(Value::as_str),
-                    arc,
-                );
-                c.local(
-                    CORE,
-                    "secrets",
-                    at(e, &["secretRef", "name"]).and_then(Value::as_str),
-                    arc,
-                );
+                c.local_at("configmaps", e, &["configMapRef", "name"], arc);
+                c.local_at("secrets", e, &["secretRef", "name"], arc);
             }
         }
     }
@@ -558,7 +370,7 @@ mod tests {
         let k = json!({"metadata": {"name": "k"}, "spec": {"sourceRef": {"kind": "GitRepository", "name": "repo"}},
             "status": {"inventory": {"entries": [{"id": "ns1_web_apps_Deployment", "v": "v1"},
                                                   {"id": "_admin_rbac.authorization.k8s.io_ClusterRole", "v": "v1"}]}}});
-        let refs = references(FLUX_KUSTOMIZE, "Kustomization", "ns1", &k);
+        let refs = references(flux::KUSTOMIZE, "Kustomization", "ns1", &k);
         assert_eq!(
             refs[0].target,
             Target::Kind("apps".into(), "Deployment".into())
@@ -570,11 +382,11 @@ mod tests {
         assert_eq!(refs[1].namespace, "");
         assert_eq!(
             refs[2].target,
-            Target::Kind(FLUX_SOURCE.into(), "GitRepository".into())
+            Target::Kind(flux::SOURCE.into(), "GitRepository".into())
         );
         let hr = json!({"metadata": {"name": "podinfo"}, "spec": {"targetNamespace": "apps"},
             "status": {"history": [{"version": 3}, {"version": 2}]}});
-        let refs = references(FLUX_HELM, "HelmRelease", "flux-system", &hr);
+        let refs = references(flux::HELM, "HelmRelease", "flux-system", &hr);
         let s = refs
             .iter()
             .find(|r| r.name.starts_with("sh.helm"))

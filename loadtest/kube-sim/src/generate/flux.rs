@@ -444,33 +444,11 @@ fn release(
         .push((HELM_GROUP, "HelmRelease", r.name.to_owned()));
 }
 
-/// `data` as a gzip member of stored (uncompressed) deflate blocks: what any gzip
-/// reader, Helm's included, reads; no compression library needed.
+/// `data` gzipped at the best compression, as Helm's `encodeRelease` writes a
+/// release.
 pub(super) fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut out = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 255];
-    let mut chunks = data.chunks(0xffff).peekable();
-    if data.is_empty() {
-        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
-    }
-    while let Some(c) = chunks.next() {
-        out.push(u8::from(chunks.peek().is_none()));
-        let len = c.len() as u16;
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&(!len).to_le_bytes());
-        out.extend_from_slice(c);
-    }
-    let mut crc = !0u32;
-    for b in data {
-        crc ^= u32::from(*b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    out.extend_from_slice(&(!crc).to_le_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(data).expect("writing to memory");
+    gz.finish().expect("writing to memory")
 }

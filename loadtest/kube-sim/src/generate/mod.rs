@@ -31,6 +31,9 @@
 //!
 //! Parts are added while the budget holds a whole one; what is left at the end is
 //! filled with dashboard ConfigMaps, so the count is exact.
+//!
+//! Layout: the budget, the cluster-wide part and each namespace's header here; an
+//! app in `apps`, the rest of a namespace in `extras`, Flux and Helm in `flux`.
 
 use serde_json::{Value, json};
 
@@ -342,160 +345,6 @@ fn pod_spec(template_spec: &Value, ns: &Namespace, rng: &mut Rng) -> Value {
     spec
 }
 
-/// One app in `ns`: ConfigMap, Secret, ServiceAccount, Service, Deployment,
-/// ReplicaSet and its Pods.
-fn app(sink: &mut Sink<'_>, rng: &mut Rng, ns: &mut Namespace, app: &str) {
-    let namespace = ns.name.clone();
-    let first = ns.first_app.is_none();
-    let a = app
-        .rsplit('-')
-        .next()
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or(0);
-    let labels = json!({"app.kubernetes.io/name": app, "app": app});
-    // The first app is Flux's (Kustomization `apps`), labelled as kustomize-controller labels what it applies.
-    let mut meta_labels = labels.clone();
-    if first {
-        meta_labels["kustomize.toolkit.fluxcd.io/name"] = json!("apps");
-        meta_labels["kustomize.toolkit.fluxcd.io/namespace"] = json!(namespace);
-    }
-    let config = format!("{app}-config");
-    let secret = format!("{app}-credentials");
-    sink.put(
-        "configmaps",
-        &namespace,
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": config, "labels": meta_labels}, "data": {"LOG_LEVEL": rng.pick(&["info", "debug", "warn"]), "app.yaml": format!("name: {app}\nport: 8080\n")}}),
-    );
-    sink.put(
-        "secrets",
-        &namespace,
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "labels": meta_labels}, "type": "Opaque", "data": {"password": "c2VjcmV0", "token": "dG9rZW4="}}),
-    );
-    let mut sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": app, "labels": meta_labels}, "imagePullSecrets": [{"name": "regcred"}]});
-    if first {
-        // A long-lived token Secret, as clusters before 1.24 made for every ServiceAccount.
-        let token = format!("{app}-token-{}", rng.suffix(5));
-        sink.put(
-            "secrets",
-            &namespace,
-            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": token, "annotations": {"kubernetes.io/service-account.name": app}}, "type": "kubernetes.io/service-account-token", "data": {"token": "ZXlKaGJHY2lPaUpTVXpJMU5pSjk=", "namespace": "ZGVmYXVsdA=="}}),
-        );
-        sa["secrets"] = json!([{"name": token}]);
-    }
-    sink.put("serviceaccounts", &namespace, sa);
-    sink.put(
-        "services",
-        &namespace,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": app, "labels": meta_labels}, "spec": {"type": "ClusterIP", "selector": {"app": app}, "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}),
-    );
-    let replicas = rng.range(1, 4);
-    let image = rng.pick(IMAGES);
-    let mut template_spec = json!({
-        "serviceAccountName": app,
-        "imagePullSecrets": [{"name": "regcred"}],
-        "containers": [{
-            "name": app,
-            "image": image,
-            "ports": [{"containerPort": 8080}],
-            "env": [
-                {"name": "LOG_LEVEL", "valueFrom": {"configMapKeyRef": {"name": config, "key": "LOG_LEVEL"}}},
-                {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}},
-            ],
-            "envFrom": [{"configMapRef": {"name": config}}, {"secretRef": {"name": secret}}],
-            "volumeMounts": [
-                {"name": "config", "mountPath": "/etc/app"},
-                {"name": "credentials", "mountPath": "/var/run/credentials", "readOnly": true},
-                {"name": "bundle", "mountPath": "/var/run/bundle", "readOnly": true},
-            ],
-        }],
-        "volumes": [
-            {"name": "config", "configMap": {"name": config}},
-            {"name": "credentials", "secret": {"secretName": secret}},
-            {"name": "bundle", "projected": {"sources": [
-                {"configMap": {"name": config, "items": [{"key": "app.yaml", "path": "app.yaml"}]}},
-                {"secret": {"name": secret, "items": [{"key": "token", "path": "token"}]}},
-            ]}},
-        ],
-    });
-    if a.is_multiple_of(2) {
-        template_spec["initContainers"] = json!([{"name": "migrate", "image": image, "command": ["/bin/migrate"], "envFrom": [{"configMapRef": {"name": config}}], "env": [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}}]}]);
-    }
-    if !ns.nodes.is_empty() {
-        if a.is_multiple_of(3) {
-            template_spec["priorityClassName"] = json!(PRIORITY_CLASS);
-        }
-        if a % 5 == 4 {
-            template_spec["runtimeClassName"] = json!(RUNTIME_CLASS);
-        }
-    }
-    let deployment = sink.put(
-        "deployments.apps",
-        &namespace,
-        json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": app, "labels": meta_labels, "annotations": {"deployment.kubernetes.io/revision": "1"}},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": {"app": app}},
-                "template": {"metadata": {"labels": labels}, "spec": template_spec},
-            },
-            "status": {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas},
-        }),
-    );
-    let hash = rng.suffix(10);
-    let rs_name = format!("{app}-{hash}");
-    let mut pod_labels = labels.clone();
-    pod_labels["pod-template-hash"] = json!(hash);
-    let replica_set = sink.put(
-        "replicasets.apps",
-        &namespace,
-        json!({
-            "apiVersion": "apps/v1", "kind": "ReplicaSet",
-            "metadata": {"name": rs_name, "labels": pod_labels, "ownerReferences": controller_ref(&deployment)},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": {"app": app, "pod-template-hash": hash}},
-                "template": {"metadata": {"labels": pod_labels}, "spec": template_spec},
-            },
-            "status": {"replicas": replicas, "readyReplicas": replicas},
-        }),
-    );
-    for r in 0..replicas {
-        let phase = if rng.range(0, 19) == 0 {
-            "Pending"
-        } else {
-            "Running"
-        };
-        let mut spec = pod_spec(&template_spec, ns, rng);
-        if first && r == 0 {
-            // Someone debugged it: `kubectl debug` adds an ephemeral container.
-            spec["ephemeralContainers"] = json!([{"name": format!("debugger-{}", rng.suffix(5)), "image": "busybox:1.36", "targetContainerName": app, "envFrom": [{"secretRef": {"name": secret}}], "env": [{"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": config, "key": "LOG_LEVEL"}}}]}]);
-        }
-        sink.put(
-            "pods",
-            &namespace,
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("{rs_name}-{}", rng.suffix(5)), "labels": pod_labels, "ownerReferences": controller_ref(&replica_set)},
-                "spec": spec,
-                "status": {"phase": phase, "podIP": format!("10.{}.{}.{}", rng.range(0, 255), rng.range(0, 255), rng.range(1, 254))},
-            }),
-        );
-    }
-    if first {
-        ns.first_app = Some(app.to_owned());
-        for (group, kind_name, name) in [
-            ("", "ConfigMap", config),
-            ("", "Secret", secret),
-            ("", "ServiceAccount", app.to_owned()),
-            ("", "Service", app.to_owned()),
-            ("apps", "Deployment", app.to_owned()),
-        ] {
-            ns.inventory.push((group, kind_name, name));
-        }
-    }
-}
-
 /// A bound claim: the PersistentVolumeClaim `name` and the PersistentVolume the
 /// provisioner made for it.
 fn bound_claim(
@@ -536,119 +385,14 @@ fn bound_claim(
     );
 }
 
-/// The rest of a namespace: an Ingress to the first app's Service with a TLS
-/// Secret; a StatefulSet, its headless Service, PersistentVolumeClaims (from the
-/// volume claim template, as the StatefulSet controller names them:
-/// `<template>-<set>-<ordinal>`) bound to PersistentVolumes, and Pods; a CronJob →
-/// Job → Pod chain; a Widget naming the first app's ConfigMap.
-fn extras(sink: &mut Sink<'_>, rng: &mut Rng, ns: &mut Namespace) {
-    let namespace = ns.name.clone();
-    let app = ns.first_app.clone().unwrap_or_else(|| "web".to_owned());
-    let tls = format!("{app}-tls");
-    sink.put(
-        "secrets",
-        &namespace,
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": tls}, "type": "kubernetes.io/tls", "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"}}),
-    );
-    let host = format!("{app}.{namespace}.example.com");
-    sink.put(
-        "ingresses.networking.k8s.io",
-        &namespace,
-        json!({
-            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-            "metadata": {"name": app, "labels": {"kustomize.toolkit.fluxcd.io/name": "apps", "kustomize.toolkit.fluxcd.io/namespace": namespace}},
-            "spec": {
-                "ingressClassName": INGRESS_CLASS,
-                "tls": [{"hosts": [host], "secretName": tls}],
-                "defaultBackend": {"service": {"name": app, "port": {"number": 80}}},
-                "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": app, "port": {"number": 80}}}}]}}],
-            },
-        }),
-    );
-    ns.inventory
-        .push(("networking.k8s.io", "Ingress", app.clone()));
-
-    let set = "db";
-    let labels = json!({"app": set});
-    sink.put(
-        "services",
-        &namespace,
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": set, "labels": labels}, "spec": {"clusterIP": "None", "selector": labels, "ports": [{"name": "pg", "port": 5432}]}}),
-    );
-    let replicas = rng.range(1, 3);
-    let claim = json!({"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS, "resources": {"requests": {"storage": "1Gi"}}}});
-    let containers = json!([{"name": "postgres", "image": "postgres:16", "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"}]}]);
-    let statefulset = sink.put(
-        "statefulsets.apps",
-        &namespace,
-        json!({
-            "apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": {"name": set, "labels": labels},
-            "spec": {
-                "serviceName": set,
-                "replicas": replicas,
-                "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": {"containers": containers}},
-                "volumeClaimTemplates": [claim],
-            },
-            "status": {"replicas": replicas, "readyReplicas": replicas},
-        }),
-    );
-    ns.infra.push(("", "Service", set.to_owned()));
-    ns.infra.push(("apps", "StatefulSet", set.to_owned()));
-    for i in 0..replicas {
-        let claim_name = format!("data-{set}-{i}");
-        bound_claim(sink, rng, &namespace, &claim_name, &labels, "1Gi");
-        let template = json!({"containers": containers, "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}]});
-        sink.put(
-            "pods",
-            &namespace,
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("{set}-{i}"), "labels": labels, "ownerReferences": controller_ref(&statefulset)},
-                "spec": pod_spec(&template, ns, rng),
-                "status": {"phase": "Running"},
-            }),
-        );
-    }
-
-    let cron = "report";
-    let job_spec = json!({"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": cron, "image": "busybox:1.36", "command": ["sh", "-c", "date"], "envFrom": [{"configMapRef": {"name": format!("{app}-config")}}]}]}}});
-    let cronjob = sink.put(
-        "cronjobs.batch",
-        &namespace,
-        json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": cron}, "spec": {"schedule": "0 * * * *", "jobTemplate": {"spec": job_spec}}}),
-    );
-    let job_name = format!("{cron}-{}", 29_000_000 + rng.range(0, 999_999));
-    let job = sink.put(
-        "jobs.batch",
-        &namespace,
-        json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job_name, "ownerReferences": controller_ref(&cronjob)}, "spec": job_spec, "status": {"succeeded": 1}}),
-    );
-    sink.put(
-        "pods",
-        &namespace,
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("{job_name}-{}", rng.suffix(5)), "labels": {"job-name": job_name}, "ownerReferences": controller_ref(&job)},
-            "spec": pod_spec(&job_spec["template"]["spec"], ns, rng),
-            "status": {"phase": "Succeeded"},
-        }),
-    );
-
-    let widget = format!("{app}-widget");
-    sink.put(
-        "widgets.example.podgate.dev",
-        &namespace,
-        json!({"apiVersion": "example.podgate.dev/v1", "kind": "Widget", "metadata": {"name": widget}, "spec": {"size": rng.range(1, 9), "configMapRef": {"name": format!("{app}-config")}}}),
-    );
-    ns.inventory.push((EXAMPLE_GROUP, "Widget", widget));
-}
-
+mod apps;
+mod extras;
 mod flux;
 #[cfg(test)]
 mod tests;
 
+use apps::app;
+use extras::extras;
 use flux::flux;
 #[cfg(test)]
 use flux::gzip;

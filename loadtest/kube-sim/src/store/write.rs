@@ -11,7 +11,6 @@ use serde_json::{Value, json};
 use super::super::faults::validate;
 use super::super::http::status;
 use super::super::namespaces::refusal;
-use super::super::patch::merge;
 use super::super::resources::{Kind, key};
 use super::super::ssa::{self, Writer};
 use super::{Event, Shared, Stored, now};
@@ -258,7 +257,7 @@ impl Shared {
                     },
                     _ => {
                         let mut o = old.clone();
-                        merge(&mut o, &body);
+                        json_patch::merge(&mut o, &body);
                         o
                     }
                 };

@@ -1,5 +1,5 @@
 //! One reconciler: a watch on the agent's Deployments, the trackers, and
-//! [`Reconciler::run`], one cycle (`workspaces.md` §4.2–§4.4), as GitLab agentk's
+//! [`Reconciler::run`], one cycle, as GitLab agentk's
 //! `reconciler.go`, `k8s_informer.go` and `factory.go`
 //! (`internal/module/remote_development/agent/`, gitlab-agent v16).
 //!
@@ -56,7 +56,7 @@ pub enum Error {
     /// GitLab answered with another status than 201 (the body is discarded).
     #[error("unexpected status code: {0}")]
     Status(u16),
-    /// The 201 body is not §3's JSON.
+    /// The 201 body is not a `ResponsePayload`.
     #[error(transparent)]
     Body(#[from] body::Error),
     /// The Deployment watch never became ready (`k8s_informer.go`'s words).
@@ -193,7 +193,7 @@ impl<R: Rails, C: Cluster> Reconciler<R, C> {
         })
     }
 
-    /// §4.3: unacknowledged Deployments, termination progress, unreported errors;
+    /// Unacknowledged Deployments, termination progress, unreported errors;
     /// one info per workspace, ordered by name then namespace.
     fn agent_infos(
         &self,
@@ -247,7 +247,8 @@ impl<R: Rails, C: Cluster> Reconciler<R, C> {
         infos.into_values().collect()
     }
 
-    /// §4.4 for one workspace GitLab answered with (`applyWorkspaceChanges`).
+    /// Apply the changes for one workspace GitLab answered with
+    /// (`applyWorkspaceChanges`).
     async fn apply_workspace(
         &mut self,
         info: &WorkspaceRailsInfo,
