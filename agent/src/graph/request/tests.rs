@@ -1,8 +1,10 @@
-//! Tests of `graph::request`: one test per validation rule (module docs), each
+//! Tests of `graph::request`: one test per validation rule (`validate`), each
 //! failing if its rule were removed, and what a valid request compiles to.
 
 use super::*;
-use serde_json::json;
+use serde_json::{Value, json};
+
+use crate::graph::cel::Scope;
 
 /// A valid request with one query, as glab sends it by default (trimmed).
 fn valid() -> Value {
@@ -100,7 +102,7 @@ fn minimal_request_and_defaults() {
 }
 
 /// The seed's own example request sends `names` together with `label_selector`,
-/// which rule 8 refuses (graph-api.md §3: names mode takes names and CEL only).
+/// which rule 8 refuses (docs/graph-api.md §3: names mode takes names and CEL only).
 /// Without the label selector it compiles, `namespace` in its root expression included.
 #[test]
 fn the_seeds_example_request() {
@@ -127,7 +129,7 @@ fn the_seeds_example_request() {
     let root = &c.roots.unwrap().exprs[0];
     let dep =
         json!({"metadata": {"name": "my-deployment", "namespace": "myns", "labels": {"app": "x"}}});
-    let vars = super::super::cel::ObjectVars {
+    let vars = crate::graph::cel::ObjectVars {
         obj: &dep,
         group: "apps",
         version: "v1",
