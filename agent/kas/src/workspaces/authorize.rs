@@ -190,14 +190,7 @@ impl WorkspacesServer {
     }
 }
 
-/// A query value percent-encoded (unreserved characters kept).
+/// A query value percent-encoded (unreserved characters kept, a space as `%20`).
 pub(super) fn query_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(s, crate::gitlab_access::url::COMPONENT).to_string()
 }
