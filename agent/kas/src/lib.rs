@@ -36,6 +36,7 @@ pub mod routing;
 pub mod tunnel;
 pub mod workspaces;
 
+mod answer_cache;
 mod api;
 mod internal;
 mod lifecycle;
