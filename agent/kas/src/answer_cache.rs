@@ -9,11 +9,12 @@
 //! next waiter fetches. An expired entry is swapped for a guard in the same step, so
 //! one caller refreshes it while the others wait.
 //!
-//! Bounded: at most [`CAP`] keys, the least useful evicted first. Keys are SHA-256
-//! digests of what identifies the question (tokens included), so no token is kept in
-//! memory longer than its request.
+//! Bounded: at most [`CAP`] keys, the least useful evicted first. Keys holding a
+//! token are SHA-256 digests of it, so no token is kept in memory longer than its
+//! request.
 
 use std::future::Future;
+use std::hash::Hash;
 use std::time::Duration;
 
 use quick_cache::sync::{EntryAction, EntryResult};
@@ -22,12 +23,13 @@ use tokio::time::Instant;
 /// Keys kept at most.
 pub(crate) const CAP: usize = 100_000;
 
-/// A cached answer: GitLab's yes (`Ok`) or its cacheable no (`Err(status)`).
-pub(crate) type Answer<V> = Result<V, u16>;
+/// A cached answer: GitLab's yes (`Ok`) or its cacheable no (`Err`, by default the
+/// HTTP status).
+pub(crate) type Answer<V, N = u16> = Result<V, N>;
 
-/// A TTL cache of GitLab answers keyed by a digest.
-pub(crate) struct AnswerCache<V> {
-    entries: quick_cache::sync::Cache<[u8; 32], (Instant, Answer<V>)>,
+/// A TTL cache of GitLab answers, by default keyed by a digest.
+pub(crate) struct AnswerCache<V, N = u16, K = [u8; 32]> {
+    entries: quick_cache::sync::Cache<K, (Instant, Answer<V, N>)>,
     positive: Duration,
     negative: Duration,
 }
@@ -43,7 +45,7 @@ pub(crate) enum Source {
     Fetched,
 }
 
-impl<V: Clone> AnswerCache<V> {
+impl<V: Clone, N: Clone, K: Eq + Hash + Clone> AnswerCache<V, N, K> {
     /// A yes lives `positive`, a no `negative`.
     pub(crate) fn new(positive: Duration, negative: Duration) -> Self {
         AnswerCache {
@@ -56,16 +58,12 @@ impl<V: Clone> AnswerCache<V> {
     /// The answer for `key`: cached, or `fetch`ed (once for concurrent callers).
     /// `fetch` answers `Ok(Ok(v))` yes, `Ok(Err(status))` a cacheable no, `Err(e)` a
     /// failure that is not cached.
-    pub(crate) async fn get<E, F, Fut>(
-        &self,
-        key: [u8; 32],
-        fetch: F,
-    ) -> Result<(Answer<V>, Source), E>
+    pub(crate) async fn get<E, F, Fut>(&self, key: K, fetch: F) -> Result<(Answer<V, N>, Source), E>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<Answer<V>, E>>,
+        Fut: Future<Output = Result<Answer<V, N>, E>>,
     {
-        let fresh = |(until, answer): &(Instant, Answer<V>)| {
+        let fresh = |(until, answer): &(Instant, Answer<V, N>)| {
             (Instant::now() < *until).then(|| answer.clone())
         };
         if let Some(answer) = self.entries.get(&key).as_ref().and_then(fresh) {
