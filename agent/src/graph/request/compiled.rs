@@ -72,8 +72,8 @@ pub struct CompiledNamespaces {
 
 impl CompiledNamespaces {
     /// Whether every namespace is selected without any filter, so cluster-wide
-    /// watches serve (seed: "if no filtering is used, agent will establish
-    /// cluster-wide watch").
+    /// watches serve (GitLab's design document: "if no filtering is used, agent will
+    /// establish cluster-wide watch"; docs/graph-api.md §5).
     pub fn is_unfiltered(&self) -> bool {
         self.names.is_empty()
             && self.label_selector.is_empty()
