@@ -26,6 +26,10 @@
 //! `internal/module/reverse_tunnel` and `internal/tool/grpctool` in
 //! gitlab-org/cluster-integration/gitlab-agent, and its `doc/kas_request_routing.md`
 //! (read in the mirror <https://github.com/pluralsh/kubernetes-agent>).
+//!
+//! Layout: the loop and the kas → kas call here; the response it returns in
+//! `routed.rs`; the kas → kas channels in `channels.rs`; the receiving side of a
+//! kas → kas call in `follower.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;

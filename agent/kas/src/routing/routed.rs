@@ -15,9 +15,13 @@ pub struct Routed {
     body: Body,
 }
 
+/// Where the rest of a response comes from.
 pub(super) enum Body {
+    /// A tunnel this kas holds.
     Local(ResponseStream),
+    /// Another kas's `KasInternal.Call` stream.
     Kas(Streaming<TunnelMessage>),
+    /// Nowhere: the response has ended.
     Done,
 }
 

@@ -4,7 +4,7 @@
 
 use podgate_agent::proto::kubernetes_api::{ExtraValue, ImpersonationConfig};
 
-use super::api::{AllowedAgent, AllowedAgentsForJob, AuthorizeProxyUserResponse};
+use super::gitlab_api::{AllowedAgent, AllowedAgentsForJob, AuthorizeProxyUserResponse};
 
 fn extra(key: &str, value: impl Into<String>) -> ExtraValue {
     ExtraValue {

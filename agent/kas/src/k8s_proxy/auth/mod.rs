@@ -1,4 +1,4 @@
-//! Who a proxy request acts as: GitLab's answers about its credentials (`api`),
+//! Who a proxy request acts as: GitLab's answers about its credentials (`gitlab_api`),
 //! cached (`crate::answer_cache`), turned into an agent id and an optional impersonation, as
 //! GitLab's kas does (`authenticateAndImpersonateRequest`, `getAllowedAgentsForJob`,
 //! `authorizeProxyUser`, `construct…ImpersonationConfig` in
@@ -25,10 +25,10 @@
 //! The impersonation itself is built in `impersonation`. Tokens are never logged:
 //! only their fingerprints.
 
-mod api;
+mod gitlab_api;
 mod impersonation;
 
-pub use api::{
+pub use gitlab_api::{
     AccessAs, AllowedAgent, AllowedAgentsForJob, AuthorizeProxyUserResponse, AuthorizedAgent,
     CiAccessAs, CiConfiguration, CiImpersonate, Environment, ExtraKeyVal, IdOnly, JobProject,
     RoleAccess, User, UserAccess,
@@ -41,7 +41,7 @@ use http::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use sha2::{Digest as _, Sha256};
 
-use self::api::AuthorizeProxyUserRequest;
+use self::gitlab_api::AuthorizeProxyUserRequest;
 use self::impersonation::{job_impersonation, user_impersonation};
 use super::creds::Credentials;
 use super::status::ErrResp;
