@@ -9,6 +9,7 @@ use sha2::Digest as _;
 
 use super::refusal::Refusal;
 use super::{WorkspacesServer, workspace_name};
+use crate::gitlab::Answer;
 
 /// Rails' authorize answer, when it is a yes.
 #[derive(Clone, Debug)]
@@ -20,24 +21,38 @@ pub(super) struct Authorized {
 }
 
 impl WorkspacesServer {
+    /// GitLab's answer to `GET path` within the configured timeout; a bad gateway
+    /// naming the call (`what`) when GitLab fails or does not answer in time.
+    async fn get(
+        &self,
+        what: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        internal: bool,
+    ) -> Result<Answer, Refusal> {
+        tokio::time::timeout(
+            self.config.timeout,
+            self.gitlab
+                .request(Method::GET, path, headers, None, internal),
+        )
+        .await
+        .map_err(|_| Refusal::bad_gateway(format!("GitLab did not answer {what} in time")))?
+        .map_err(|e| Refusal::bad_gateway(format!("GitLab: {e}")))
+    }
+
     /// The user `token` authenticates, from GitLab's `GET /api/v4/user` (cached).
     pub(super) async fn user(&self, token: &str) -> Result<i64, Refusal> {
         let key: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
         let fetch = || async {
             let bearer = format!("Bearer {token}");
-            let answer = tokio::time::timeout(
-                self.config.timeout,
-                self.gitlab.request(
-                    Method::GET,
+            let answer = self
+                .get(
+                    "GET /api/v4/user",
                     "/api/v4/user",
                     &[("authorization", bearer.as_str())],
-                    None,
                     false,
-                ),
-            )
-            .await
-            .map_err(|_| Refusal::bad_gateway("GitLab did not answer GET /api/v4/user in time"))?
-            .map_err(|e| Refusal::bad_gateway(format!("GitLab: {e}")))?;
+                )
+                .await?;
             let verdict = match answer.status.as_u16() {
                 200 => match serde_json::from_slice::<Value>(&answer.body)
                     .ok()
@@ -69,7 +84,7 @@ impl WorkspacesServer {
             .and_then(|(verdict, _)| verdict)
     }
 
-    /// Rails' `authorize_user_access` for `user_id` on `host` (a yes cached).
+    /// Rails' `authorize_user_access` for `user_id` on `host` (cached).
     pub(super) async fn authorize(&self, user_id: i64, host: &str) -> Result<Authorized, Refusal> {
         let key = (user_id, host.to_owned());
         let fetch = || async {
@@ -77,15 +92,7 @@ impl WorkspacesServer {
                 "/api/v4/internal/agents/agentw/authorize_user_access?workspace_host={}&user_id={user_id}",
                 query_escape(host)
             );
-            let answer = tokio::time::timeout(
-                self.config.timeout,
-                self.gitlab.request(Method::GET, &path, &[], None, true),
-            )
-            .await
-            .map_err(|_| {
-                Refusal::bad_gateway("GitLab did not answer authorize_user_access in time")
-            })?
-            .map_err(|e| Refusal::bad_gateway(format!("GitLab: {e}")))?;
+            let answer = self.get("authorize_user_access", &path, &[], true).await?;
             if answer.status != StatusCode::OK {
                 return Err(Refusal::bad_gateway(format!(
                     "GitLab answered authorize_user_access with {}",
