@@ -421,7 +421,7 @@ mod kas {
         include_str!("../agent/kas/src/agent_auth.rs"),
         include_str!("../agent/kas/src/agent_config.rs"),
         include_str!("../agent/kas/src/gitlab_access/mod.rs"),
-        include_str!("../agent/kas/src/k8s_proxy/auth.rs"),
+        include_str!("../agent/kas/src/k8s_proxy/auth/mod.rs"),
         include_str!("../agent/kas/src/workspaces/mod.rs"),
         include_str!("../agent/agentk/src/metrics.rs"),
         include_str!("../pod-registry/src/metrics.rs"),

@@ -93,31 +93,27 @@ pub fn parse_query(query: &str) -> HashMap<String, Values> {
     let mut out: HashMap<String, Values> = HashMap::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if let (Some(k), Some(v)) = (unescape_query(k), unescape_query(v)) {
+        if let (Some(k), Some(v)) = (query_unescape(k), query_unescape(v)) {
             out.entry(k).or_default().value.push(v);
         }
     }
     out
 }
 
-/// Go's `url.QueryUnescape`.
-fn unescape_query(s: &str) -> Option<String> {
+/// Go's `url.QueryUnescape`: `+` is a space; `None` for a `%` without two hex digits
+/// after it (which `percent_decode` would keep as it is; Go refuses the string) or a
+/// result that is not UTF-8.
+pub fn query_unescape(s: &str) -> Option<String> {
     let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = s.get(i + 1..i + 3)?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
+    let hex = |i: usize| b.get(i).is_some_and(u8::is_ascii_hexdigit);
+    if (0..b.len()).any(|i| b[i] == b'%' && !(hex(i + 1) && hex(i + 2))) {
+        return None;
     }
-    String::from_utf8(out).ok()
+    let spaced = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .ok()
+        .map(|s| s.into_owned())
 }
 
 #[cfg(test)]
@@ -136,5 +132,18 @@ mod tests {
         let back = from_values(&v);
         let things: Vec<_> = back.get_all("x-thing").iter().collect();
         assert_eq!(things, ["a", "b"]);
+    }
+
+    #[test]
+    fn queries_unescape_as_go_does() {
+        assert_eq!(query_unescape("a+b%2B%C3%A9").as_deref(), Some("a b+é"));
+        // A `%` without two hex digits after it, or bytes that are not UTF-8: refused.
+        for bad in ["%", "%4", "%zz", "%+1", "%%41", "%FF"] {
+            assert_eq!(query_unescape(bad), None, "{bad}");
+        }
+        let q = parse_query("a=1&a=x%20y&bad=%zz&b");
+        assert_eq!(q["a"].value, ["1", "x y"]);
+        assert_eq!(q["b"].value, [""]);
+        assert!(!q.contains_key("bad"));
     }
 }

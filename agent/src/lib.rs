@@ -5,7 +5,7 @@
 //! (`agent/tests/layout.rs` checks Cargo's graph); everything both speak or use
 //! lives here:
 //!
-//! - [`proto`]: the seed's `KasApi` / `KasInternal` protobufs and podgate's agentk
+//! - [`proto`]: GitLab's `KasApi` and kas's `KasInternal` protobufs and podgate's agentk
 //!   services (`agent/proto/kas.proto`), GitLab's `KubernetesApi` and
 //!   `GitlabAccess` messages.
 //! - [`auth`]: JWT authentication of the external (GitLab) and internal (kas ↔ kas)

@@ -8,17 +8,18 @@
 //! The cache is bounded ([`CACHE_CAP`] tokens, the least useful evicted first, never
 //! cleared outright) and single-flight: callers that present the same uncached token
 //! at once wait for the one lookup in flight (counted as `joined`) instead of each
-//! asking GitLab.
+//! asking GitLab (`crate::answer_cache`, shared with the Kubernetes API proxy).
 //!
 //! Every refusal is the same `Unauthenticated("unauthenticated")`: nothing tells a
 //! caller which check failed. Tokens are never logged or kept: the cache is keyed by
 //! a SHA-256 of the token.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use podgate_tokens::{Classification, Classifier, TokenFormat, TokenKind};
 
+use crate::answer_cache::{Answer, AnswerCache, Source};
 use podgate_agent::auth::Refusal;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
@@ -49,16 +50,14 @@ pub struct AgentInfoConfig {
     pub timeout: Duration,
 }
 
-/// SHA-256 of a token → until when, and the answer (`None`: refused).
-type Cache = quick_cache::sync::Cache<[u8; 32], (Instant, Option<AgentIdentity>)>;
-
 /// Cache entries kept at most.
-pub const CACHE_CAP: usize = 100_000;
+pub const CACHE_CAP: usize = crate::answer_cache::CAP;
 
 struct AgentInfo {
     config: AgentInfoConfig,
     client: super::gitlab::GitlabClient,
-    cache: Cache,
+    /// By SHA-256 of the token.
+    cache: AnswerCache<AgentIdentity>,
     lookups: prometheus::IntCounterVec,
 }
 
@@ -101,8 +100,8 @@ impl AgentAuth {
             let _ = registry.register(Box::new(lookups.clone()));
             AgentInfo {
                 client: super::gitlab::GitlabClient::new(&config.url, config.secret.clone()),
+                cache: AnswerCache::new(config.positive_ttl, config.negative_ttl),
                 config,
-                cache: Cache::new(CACHE_CAP),
                 lookups,
             }
         });
@@ -173,76 +172,54 @@ impl AgentAuth {
 }
 
 impl AgentInfo {
-    fn ttl(&self, answer: &Option<AgentIdentity>) -> Duration {
-        if answer.is_some() {
-            self.config.positive_ttl
-        } else {
-            self.config.negative_ttl
-        }
-    }
-
     fn count(&self, result: &str) {
         self.lookups.with_label_values(&[result]).inc();
     }
 
     async fn lookup(&self, token: &str) -> Result<AgentIdentity, Status> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        loop {
-            if let Some((until, answer)) = self.cache.get(&key) {
-                if Instant::now() < until {
-                    self.count(if answer.is_some() {
-                        "cached_yes"
-                    } else {
-                        "cached_no"
-                    });
-                    return answer.ok_or_else(denied);
-                }
-                self.cache.remove(&key);
+        // `Err(None)`: timed out.
+        let fetch = || async {
+            match tokio::time::timeout(self.config.timeout, self.ask(token)).await {
+                Ok(Ok(answer)) => Ok(answer),
+                Ok(Err(why)) => Err(Some(why)),
+                Err(_) => Err(None),
             }
-            // Not cached: one caller looks it up, the others wait for its answer.
-            let guard = match self.cache.get_value_or_guard_async(&key).await {
-                Ok((until, answer)) if Instant::now() < until => {
-                    self.count("joined");
-                    return answer.ok_or_else(denied);
-                }
-                Ok(_) => {
-                    // Expired: forget it and take the guard on the next turn.
-                    self.cache.remove(&key);
-                    continue;
-                }
-                Err(guard) => guard,
-            };
-            return match tokio::time::timeout(self.config.timeout, self.ask(token)).await {
-                Ok(Ok(answer)) => {
-                    let _ = guard.insert((Instant::now() + self.ttl(&answer), answer));
-                    self.count(if answer.is_some() { "yes" } else { "no" });
-                    answer.ok_or_else(denied)
-                }
-                // GitLab did not say: nothing is cached. The guard goes, and one of
-                // the callers waiting on it (if any) asks again.
-                Ok(Err(why)) => {
-                    self.count("error");
-                    tracing::warn!(
+        };
+        match self.cache.get(key, fetch).await {
+            Ok((answer, source)) => {
+                self.count(match (source, answer.is_ok()) {
+                    (Source::Cached, true) => "cached_yes",
+                    (Source::Cached, false) => "cached_no",
+                    (Source::Joined, _) => "joined",
+                    (Source::Fetched, true) => "yes",
+                    (Source::Fetched, false) => "no",
+                });
+                answer.map_err(|_| denied())
+            }
+            // GitLab did not say: nothing is cached, and one of the callers waiting
+            // for this lookup (if any) asks again.
+            Err(why) => {
+                self.count("error");
+                match why {
+                    Some(why) => tracing::warn!(
                         token = %podgate_tokens::fingerprint(token),
                         error = %why,
                         "agent_info lookup failed"
-                    );
-                    Err(Status::unavailable("agent authentication unavailable"))
-                }
-                Err(_) => {
-                    self.count("error");
-                    tracing::warn!(
+                    ),
+                    None => tracing::warn!(
                         token = %podgate_tokens::fingerprint(token),
                         "agent_info lookup timed out"
-                    );
-                    Err(Status::unavailable("agent authentication unavailable"))
+                    ),
                 }
-            };
+                Err(Status::unavailable("agent authentication unavailable"))
+            }
         }
     }
 
-    /// `Ok(Some)` yes, `Ok(None)` no (401, 403, 404), `Err` when GitLab did not say.
-    async fn ask(&self, token: &str) -> Result<Option<AgentIdentity>, String> {
+    /// `Ok(Ok)` yes, `Ok(Err(status))` no (401, 403, 404), `Err` when GitLab did not
+    /// say.
+    async fn ask(&self, token: &str) -> Result<Answer<AgentIdentity>, String> {
         let authorization = format!("Bearer {token}");
         let answer = self
             .client
@@ -256,15 +233,15 @@ impl AgentInfo {
             .await
             .map_err(|e| e.to_string())?;
         let (status, body) = (answer.status, answer.body);
-        if matches!(status.as_u16(), 401 | 403 | 404) {
-            return Ok(None);
+        if let s @ (401 | 403 | 404) = status.as_u16() {
+            return Ok(Err(s));
         }
         if !status.is_success() {
             return Err(format!("GitLab answered {status}"));
         }
         let info: AgentInfoResponse =
             serde_json::from_slice(&body).map_err(|e| format!("agent_info body: {e}"))?;
-        Ok(Some(AgentIdentity {
+        Ok(Ok(AgentIdentity {
             agent_id: info.agent_id,
             project_id: info.project_id,
         }))

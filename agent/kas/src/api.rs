@@ -15,7 +15,7 @@ use podgate_agent::proto::{
     GetPodsResponse, KasAddress,
 };
 
-/// `ip:port` (or a host name) into the seed's `KasAddress`.
+/// `ip:port` (or a host name) into a `KasAddress` (`agent/proto/kas.proto`).
 fn kas_address(addr: &str) -> KasAddress {
     match addr.rsplit_once(':') {
         Some((ip, port)) => KasAddress {

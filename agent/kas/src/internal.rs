@@ -37,7 +37,7 @@ impl KasInternal for Internal {
         use prost::Message as _;
         let wait = self.follower.wait(request.metadata());
         let req = request.into_inner();
-        let mut response = self
+        let response = self
             .follower
             .open(
                 req.agent_id,
@@ -48,15 +48,7 @@ impl KasInternal for Internal {
             )
             .await?;
         let connection_id = response.connection_id();
-        let payload = response
-            .message()
-            .await?
-            .ok_or_else(|| Status::internal("agentk sent no response message"))?;
-        if response.message().await?.is_some() {
-            return Err(Status::internal(
-                "agentk sent more than one response message",
-            ));
-        }
+        let payload = response.unary().await?;
         get_pods_response(connection_id, &payload).map(Response::new)
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! Connected agents are answered from the presence registry (`pod-registry`).
 //! Calls to agents (`GetPods`, and the Kubernetes API proxy's `MakeRequest` and
-//! `WatchGraph`) are routed as the seed says, by one loop ([`routing::AgentRouter`]):
+//! `WatchGraph`) are routed by one loop ([`routing::AgentRouter`]):
 //! through a reverse tunnel this kas holds, else through the internal endpoint of the
 //! kas the registry names (re-routed if that kas lost the agent), else waiting until
 //! the agent connects anywhere (woken by the registry's event, never polling) or
@@ -36,6 +36,7 @@ pub mod routing;
 pub mod tunnel;
 pub mod workspaces;
 
+mod answer_cache;
 mod api;
 mod internal;
 mod lifecycle;

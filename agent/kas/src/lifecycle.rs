@@ -325,8 +325,8 @@ impl Kas {
     }
 
     /// Stop without dropping requests:
-    /// 1. remove this kas and its agents from the registry (the seed's cleanup), so
-    ///    no kas routes here any more, and refuse new agent connections;
+    /// 1. remove this kas and its agents from the registry, so no kas routes here
+    ///    any more, and refuse new agent connections;
     /// 2. stop accepting GitLab and kas requests and let those in flight finish
     ///    (through this kas's tunnels, which stay up meanwhile), for up to `grace`;
     /// 3. close everything.

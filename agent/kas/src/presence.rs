@@ -1,6 +1,6 @@
 //! The agent listener's `GetConfiguration`: each open stream is one connected agentk
 //! replica. It gets a random connection id, is registered in the presence registry
-//! with the seed's `ConnectedAgentInfo`, and is unregistered when the stream ends
+//! with its `ConnectedAgentInfo` (`agent/proto/kas.proto`), and is unregistered when the stream ends
 //! (client gone, kas shutting down).
 //!
 //! The first message carries the agent's configuration file when kas has

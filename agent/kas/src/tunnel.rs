@@ -190,33 +190,6 @@ impl Tunnels {
         None
     }
 
-    /// A unary call through a tunnel (see [`Tunnels::open`]): the replica that
-    /// answered and its one response message.
-    pub async fn call(
-        &self,
-        agent_id: i64,
-        connection_id: i64,
-        method: &str,
-        payload: Vec<u8>,
-    ) -> Option<Result<(i64, Vec<u8>), Status>> {
-        let mut response = self.open(agent_id, connection_id, method, payload).await?;
-        Some(
-            async {
-                let message = response
-                    .message()
-                    .await?
-                    .ok_or_else(|| Status::internal("agentk sent no response message"))?;
-                if response.message().await?.is_some() {
-                    return Err(Status::internal(
-                        "agentk sent more than one response message",
-                    ));
-                }
-                Ok((response.connection_id(), message))
-            }
-            .await,
-        )
-    }
-
     /// Wait until at least `n` idle tunnels to `agent_id` (replica `connection_id`, or
     /// any when 0) are held.
     pub async fn wait_idle(&self, agent_id: i64, connection_id: i64, n: usize) {
@@ -329,6 +302,18 @@ impl Drop for Busy {
     }
 }
 
+/// A unary call's response from its `first` message and whether `more` followed:
+/// the message, or the error for none or more than one.
+pub(crate) fn unary_message(first: Option<Vec<u8>>, more: bool) -> Result<Vec<u8>, Status> {
+    match first {
+        None => Err(Status::internal("agentk sent no response message")),
+        Some(_) if more => Err(Status::internal(
+            "agentk sent more than one response message",
+        )),
+        Some(message) => Ok(message),
+    }
+}
+
 /// A response coming up a tunnel: its messages, then its status. Dropping it ends
 /// the tunnel, which cancels the request at agentk.
 pub struct ResponseStream {
@@ -344,6 +329,14 @@ impl ResponseStream {
     /// The agentk replica answering.
     pub fn connection_id(&self) -> i64 {
         self.connection_id
+    }
+
+    /// A unary call's one message: `Err` for none, for more than one, or a non-OK
+    /// status.
+    pub async fn unary(mut self) -> Result<Vec<u8>, Status> {
+        let first = self.message().await?;
+        let more = first.is_some() && self.message().await?.is_some();
+        unary_message(first, more)
     }
 
     /// The next response message; `None` once agentk ended the response with OK;

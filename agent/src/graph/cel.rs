@@ -1,8 +1,8 @@
-//! CEL programs of a Graph API request (graph-api.md §4): compiled once per request,
+//! CEL programs of a Graph API request (docs/graph-api.md §4): compiled once per request,
 //! evaluated per group/version/resource (resource expressions) or per object (object,
 //! namespace and root expressions).
 //!
-//! Variables, as the seed lists them:
+//! Variables, as GitLab's design document lists them:
 //!
 //! | expression | variables |
 //! |---|---|
@@ -44,7 +44,7 @@ use super::cel_syntax::{
 /// The environment, built once: every evaluation starts a cheap root context from
 /// it. The standard library plus the extension libraries cel-go ships and
 /// Kubernetes' CEL enables (strings: `lowerAscii`, `split`, `replace`, …; lists;
-/// math; base64), since which ones agentk enables is not public (graph-api.md §4).
+/// math; base64), since which ones agentk enables is not public (docs/graph-api.md §4).
 static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     for ext in [

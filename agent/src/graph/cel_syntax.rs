@@ -12,7 +12,8 @@ use ::cel::common::ast::{EntryExpr, Expr as Ast, IdedEntryExpr, IdedExpr};
 pub(super) const NAMESPACE_IDENT: &str = "__namespace__";
 
 /// `namespace` is a reserved word in CEL (cel-spec langdef "Syntax"; cel-go and the
-/// `cel` crate refuse it as an identifier), yet the seed names the variable so and
+/// `cel` crate refuse it as an identifier), yet GitLab's design document names the
+/// variable so and
 /// its own example uses it (`namespace == 'myns'`). So every bare identifier
 /// `namespace` outside string literals and comments, and not a field after `.`,
 /// becomes `__namespace__` before parsing, which is what Kubernetes' CEL escaping

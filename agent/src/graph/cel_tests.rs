@@ -342,7 +342,7 @@ fn chains_deeper_than_the_recursion_limit_are_refused_before_parsing() {
         .join()
         .expect("no stack overflow");
     assert_eq!(ok, Ok(()));
-    // Brackets nested 26 deep are refused: the `cel` crate's own limit (96) was too
+    // Brackets nested 26 deep are refused: the `cel` crate's own limit (96) is too
     // deep for an unoptimised build's 8 MiB stack.
     assert!(nesting(&format!("{}1{}", "[".repeat(25), "]".repeat(25))) <= MAX_NESTING);
     assert!(nesting(&format!("{}1{}", "[".repeat(26), "]".repeat(26))) > MAX_NESTING);

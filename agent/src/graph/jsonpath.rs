@@ -159,13 +159,12 @@ fn push_text(nodes: &mut Vec<Node>, text: &str) {
     nodes.push(Node::Text(text.to_owned()));
 }
 
-/// The index of the `}` closing an action that starts right after a `{`, skipping
-/// quoted strings and brackets.
-fn action_end(s: &str) -> Option<usize> {
+/// The characters of `s` outside its quoted strings (`"…"` or `'…'`, `\` escaping
+/// inside them), with their indices; the quotes are left out too.
+fn unquoted(s: &str) -> impl Iterator<Item = (usize, char)> + '_ {
     let mut quote: Option<char> = None;
     let mut escaped = false;
-    let mut depth = 0usize;
-    for (i, c) in s.char_indices() {
+    s.char_indices().filter(move |&(_, c)| {
         if let Some(q) = quote {
             if escaped {
                 escaped = false;
@@ -174,10 +173,22 @@ fn action_end(s: &str) -> Option<usize> {
             } else if c == q {
                 quote = None;
             }
-            continue;
+            return false;
         }
+        if c == '"' || c == '\'' {
+            quote = Some(c);
+            return false;
+        }
+        true
+    })
+}
+
+/// The index of the `}` closing an action that starts right after a `{`, skipping
+/// quoted strings and brackets.
+fn action_end(s: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in unquoted(s) {
         match c {
-            '"' | '\'' => quote = Some(c),
             '[' | '(' => depth += 1,
             ']' | ')' => depth = depth.saturating_sub(1),
             '}' if depth == 0 => return Some(i),
@@ -310,22 +321,9 @@ fn member<'s>(s: &'s str, q: &mut String, p: &str) -> Result<&'s str, String> {
 
 /// The index of the `]` closing the `[` at the start of `s`.
 fn bracket_end(s: &str) -> Option<usize> {
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
     let mut depth = 0usize;
-    for (i, c) in s.char_indices() {
-        if let Some(q) = quote {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == q {
-                quote = None;
-            }
-            continue;
-        }
+    for (i, c) in unquoted(s) {
         match c {
-            '"' | '\'' => quote = Some(c),
             '[' => depth += 1,
             ']' => {
                 depth -= 1;

@@ -3,7 +3,7 @@
 //! (kas) and to read them (the CLI client, tests), and [`encode_response`], which
 //! turns one `WatchGraphResponse` batch from agentk into one text message.
 //!
-//! Omissions, as the seed specifies them: `actions`, `warnings`, `error` when empty;
+//! Omissions, as GitLab's design document specifies them (docs/graph-api.md §8): `actions`, `warnings`, `error` when empty;
 //! a vertex's `ns` when empty (cluster-scoped); `o` and `j` when not set (never both);
 //! an arc's `a` when it has no attribute set, and each of `c`, `b`, `e` unless true;
 //! a warning's `a` when empty. The core group is sent as `"g":""`.
@@ -188,7 +188,7 @@ fn attrs_empty(a: &Option<ArcAttrs>) -> bool {
     a.is_none_or(|a| a.is_empty())
 }
 
-/// The name coder/websocket's `StatusCode.String()` gives `code` (graph-api.md §9;
+/// The name coder/websocket's `StatusCode.String()` gives `code` (docs/graph-api.md §9;
 /// the table is coder/websocket's generated `stringer.go`); `"StatusUnknown"` for a
 /// code it has no name for (see [`close_code_string`]).
 pub fn close_code_name(code: u16) -> &'static str {
@@ -227,7 +227,7 @@ pub fn close_code_string(code: u16) -> Cow<'static, str> {
 pub const MAX_CLOSE_REASON: usize = 123;
 
 /// `reason` cut to at most [`MAX_CLOSE_REASON`] bytes on a character boundary. When
-/// it had to be cut, the seed wants the whole reason sent first as an `error` message
+/// it had to be cut, GitLab's design document wants the whole reason sent first as an `error` message
 /// ([`ErrorInfo`]).
 pub fn truncate_close_reason(reason: &str) -> &str {
     if reason.len() <= MAX_CLOSE_REASON {

@@ -1,4 +1,4 @@
-//! Tests of `graph::wire`: the seed's literal examples parse and print back the same,
+//! Tests of `graph::wire`: the design document's literal examples parse and print back the same,
 //! omissions, and the proto → JSON encoding.
 
 use super::*;
@@ -27,7 +27,7 @@ fn vx(g: &str, r: &str, ns: &str, n: &str) -> Vertex {
 }
 
 #[test]
-fn seed_examples_round_trip() {
+fn design_document_examples_round_trip() {
     let m: Message = round_trip(
         r#"{"error": {"code": 1007, "code_string": "StatusInvalidFramePayloadData", "reason": "error description"}}"#,
     );
@@ -41,7 +41,7 @@ fn seed_examples_round_trip() {
     );
     assert_eq!(w.a["ns"], "myns");
 
-    // The seed's `svx` example shows both `o` and `j` only to list them.
+    // The design document's `svx` example shows both `o` and `j` only to list them.
     let a: Action = round_trip(
         r#"{"svx": {"vx": {"g": "apps", "v": "v1", "r": "deployments", "ns": "myns", "n": "my_deployment"}, "o": {}, "j": []}}"#,
     );

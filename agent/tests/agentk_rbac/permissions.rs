@@ -82,7 +82,7 @@ pub fn permissions(e: &podgate_kube_sim::AuditEntry) -> Vec<Permission> {
 }
 
 /// kas's impersonation of a GitLab user and of a CI job, with every extra it
-/// sends (`agent/kas/src/k8s_proxy/auth.rs`: `user_impersonation`,
+/// sends (`agent/kas/src/k8s_proxy/auth/impersonation.rs`: `user_impersonation`,
 /// `job_impersonation`).
 pub fn impersonations() -> [ImpersonationConfig; 2] {
     let extra = |pairs: &[(&str, &str)]| {

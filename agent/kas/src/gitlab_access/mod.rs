@@ -44,7 +44,7 @@ mod forward;
 mod outbound;
 #[cfg(test)]
 mod tests;
-mod url;
+pub(crate) mod url;
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use podgate_agent::proto::gitlab_access::Values;
 
 /// Escaping modes of Go's `net/url`.
@@ -16,37 +17,37 @@ pub(super) enum Mode {
     QueryComponent,
 }
 
-/// Go's `shouldEscape`.
-fn should_escape(c: u8, mode: Mode) -> bool {
-    if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'~') {
-        return false;
-    }
-    if matches!(
-        c,
-        b'$' | b'&' | b'+' | b',' | b'/' | b':' | b';' | b'=' | b'?' | b'@'
-    ) {
-        return match mode {
-            Mode::Path => c == b'?',
-            Mode::PathSegment => matches!(c, b'/' | b';' | b',' | b'?'),
-            Mode::QueryComponent => true,
-        };
-    }
-    true
-}
+/// What Go's `shouldEscape` escapes in a query component: every byte but the
+/// unreserved characters (RFC 3986 §2.3).
+pub(crate) const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// In a path segment, of the reserved characters only `/`, `;`, `,` and `?`.
+const PATH_SEGMENT: &AsciiSet = &COMPONENT
+    .remove(b'$')
+    .remove(b'&')
+    .remove(b'+')
+    .remove(b':')
+    .remove(b'=')
+    .remove(b'@');
+
+/// In a path, of the reserved characters only `?`.
+const PATH: &AsciiSet = &PATH_SEGMENT.remove(b'/').remove(b';').remove(b',');
 
 /// Go's `escape`.
 pub(super) fn escape(s: &str, mode: Mode) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &c in s.as_bytes() {
-        if c == b' ' && mode == Mode::QueryComponent {
-            out.push('+');
-        } else if should_escape(c, mode) {
-            out.push_str(&format!("%{c:02X}"));
-        } else {
-            out.push(c as char);
-        }
+    match mode {
+        Mode::Path => utf8_percent_encode(s, PATH).to_string(),
+        Mode::PathSegment => utf8_percent_encode(s, PATH_SEGMENT).to_string(),
+        Mode::QueryComponent => s
+            .split(' ')
+            .map(|part| utf8_percent_encode(part, COMPONENT).to_string())
+            .collect::<Vec<_>>()
+            .join("+"),
     }
-    out
 }
 
 /// Go's `url.PathEscape`.

@@ -1,6 +1,6 @@
 //! Credentials of a proxy request, read exactly as GitLab's kas reads them
 //! (`getAuthorizationInfoFromRequest` and helpers in
-//! `internal/module/kubernetes_api/server/proxy.go`; graph-api.md §2):
+//! `internal/module/kubernetes_api/server/proxy.go`; docs/graph-api.md §2):
 //!
 //! 1. `Authorization` (exactly one): `Bearer <type>:<agent id>:<token>`, type `ci`
 //!    (a CI job token) or `pat` (a personal, project or group access token);
@@ -12,7 +12,14 @@
 //!
 //! Every failure is a 401 whose cause is kas's own error text.
 
+use std::collections::HashMap;
+
 use http::HeaderMap;
+use podgate_agent::httpz::{parse_query, query_unescape};
+use podgate_agent::proto::gitlab_access::Values;
+
+/// A query string's parameters, decoded as Go's `url.ParseQuery` decodes them.
+type Query = HashMap<String, Values>;
 
 const COOKIE_NAME: &str = "_gitlab_kas";
 const BEARER: &str = "Bearer ";
@@ -134,52 +141,57 @@ fn header_values<'a>(headers: &'a HeaderMap, name: &str) -> Vec<&'a [u8]> {
     headers.get_all(name).iter().map(|v| v.as_bytes()).collect()
 }
 
-/// `getAgentIdForSessionCookieRequest`: the header if present (exactly one), else
-/// exactly one query parameter.
-fn agent_id_for_cookie(headers: &HeaderMap, params: &[(String, String)]) -> Result<i64, String> {
-    let parse = |s: &str| {
-        s.parse::<i64>()
-            .map_err(|_| format!("agent id in request: invalid value: {s:?}"))
-    };
-    let values = header_values(headers, AGENT_ID_HEADER);
-    match values.len() {
-        1 => return parse(&String::from_utf8_lossy(values[0])),
-        0 => {}
-        _ => return Err("Gitlab-Agent-Id header must have exactly one value".into()),
-    }
-    let from_query: Vec<&str> = params
-        .iter()
-        .filter(|(k, _)| k == AGENT_ID_PARAM)
-        .map(|(_, v)| v.as_str())
-        .collect();
-    if from_query.len() != 1 {
-        return Err(format!(
-            "exactly one agent id must be provided either in the \"Gitlab-Agent-Id\" header or {AGENT_ID_PARAM:?} query parameter"
-        ));
-    }
-    parse(from_query[0])
+/// `getAgentIdForSessionCookieRequest`.
+fn agent_id_for_cookie(headers: &HeaderMap, params: &Query) -> Result<i64, String> {
+    let value = header_or_param(headers, AGENT_ID_HEADER, params, AGENT_ID_PARAM).map_err(
+        |missing| match missing {
+            NotOne::Header => "Gitlab-Agent-Id header must have exactly one value".to_owned(),
+            NotOne::Param => format!(
+                "exactly one agent id must be provided either in the \"Gitlab-Agent-Id\" header or {AGENT_ID_PARAM:?} query parameter"
+            ),
+        },
+    )?;
+    value
+        .parse::<i64>()
+        .map_err(|_| format!("agent id in request: invalid value: {value:?}"))
 }
 
-/// `getCsrfTokenForSessionCookieRequest`: the header if present (exactly one), else
-/// exactly one query parameter.
-fn csrf_for_cookie(headers: &HeaderMap, params: &[(String, String)]) -> Result<String, String> {
-    let values = header_values(headers, CSRF_HEADER);
+/// `getCsrfTokenForSessionCookieRequest`.
+fn csrf_for_cookie(headers: &HeaderMap, params: &Query) -> Result<String, String> {
+    header_or_param(headers, CSRF_HEADER, params, CSRF_PARAM).map_err(|missing| match missing {
+        NotOne::Header => "X-Csrf-Token header must have exactly one value".to_owned(),
+        NotOne::Param => format!(
+            "exactly one CSRF token must be provided either in the \"X-Csrf-Token\" header or {CSRF_PARAM:?} query parameter"
+        ),
+    })
+}
+
+/// Where [`header_or_param`] found no single value.
+enum NotOne {
+    /// The header is there more than once.
+    Header,
+    /// No header, and the parameter is not there exactly once.
+    Param,
+}
+
+/// The value of `header` if present (exactly one), else of exactly one query
+/// parameter `param`.
+fn header_or_param(
+    headers: &HeaderMap,
+    header: &str,
+    params: &Query,
+    param: &str,
+) -> Result<String, NotOne> {
+    let values = header_values(headers, header);
     match values.len() {
         1 => return Ok(String::from_utf8_lossy(values[0]).into_owned()),
         0 => {}
-        _ => return Err("X-Csrf-Token header must have exactly one value".into()),
+        _ => return Err(NotOne::Header),
     }
-    let from_query: Vec<&str> = params
-        .iter()
-        .filter(|(k, _)| k == CSRF_PARAM)
-        .map(|(_, v)| v.as_str())
-        .collect();
-    if from_query.len() != 1 {
-        return Err(format!(
-            "exactly one CSRF token must be provided either in the \"X-Csrf-Token\" header or {CSRF_PARAM:?} query parameter"
-        ));
+    match params.get(param).map(|v| v.value.as_slice()) {
+        Some([one]) => Ok(one.clone()),
+        _ => Err(NotOne::Param),
     }
-    Ok(from_query[0].to_owned())
 }
 
 /// The first cookie called `name` in any `Cookie` header (Go's `Request.Cookie`;
@@ -199,46 +211,6 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
                 .unwrap_or(v)
                 .to_owned()
         })
-}
-
-/// The query's `key=value` pairs, decoded as Go's `url.ParseQuery` decodes them
-/// (pairs that do not decode are skipped).
-pub(super) fn parse_query(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .filter_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            Some((query_unescape(k)?, query_unescape(v)?))
-        })
-        .collect()
-}
-
-/// Go's `url.QueryUnescape`: `%XX` and `+` → space; `None` for a bad escape or a
-/// result that is not UTF-8.
-pub(super) fn query_unescape(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                let hex = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

@@ -30,10 +30,11 @@ use hyper::body::{Frame, Incoming};
 use prost::Message as _;
 
 use super::auth::Identity;
-use super::creds::{AGENT_ID_HEADER, AGENT_ID_PARAM, CSRF_HEADER, CSRF_PARAM, query_unescape};
+use super::creds::{AGENT_ID_HEADER, AGENT_ID_PARAM, CSRF_HEADER, CSRF_PARAM};
 use super::status::ErrResp;
 use super::{BoxBody, K8sProxy};
 use crate::routing::Routed;
+use podgate_agent::httpz::query_unescape;
 use podgate_agent::proto::kubernetes_api::{
     Header, HttpRequest, HttpResponseHeader, HttpResponsePart, http_response_part,
 };

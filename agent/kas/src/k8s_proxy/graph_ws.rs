@@ -8,13 +8,13 @@
 //! - The first message is a text message with the request JSON, validated fully here
 //!   ([`podgate_agent::graph::request::compile`]); a bad one closes with 1007
 //!   (`StatusInvalidFramePayloadData`) naming the field. A binary message closes with
-//!   1003; a second message of any kind with 1008 (the seed: "Server closes the
-//!   connection if another message is received").
+//!   1003; a second message of any kind with 1008 (GitLab's design document: "Server
+//!   closes the connection if another message is received"; docs/graph-api.md §9).
 //! - Then `WatchGraph` goes to the agent through a reverse tunnel, routed like every
 //!   agent call ([`AgentRouter`]); each `WatchGraphResponse` batch becomes one text
 //!   message ([`podgate_agent::graph::wire::encode_response`]). An agent that does not serve
 //!   `WatchGraph` (gRPC `Unimplemented`) closes with 1011 and a reason telling the
-//!   user to upgrade the agent, as the seed asks; an agent that does not connect in
+//!   user to upgrade the agent, as GitLab's design document asks; an agent that does not connect in
 //!   time closes with 1013 (`StatusTryAgainLater`).
 //! - A close reason longer than a close frame holds (123 bytes) is first sent whole
 //!   as `{"error":{"code":…,"code_string":…,"reason":…}}`, then the close frame

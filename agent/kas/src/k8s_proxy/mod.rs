@@ -2,7 +2,7 @@
 //! so `/graph` WebSockets work) through which `kubectl` and the Graph API reach an
 //! agent's cluster, as GitLab's kas serves it
 //! (`internal/module/kubernetes_api/server/proxy.go` in pluralsh/kubernetes-agent at
-//! `1fc64e68^`, the 2023 GitLab kas; graph-api.md §2):
+//! `1fc64e68^`, the 2023 GitLab kas; docs/graph-api.md §2):
 //!
 //! 1. `Origin`, when present, must be one of `allowed_origins`, else 403 with an
 //!    empty body; an allowed one is echoed with `Access-Control-Allow-Credentials:
@@ -27,7 +27,6 @@
 //! it in the `kas-hop-routing-agent-id` metadata, `internal/module/modserver/api.go`).
 
 mod auth;
-mod cache;
 mod creds;
 pub(crate) mod forward;
 pub(crate) mod graph_ws;

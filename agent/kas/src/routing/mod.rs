@@ -26,41 +26,41 @@
 //! `internal/module/reverse_tunnel` and `internal/tool/grpctool` in
 //! gitlab-org/cluster-integration/gitlab-agent, and its `doc/kas_request_routing.md`
 //! (read in the mirror <https://github.com/pluralsh/kubernetes-agent>).
+//!
+//! Layout: the loop and the kas → kas call here; the response it returns in
+//! `routed.rs`; the kas → kas channels in `channels.rs`; the receiving side of a
+//! kas → kas call in `follower.rs`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use podgate_registry::{AgentEvent, Registry};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Request, Status, Streaming};
+use tonic::{Request, Status};
 
 use super::metrics::{KasMetrics, Outcome};
-use super::tunnel::{ResponseStream, Tunnels};
+use super::tunnel::Tunnels;
 use podgate_agent::auth;
+use podgate_agent::proto::TunnelCallRequest;
 use podgate_agent::proto::kas_internal_client::KasInternalClient;
-use podgate_agent::proto::{TunnelCallRequest, TunnelMessage};
 
+mod channels;
 mod follower;
+mod routed;
 
+pub use channels::MAX_CHANNELS;
 pub(super) use follower::{CallStream, Follower};
+pub use routed::Routed;
+
+use channels::Channels;
+use routed::Body;
 
 /// Longest a kas → kas TCP connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Longest another kas may take to accept or refuse a call (its response headers).
 pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// kas → kas channels kept at most; past it the least recently made one is dropped
-/// (a kas that left the fleet is never asked again, so its channel would stay).
-pub const MAX_CHANNELS: usize = 256;
-
-/// HTTP/2 keep-alive pings on kas → kas channels: a silent peer is dropped after
-/// `KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT`, ending the calls on it.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// gRPC metadata on a kas → kas call: how long (ms) the caller still waits, so the
 /// other kas waits no longer for a tunnel.
@@ -84,90 +84,7 @@ pub struct AgentRouter {
     internal_secret: Vec<u8>,
     max_wait: Duration,
     metrics: Arc<KasMetrics>,
-    channels: Mutex<Channels>,
-}
-
-/// kas → kas channels by address, with the order they were made in (for eviction).
-#[derive(Default)]
-struct Channels {
-    by_kas: HashMap<String, Channel>,
-    made: std::collections::VecDeque<String>,
-}
-
-/// A routed call's response: its messages, then its status. Dropping it cancels the
-/// call at agentk (the tunnel, or the kas → kas stream that holds it, ends).
-pub struct Routed {
-    connection_id: i64,
-    first: Option<Vec<u8>>,
-    body: Body,
-}
-
-enum Body {
-    Local(ResponseStream),
-    Kas(Streaming<TunnelMessage>),
-    Done,
-}
-
-impl Routed {
-    /// The agentk replica answering.
-    pub fn connection_id(&self) -> i64 {
-        self.connection_id
-    }
-
-    /// Next response message; `None` at the OK end; `Err` for a non-OK status (from
-    /// agentk, or the path to it breaking).
-    pub async fn message(&mut self) -> Result<Option<Vec<u8>>, Status> {
-        if let Some(m) = self.first.take() {
-            return Ok(Some(m));
-        }
-        let next = match &mut self.body {
-            Body::Done => return Ok(None),
-            Body::Local(r) => r.message().await,
-            Body::Kas(s) => s.message().await.map(|m| m.map(|m| m.payload)),
-        };
-        if !matches!(next, Ok(Some(_))) {
-            self.body = Body::Done;
-        }
-        next.map_err(strip_hop_metadata)
-    }
-
-    /// A unary call's one message: `Err` for none, for more than one, or a non-OK
-    /// status.
-    pub async fn unary(mut self) -> Result<Vec<u8>, Status> {
-        let message = self
-            .message()
-            .await?
-            .ok_or_else(|| Status::internal("agentk sent no response message"))?;
-        if self.message().await?.is_some() {
-            return Err(Status::internal(
-                "agentk sent more than one response message",
-            ));
-        }
-        Ok(message)
-    }
-
-    /// A response whose first message has been read (`None`: it ended OK at once).
-    async fn start(connection_id: i64, mut body: Body) -> Result<Routed, Status> {
-        let first = match &mut body {
-            Body::Local(r) => r.message().await?,
-            Body::Kas(s) => s.message().await?.map(|m| m.payload),
-            Body::Done => None,
-        };
-        Ok(Routed {
-            connection_id,
-            body: if first.is_some() { body } else { Body::Done },
-            first,
-        })
-    }
-}
-
-/// A status passed on to the client, without kas-to-kas metadata.
-fn strip_hop_metadata(s: Status) -> Status {
-    if s.metadata().get(NO_TUNNEL_KEY).is_some() {
-        Status::new(s.code(), s.message())
-    } else {
-        s
-    }
+    channels: Channels,
 }
 
 /// Records a routed call's routing time when dropped: with its outcome, or as
@@ -233,7 +150,7 @@ impl AgentRouter {
             internal_secret,
             max_wait,
             metrics,
-            channels: Mutex::default(),
+            channels: Channels::default(),
         }
     }
 
@@ -357,47 +274,9 @@ impl AgentRouter {
         }
     }
 
-    /// The channel to kas `kas` (made once, lazily connected, with timeouts). At
-    /// most [`MAX_CHANNELS`] are kept.
-    fn channel(&self, kas: &str) -> Result<Channel, Status> {
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = channels.by_kas.get(kas) {
-            return Ok(c.clone());
-        }
-        let c = Endpoint::from_shared(format!("http://{kas}"))
-            .map_err(|_| Status::internal("a kas address in the registry is not a URI"))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .connect_lazy();
-        while channels.by_kas.len() >= MAX_CHANNELS {
-            let Some(oldest) = channels.made.pop_front() else {
-                break;
-            };
-            channels.by_kas.remove(&oldest);
-        }
-        channels.by_kas.insert(kas.to_owned(), c.clone());
-        channels.made.push_back(kas.to_owned());
-        Ok(c)
-    }
-
     /// How many kas → kas channels are kept.
     pub fn channels(&self) -> usize {
-        self.channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_kas
-            .len()
-    }
-
-    /// Forget the channel to a kas that failed (a new one reconnects from scratch).
-    fn forget_channel(&self, kas: &str) {
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if channels.by_kas.remove(kas).is_some() {
-            channels.made.retain(|k| k != kas);
-        }
+        self.channels.len()
     }
 
     /// The call through kas `kas`'s `KasInternal.Call`.
@@ -427,7 +306,7 @@ impl AgentRouter {
             HOP_WAIT_KEY,
             wait_ms.parse().map_err(|_| fail("wait is not a header"))?,
         );
-        let channel = self.channel(kas).map_err(Attempt::Fail)?;
+        let channel = self.channels.get(kas).map_err(Attempt::Fail)?;
         let accept_by = deadline.min(Instant::now() + ACCEPT_TIMEOUT);
         let mut client = KasInternalClient::new(channel);
         let call = client.call(request);
@@ -437,7 +316,7 @@ impl AgentRouter {
                 tracing::debug!(kas, error = %e.message(), "kas did not take the call; re-routing");
                 if e.metadata().get(NO_TUNNEL_KEY).is_none() {
                     // Not its answer but the transport's: reconnect next time.
-                    self.forget_channel(kas);
+                    self.channels.forget(kas);
                 }
                 return Err(Attempt::Reroute);
             }
@@ -447,7 +326,7 @@ impl AgentRouter {
                     kas,
                     "kas did not accept the call within {ACCEPT_TIMEOUT:?}; re-routing"
                 );
-                self.forget_channel(kas);
+                self.channels.forget(kas);
                 return Err(Attempt::Reroute);
             }
         };
@@ -456,53 +335,5 @@ impl AgentRouter {
             Err(e) if e.metadata().get(NO_TUNNEL_KEY).is_some() => Err(Attempt::Reroute),
             Err(e) => Err(Attempt::Fail(e)),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Channels to kas instances that come and go are not kept forever.
-    #[tokio::test]
-    async fn kas_channels_are_bounded() {
-        let metrics = Arc::new(KasMetrics::new());
-        let registry = Registry::with_memory(
-            podgate_registry::MemoryBackend::default(),
-            podgate_registry::RegistryConfig::default(),
-        )
-        .await
-        .unwrap();
-        let router = AgentRouter::new(
-            "127.0.0.1:1".into(),
-            Arc::new(Tunnels::new(metrics.clone(), 4)),
-            registry,
-            vec![0; 32],
-            Duration::from_secs(1),
-            metrics,
-        );
-        for i in 0..(MAX_CHANNELS + 50) {
-            router
-                .channel(&format!("10.0.{}.{}:8155", i / 250, i % 250))
-                .unwrap();
-        }
-        assert_eq!(router.channels(), MAX_CHANNELS);
-        // The oldest went first; the newest is kept.
-        let newest = format!(
-            "10.0.{}.{}:8155",
-            (MAX_CHANNELS + 49) / 250,
-            (MAX_CHANNELS + 49) % 250
-        );
-        assert!(router.channels.lock().unwrap().by_kas.contains_key(&newest));
-        assert!(
-            !router
-                .channels
-                .lock()
-                .unwrap()
-                .by_kas
-                .contains_key("10.0.0.0:8155")
-        );
-        router.forget_channel(&newest);
-        assert_eq!(router.channels(), MAX_CHANNELS - 1);
     }
 }

@@ -73,13 +73,14 @@ use hyper::body::Incoming;
 use prometheus::IntCounterVec;
 use tokio::net::TcpListener;
 
-use self::authorize::{Authorized, Cache};
+use self::authorize::Authorized;
 use self::refusal::Refusal;
 pub use self::request::{agent_of, workspace_name};
 use self::request::{bearer, is_upgrade, request_host};
 use super::gitlab::GitlabClient;
 use super::k8s_proxy::BoxBody;
 use super::routing::AgentRouter;
+use crate::answer_cache::AnswerCache;
 
 /// The `[workspaces]` listener's configuration (`kas.toml`, see [`super::config`]).
 #[derive(Clone, Debug)]
@@ -119,10 +120,11 @@ pub struct WorkspacesServer {
     config: WorkspacesConfig,
     gitlab: GitlabClient,
     router: Arc<AgentRouter>,
-    /// SHA-256 of a token → its user id, or the refusal.
-    users: Cache<[u8; 32], Result<i64, Refusal>>,
-    /// (user id, host) → Rails' yes, or its refusal.
-    verdicts: Cache<(i64, String), Result<Authorized, Refusal>>,
+    /// SHA-256 of a token → its user id, or the refusal; a yes for
+    /// [`WorkspacesConfig::user_ttl`], a no for [`WorkspacesConfig::negative_ttl`].
+    users: AnswerCache<i64, Refusal>,
+    /// (user id, host) → Rails' yes, or its refusal; the same TTLs.
+    verdicts: AnswerCache<Authorized, Refusal, (i64, String)>,
     requests: IntCounterVec,
     server: HeaderValue,
     via: HeaderValue,
@@ -151,8 +153,8 @@ impl WorkspacesServer {
         WorkspacesServer {
             gitlab: GitlabClient::new(&config.gitlab_url, secret),
             router,
-            users: Cache::new(),
-            verdicts: Cache::new(),
+            users: AnswerCache::new(config.user_ttl, config.negative_ttl),
+            verdicts: AnswerCache::new(config.user_ttl, config.negative_ttl),
             requests,
             server: HeaderValue::from_str(&name).expect("a valid header value"),
             via: HeaderValue::from_str(&format!("gRPC/1.0 {name}")).expect("a valid header value"),

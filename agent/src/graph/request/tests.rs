@@ -1,8 +1,10 @@
-//! Tests of `graph::request`: one test per validation rule (module docs), each
+//! Tests of `graph::request`: one test per validation rule (`validate`), each
 //! failing if its rule were removed, and what a valid request compiles to.
 
 use super::*;
-use serde_json::json;
+use serde_json::{Value, json};
+
+use crate::graph::cel::Scope;
 
 /// A valid request with one query, as glab sends it by default (trimmed).
 fn valid() -> Value {
@@ -90,7 +92,8 @@ fn minimal_request_and_defaults() {
             ..
         }
     ));
-    // Roots with no expressions: no root filtering (seed: "Empty or not specified").
+    // Roots with no expressions: no root filtering (GitLab's design document: "Empty or
+    // not specified"; docs/graph-api.md §7).
     let c = compile(r#"{"queries":[{"include":{"resource_selector_expression":"true"}}],"roots":{"object_selector_expressions":[]}}"#).unwrap();
     assert!(c.roots.is_none());
     // Names mode with CEL on top.
@@ -99,12 +102,12 @@ fn minimal_request_and_defaults() {
     assert!(c.namespaces.object.is_some());
 }
 
-/// The seed's own example request sends `names` together with `label_selector`,
-/// which rule 8 refuses (graph-api.md §3: names mode takes names and CEL only).
+/// The design document's example request sends `names` together with `label_selector`,
+/// which rule 8 refuses (docs/graph-api.md §3: names mode takes names and CEL only).
 /// Without the label selector it compiles, `namespace` in its root expression included.
 #[test]
-fn the_seeds_example_request() {
-    let mut seed = json!({
+fn the_design_documents_example_request() {
+    let mut example = json!({
       "queries": [
         {"exclude": {"resource_selector_expression": "group == 'apps' && resource == 'pods'"}},
         {"include": {"resource_selector_expression": "group == 'apps' && version == 'v1' && resource == 'deployments'",
@@ -119,15 +122,15 @@ fn the_seeds_example_request() {
         "ignore_arc_direction": ["or", "r", "t"]
       }
     });
-    let err = compile(&seed.to_string()).unwrap_err();
+    let err = compile(&example.to_string()).unwrap_err();
     assert_eq!(err.errors().len(), 1, "{err}");
     assert_eq!(err.errors()[0].field, "namespaces.label_selector");
-    seed["namespaces"]["label_selector"] = json!("");
-    let c = compile(&seed.to_string()).unwrap();
+    example["namespaces"]["label_selector"] = json!("");
+    let c = compile(&example.to_string()).unwrap();
     let root = &c.roots.unwrap().exprs[0];
     let dep =
         json!({"metadata": {"name": "my-deployment", "namespace": "myns", "labels": {"app": "x"}}});
-    let vars = super::super::cel::ObjectVars {
+    let vars = crate::graph::cel::ObjectVars {
         obj: &dep,
         group: "apps",
         version: "v1",
