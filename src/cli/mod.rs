@@ -4,6 +4,7 @@
 pub(crate) mod agentk;
 pub(crate) mod drill;
 pub(crate) mod graph;
+pub(crate) mod http_client;
 pub(crate) mod kas;
 pub(crate) mod kube_sim;
 pub(crate) mod loadtest;
