@@ -286,11 +286,7 @@ async fn three_kas_route_to_agent_replicas_survive_a_kas_stopping_and_wait_witho
 
     // Stop kas2: at shutdown it removes itself and the replica it held.
     let kas2_child = &mut procs.0[kas2.index];
-    let ok = Command::new("kill")
-        .args(["-TERM", &kas2_child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    crate::common::process::terminate(kas2_child.id());
     let status = kas2_child.wait().unwrap();
     assert!(status.success(), "kas2 exited with {status}");
     assert_eq!(

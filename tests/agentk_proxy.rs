@@ -154,14 +154,11 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
             "the proxy counts the agent traffic",
             || async {
                 let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
-                metrics
-                    .lines()
-                    .any(|l| {
-                        l.starts_with("podgate_proxy_requests_total{")
-                            && l.contains("pod=\"2\"")
-                            && l.contains(&format!("rule=\"{rule}\""))
-                    })
-                    .then_some(())
+                common::metrics::value(
+                    &metrics,
+                    &format!(r#"podgate_proxy_requests_total{{pod="2",rule="{rule}"}}"#),
+                )
+                .map(drop)
             },
         )
         .await;

@@ -241,12 +241,7 @@ fn kube_sim_serves_kubectl_from_a_seed_file_until_sigterm() {
     assert!(!ok && err.contains("NotFound"), "{err}");
 
     // SIGTERM: a clean stop.
-    let ok = Command::new("kill")
-        .args(["-TERM", &sim.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    crate::common::process::terminate(sim.child.id());
     expect_prefix(&sim.lines, "kube-sim: stopping");
     let status = sim.child.wait().unwrap();
     assert!(status.success(), "{status}");

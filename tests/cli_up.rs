@@ -6,6 +6,8 @@ use std::process::Command;
 
 use podgate_registry::testing::free_port;
 
+use crate::common::process::Terminated;
+
 #[test]
 fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
     let (listen, admin) = (free_port(), free_port());
@@ -191,18 +193,9 @@ fn podgate_up_serves_kubectl_and_the_graph_api_through_the_proxy() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            // SIGTERM, so `podgate up` stops its proxy child too.
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.0.id().to_string()])
-                .status();
-            let _ = self.0.wait();
-        }
-    }
     let stdout = up.stdout.take().unwrap();
-    let _up = Kill(up);
+    // SIGTERM when dropped, so `podgate up` stops its proxy child too.
+    let _up = Terminated(up);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         // Read to the end (the test may have stopped listening): `podgate up` keeps
@@ -331,17 +324,8 @@ fn podgate_up_runs_a_workspace_and_follows_a_stop() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.0.id().to_string()])
-                .status();
-            let _ = self.0.wait();
-        }
-    }
     let stdout = up.stdout.take().unwrap();
-    let _up = Kill(up);
+    let _up = Terminated(up);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {

@@ -340,12 +340,7 @@ async fn list_watch_prints_again_on_change() {
     );
 
     // SIGTERM ends it cleanly.
-    let pid = child.id().unwrap().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    crate::common::process::terminate(child.id().unwrap());
     let status = tokio::time::timeout(LIMIT, child.wait())
         .await
         .expect("exits")

@@ -6,16 +6,9 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::metrics::value;
 use common::{Stub, admin_get, proxy_log, send, start_proxy_logged, three_pods, v1};
 use podgate_registry::testing::{eventually, free_port};
-
-/// The value of the metric line starting with `prefix` (labels included).
-fn metric(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 /// `text` without terminal colour codes (the log is coloured even into a file).
 fn plain(text: &str) -> String {
@@ -120,7 +113,7 @@ async fn a_hostname_upstream_works_and_an_unresolvable_one_costs_only_its_pod() 
     // The health gauge tells the two apart.
     let (_, text) = admin_get(&proxy, "/metrics").await;
     assert_eq!(
-        metric(
+        value(
             &text,
             r#"podgate_proxy_upstream_healthy{pod="3",pool="web",upstream="no-such-host.invalid:80"}"#
         ),
@@ -128,7 +121,7 @@ async fn a_hostname_upstream_works_and_an_unresolvable_one_costs_only_its_pod() 
         "{text}"
     );
     assert_eq!(
-        metric(
+        value(
             &text,
             &format!(
                 r#"podgate_proxy_upstream_healthy{{pod="2",pool="web",upstream="localhost:{}"}}"#,
@@ -175,7 +168,7 @@ async fn a_dead_hostname_upstream_fails_over_within_its_pod() {
     assert_eq!(alive.seen().len(), 6);
     assert!(legacy.seen().is_empty());
     let (_, text) = admin_get(&proxy, "/metrics").await;
-    let failures = metric(
+    let failures = value(
         &text,
         r#"podgate_proxy_upstream_connect_failures_total{pod="5"}"#,
     )
@@ -236,8 +229,7 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
         if http10 {
             eventually(Duration::from_secs(10), "the second to queue", || async {
                 let (_, text) = admin_get(&proxy, "/metrics").await;
-                (metric(&text, "podgate_proxy_upstream_queue{pod=\"2\"}") == Some(1.0))
-                    .then_some(())
+                (value(&text, "podgate_proxy_upstream_queue{pod=\"2\"}") == Some(1.0)).then_some(())
             })
             .await;
             assert_eq!(
@@ -252,7 +244,7 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
             assert_eq!(pod2.seen().len(), before + 2);
             let (_, text) = admin_get(&proxy, "/metrics").await;
             assert_eq!(
-                metric(
+                value(
                     &text,
                     "podgate_proxy_upstream_queued_total{pod=\"2\",result=\"admitted\"}"
                 ),
@@ -260,7 +252,7 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
                 "{text}"
             );
             assert_eq!(
-                metric(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
+                value(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
                 Some(0.0)
             );
         } else {
@@ -274,7 +266,7 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
             );
             let (_, text) = admin_get(&proxy, "/metrics").await;
             assert_eq!(
-                metric(
+                value(
                     &text,
                     "podgate_proxy_upstream_queued_total{pod=\"2\",result=\"timed_out\"}"
                 ),
@@ -282,7 +274,7 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
                 "{text}"
             );
             assert_eq!(
-                metric(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
+                value(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
                 Some(1.0),
                 "the held poll"
             );

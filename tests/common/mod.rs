@@ -1,5 +1,9 @@
 //! Shared by the proxy's end-to-end tests: recording stub Pods, the real `podgate
-//! proxy` binary, and a raw HTTP/1.1 client that hides nothing.
+//! proxy` binary, and a raw HTTP/1.1 client that hides nothing; signals to child
+//! processes ([`process`]) and Prometheus text read as samples ([`metrics`]).
+
+pub mod metrics;
+pub mod process;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

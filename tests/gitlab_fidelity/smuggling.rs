@@ -269,7 +269,7 @@ async fn smuggling_attempts_meet_the_same_answers_on_both_paths_and_never_misrou
     }
     // The valid attempts did take the fast path (else this compared pingora twice).
     let (_, metrics) = common::admin_get(&fast, "/metrics").await;
-    let served = metric_value(
+    let served = value_or_zero(
         &metrics,
         "podgate_proxy_fast_path_requests_total{result=\"served\"}",
     );
@@ -279,13 +279,6 @@ async fn smuggling_attempts_meet_the_same_answers_on_both_paths_and_never_misrou
         ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-/// A sample's value in Prometheus text (0 when absent).
-pub(super) fn metric_value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Read one response with a `Content-Length` body from `stream`: its status.
@@ -349,11 +342,11 @@ async fn a_connection_moves_from_the_fast_path_to_pingora_between_requests() {
         assert_eq!(seen, [pod], "{label}");
     }
     let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
-    let served = metric_value(
+    let served = value_or_zero(
         &metrics,
         "podgate_proxy_fast_path_requests_total{result=\"served\"}",
     );
-    let framing = metric_value(
+    let framing = value_or_zero(
         &metrics,
         "podgate_proxy_fast_path_requests_total{result=\"framing\"}",
     );
