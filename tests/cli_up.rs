@@ -7,6 +7,19 @@ use std::process::Command;
 use podgate_registry::testing::free_port;
 
 use crate::common::process::Terminated;
+use crate::common::{first_line, spawn_up};
+
+/// `--listen`, `--admin` and `--tls-listen` on these ports of 127.0.0.1.
+fn listeners(listen: u16, admin: u16, tls: u16) -> [String; 6] {
+    [
+        "--listen".into(),
+        format!("127.0.0.1:{listen}"),
+        "--admin".into(),
+        format!("127.0.0.1:{admin}"),
+        "--tls-listen".into(),
+        format!("127.0.0.1:{tls}"),
+    ]
+}
 
 #[test]
 fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
@@ -175,35 +188,15 @@ fn podgate_up_without_a_fleet_prints_each_pod_and_queues_nothing() {
 /// printed Graph API URL and bearer serve `podgate graph` the same Pods kubectl lists.
 #[test]
 fn podgate_up_serves_kubectl_and_the_graph_api_through_the_proxy() {
-    use std::io::{BufRead as _, BufReader};
-    use std::process::Stdio;
     let (listen, admin, tls) = (free_port(), free_port(), free_port());
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args([
-            "up",
-            "--no-fleet",
-            "--duration",
-            "120s",
-            "--kube-objects",
-            "600",
-        ])
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{tls}")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = up.stdout.take().unwrap();
+    let (up, rx) = spawn_up(
+        ["--no-fleet", "--duration", "120s", "--kube-objects", "600"]
+            .map(String::from)
+            .into_iter()
+            .chain(listeners(listen, admin, tls)),
+    );
     // SIGTERM when dropped, so `podgate up` stops its proxy child too.
     let _up = Terminated(up);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // Read to the end (the test may have stopped listening): `podgate up` keeps
-        // a stdout it can write to.
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
     let (mut kubeconfig, mut graph) = (None, None);
     loop {
         let line = rx
@@ -306,32 +299,23 @@ fn podgate_up_serves_kubectl_and_the_graph_api_through_the_proxy() {
 /// Service through kas and agentk, and is answered 503 once it is stopped.
 #[test]
 fn podgate_up_runs_a_workspace_and_follows_a_stop() {
-    use std::io::{BufRead as _, BufReader};
-    use std::process::Stdio;
     use std::time::{Duration, Instant};
     let (listen, admin, tls) = (free_port(), free_port(), free_port());
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["up", "--no-fleet", "--duration", "180s"])
-        .args([
+    let (up, rx) = spawn_up(
+        [
+            "--no-fleet",
+            "--duration",
+            "180s",
             "--kube-objects",
             "300",
             "--workspaces-partial-interval",
             "1",
-        ])
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{tls}")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = up.stdout.take().unwrap();
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain(listeners(listen, admin, tls)),
+    );
     let _up = Terminated(up);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
     let next = |what: &str, deadline: Instant| -> String {
         let left = deadline.saturating_duration_since(Instant::now());
         rx.recv_timeout(left)
@@ -533,34 +517,17 @@ fn exits_within(pid: u32, within: std::time::Duration) -> bool {
 /// its private redis-server SIGTERM (`PR_SET_PDEATHSIG`), and they exit.
 #[test]
 fn a_killed_podgate_up_takes_its_proxy_and_redis_with_it() {
-    use std::io::BufRead as _;
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["up", "--no-fleet", "--no-kube"])
-        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
-        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = up.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
-    loop {
-        let line = rx
-            .recv_timeout(std::time::Duration::from_secs(120))
-            .expect("podgate up gets ready");
-        if line.contains("podgate up: ready") {
-            break;
-        }
-    }
+    let (mut up, rx) = spawn_up(
+        ["--no-fleet".to_owned(), "--no-kube".to_owned()]
+            .into_iter()
+            .chain(listeners(free_port(), free_port(), free_port())),
+    );
+    first_line(
+        &rx,
+        std::time::Duration::from_secs(120),
+        "podgate up",
+        |line| line.contains("podgate up: ready").then_some(()),
+    );
     let children: Vec<(u32, String)> = children_of(up.id())
         .into_iter()
         .filter(|(_, cmd)| cmd.contains(" proxy --config ") || cmd.starts_with("redis-server"))

@@ -210,9 +210,17 @@ impl Drop for Proxy {
     }
 }
 
-/// Write `listen`, `admin_listen` (free ports) and `config_body` to `proxy.toml` in
-/// `dir`, start `podgate proxy`, and return once it accepts connections.
+/// Write `listen`, `admin_listen` (free ports), `grace_period_secs = 0` unless
+/// `config_body` sets it, and `config_body` to `proxy.toml` in `dir`, start `podgate
+/// proxy`, and return once it accepts connections.
 pub async fn start_proxy(config_body: &str, dir: tempfile::TempDir) -> Proxy {
+    let (port, admin, path) = write_config(config_body, &dir);
+    let child = spawn_proxy(&path, false);
+    accepting(child, port, admin, path, dir).await
+}
+
+/// `proxy.toml` in `dir` for [`start_proxy`]: (port, admin port, path).
+fn write_config(config_body: &str, dir: &tempfile::TempDir) -> (u16, u16, std::path::PathBuf) {
     let (port, admin) = (free_port(), free_port());
     let grace = if config_body.contains("grace_period_secs") {
         ""
@@ -225,12 +233,22 @@ pub async fn start_proxy(config_body: &str, dir: tempfile::TempDir) -> Proxy {
     );
     let path = dir.path().join("proxy.toml");
     std::fs::write(&path, config).unwrap();
-    let child = spawn_proxy(&path, false);
+    (port, admin, path)
+}
+
+/// The proxy `child` runs, once it accepts on `port` and `admin`.
+async fn accepting(
+    child: Child,
+    port: u16,
+    admin: u16,
+    config: std::path::PathBuf,
+    dir: tempfile::TempDir,
+) -> Proxy {
     let proxy = Proxy {
         child,
         port,
         admin,
-        config: path,
+        config,
         dir,
     };
     // The admin listener is its own pingora service, bound on its own thread: the
@@ -458,13 +476,7 @@ pub async fn admin_get(proxy: &Proxy, path: &str) -> (u16, String) {
 /// [`start_proxy`], keeping the proxy's log (its stderr, at the default level or
 /// `PODGATE_TEST_LOG`'s) in `proxy.log` in `dir`; read it with [`proxy_log`].
 pub async fn start_proxy_logged(config_body: &str, dir: tempfile::TempDir) -> Proxy {
-    let (port, admin) = (free_port(), free_port());
-    let config = format!(
-        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\ngrace_period_secs = 0\nupgrade_sock = \"{sock}\"\n{config_body}",
-        sock = dir.path().join("upgrade.sock").display()
-    );
-    let path = dir.path().join("proxy.toml");
-    std::fs::write(&path, config).unwrap();
+    let (port, admin, path) = write_config(config_body, &dir);
     let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_podgate"));
     cmd.args(["proxy", "--config", path.to_str().unwrap()]);
@@ -476,18 +488,7 @@ pub async fn start_proxy_logged(config_body: &str, dir: tempfile::TempDir) -> Pr
         .stderr(Stdio::from(log))
         .spawn()
         .unwrap();
-    let proxy = Proxy {
-        child,
-        port,
-        admin,
-        config: path,
-        dir,
-    };
-    // The admin listener is its own pingora service, bound on its own thread: the
-    // proxy port accepting says nothing about it.
-    wait_accepting(port).await;
-    wait_accepting(admin).await;
-    proxy
+    accepting(child, port, admin, path, dir).await
 }
 
 /// What a proxy started with [`start_proxy_logged`] has logged so far.
@@ -509,23 +510,8 @@ impl Drop for Running {
 /// process (killed when dropped) and everything it printed by then. Its output
 /// is read to the end, so it never blocks on a full pipe.
 pub fn podgate_up(args: &[String], timeout: Duration) -> (Running, String) {
-    use std::io::BufRead as _;
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .arg("up")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = up.stdout.take().unwrap();
+    let (up, rx) = spawn_up(args);
     let up = Running(up);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            let _ = tx.send(line);
-        }
-    });
     let mut printed = String::new();
     loop {
         let line = rx
@@ -535,6 +521,62 @@ pub fn podgate_up(args: &[String], timeout: Duration) -> (Running, String) {
         printed.push('\n');
         if line.contains("podgate up: ready") {
             return (up, printed);
+        }
+    }
+}
+
+/// `podgate up ARGS`: [`spawn_podgate`].
+pub fn spawn_up<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let args = args.into_iter().map(|a| a.as_ref().to_owned());
+    spawn_podgate(std::iter::once("up".into()).chain(args))
+}
+
+/// `podgate ARGS` logging errors only (`PODGATE_LOG=error`, on the test's stderr),
+/// its stdout read line by line to the end on a thread of its own (so it never
+/// blocks on a full pipe, however long the test stops listening): the process and
+/// its lines.
+pub fn spawn_podgate<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(args)
+        .env("PODGATE_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+/// The first of `lines` that `pick` accepts, within `within`; panics naming `what`
+/// when none comes.
+pub fn first_line<T>(
+    lines: &std::sync::mpsc::Receiver<String>,
+    within: Duration,
+    what: &str,
+    pick: impl Fn(&str) -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("{what}: not ready after {within:?}"));
+        if let Some(v) = pick(&line) {
+            return v;
         }
     }
 }

@@ -30,3 +30,15 @@ impl Drop for Terminated {
         let _ = self.0.wait();
     }
 }
+
+/// Children killed (SIGKILL) when the test ends, however it ends.
+pub struct Procs(pub Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

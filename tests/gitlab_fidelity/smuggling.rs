@@ -341,14 +341,25 @@ async fn a_connection_moves_from_the_fast_path_to_pingora_between_requests() {
             .collect();
         assert_eq!(seen, [pod], "{label}");
     }
-    let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
-    let served = value_or_zero(
-        &metrics,
-        "podgate_proxy_fast_path_requests_total{result=\"served\"}",
-    );
-    let framing = value_or_zero(
-        &metrics,
-        "podgate_proxy_fast_path_requests_total{result=\"framing\"}",
-    );
-    assert_eq!((served, framing), (2.0, 1.0), "{metrics}");
+    // A request is counted once it has ended, which may come a moment after its
+    // client read the response: the proxy is another process, so its counter is
+    // read until it shows all three.
+    let counts = |metrics: &str| {
+        let count = |result: &str| {
+            value_or_zero(
+                metrics,
+                &format!("podgate_proxy_fast_path_requests_total{{result=\"{result}\"}}"),
+            )
+        };
+        (count("served"), count("framing"))
+    };
+    podgate_registry::testing::eventually(
+        Duration::from_secs(10),
+        "the fast path's counts: 2 served, 1 handed over for its framing",
+        || async {
+            let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
+            (counts(&metrics) == (2.0, 1.0)).then_some(())
+        },
+    )
+    .await;
 }
