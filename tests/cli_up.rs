@@ -9,6 +9,33 @@ use podgate_registry::testing::free_port;
 use crate::common::process::Terminated;
 use crate::common::{first_line, spawn_up};
 
+/// `podgate up ARGS` on free ports, run to its end: what it printed. It must succeed.
+fn run_up(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .arg("up")
+        .args(args)
+        .args(listeners(free_port(), free_port(), free_port()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Pod `pod`'s row of a table `podgate up` printed, and its columns: `<id> <addr>
+/// <requests> <jobs/request> <held in Pod> <held at edge> <misroutes>`.
+fn final_row<'a>(table: &'a str, pod: &str) -> (&'a str, Vec<&'a str>) {
+    let row = table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(pod))
+        .unwrap_or_else(|| panic!("no row for Pod {pod}: {table}"));
+    (row, row.split_whitespace().collect())
+}
+
 /// `--listen`, `--admin` and `--tls-listen` on these ports of 127.0.0.1.
 fn listeners(listen: u16, admin: u16, tls: u16) -> [String; 6] {
     [
@@ -23,45 +50,25 @@ fn listeners(listen: u16, admin: u16, tls: u16) -> [String; 6] {
 
 #[test]
 fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
-    let (listen, admin) = (free_port(), free_port());
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        // Few enough jobs that runners idle and their polls are held (a busy
-        // machine's backlog would otherwise give every poll a job).
-        .args([
-            "up",
-            "--duration",
-            "8s",
-            "--runners",
-            "36",
-            "--job-rate",
-            "0.5",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Few enough jobs that runners idle and their polls are held (a busy machine's
+    // backlog would otherwise give every poll a job).
+    let stdout = run_up(&[
+        "--duration",
+        "8s",
+        "--runners",
+        "36",
+        "--job-rate",
+        "0.5",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
     // Printed only once the proxy's /readyz answered 200.
     assert!(stdout.contains("podgate up: ready"), "{stdout}");
     let last = stdout.rsplit("final").next().unwrap();
-    // Each Pod's row: "  <id>  <addr>  <requests>  <jobs/request>  <held in Pod>
-    // <held at edge>  <misroutes>".
     for pod in ["1", "2", "3"] {
-        let row = last
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(pod))
-            .unwrap_or_else(|| panic!("no row for Pod {pod}: {last}"));
-        let cols: Vec<&str> = row.split_whitespace().collect();
+        let (row, cols) = final_row(last, pod);
         let requests: u64 = cols[2].parse().unwrap();
         let polls: u64 = cols[3].parse().unwrap();
         assert!(polls > 0, "Pod {pod} got no jobs/request: {row}");
@@ -138,20 +145,7 @@ fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
 /// read: its id, address, registration token and control API.
 #[test]
 fn podgate_up_without_a_fleet_prints_each_pod_and_queues_nothing() {
-    let (listen, admin) = (free_port(), free_port());
-    let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["up", "--no-fleet", "--duration", "4s"])
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_up(&["--no-fleet", "--duration", "4s"]);
     let pods: Vec<&str> = stdout
         .lines()
         .filter(|l| l.trim_start().starts_with("pod id="))
@@ -171,11 +165,7 @@ fn podgate_up_without_a_fleet_prints_each_pod_and_queues_nothing() {
     }
     let last = stdout.rsplit("final").next().unwrap();
     for pod in ["1", "2", "3"] {
-        let row = last
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(pod))
-            .unwrap_or_else(|| panic!("no row for Pod {pod}: {last}"));
-        let cols: Vec<&str> = row.split_whitespace().collect();
+        let (row, cols) = final_row(last, pod);
         // No runner ran: the proxy's health probes are not runner traffic.
         assert_eq!(cols[2], "0", "Pod {pod}: {row}");
         assert_eq!(cols[3], "0", "Pod {pod}: {row}");
