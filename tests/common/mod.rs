@@ -525,12 +525,14 @@ pub fn podgate_up(args: &[String], timeout: Duration) -> (Running, String) {
     }
 }
 
-/// `podgate up ARGS`: [`spawn_podgate`].
+/// `podgate up ARGS`, as [`spawn_podgate`] but with no stderr: its children (the
+/// proxy, redis-server) outlive it by a moment when it is killed, and must not hold
+/// the test's output open.
 pub fn spawn_up<S: AsRef<std::ffi::OsStr>>(
     args: impl IntoIterator<Item = S>,
 ) -> (Child, std::sync::mpsc::Receiver<String>) {
     let args = args.into_iter().map(|a| a.as_ref().to_owned());
-    spawn_podgate(std::iter::once("up".into()).chain(args))
+    spawn(std::iter::once("up".into()).chain(args), Stdio::null())
 }
 
 /// `podgate ARGS` logging errors only (`PODGATE_LOG=error`, on the test's stderr),
@@ -540,12 +542,19 @@ pub fn spawn_up<S: AsRef<std::ffi::OsStr>>(
 pub fn spawn_podgate<S: AsRef<std::ffi::OsStr>>(
     args: impl IntoIterator<Item = S>,
 ) -> (Child, std::sync::mpsc::Receiver<String>) {
+    spawn(args, Stdio::inherit())
+}
+
+fn spawn<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+    stderr: Stdio,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     use std::io::BufRead as _;
     let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
         .args(args)
         .env("PODGATE_LOG", "error")
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
