@@ -126,20 +126,11 @@ async fn health_checks_take_sick_upstreams_out_and_bring_them_back() {
         timeout_ms = 100
         rise = 1
         fall = 1
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["{a}", "{b}"]
-        "#,
-        legacy = legacy.addr,
-        a = a.addr,
-        b = b.addr,
+        {}"#,
+        common::topology(&[
+            common::pod_entry(1, &[legacy.addr.to_string()], ""),
+            common::pod_entry(2, &[a.addr.to_string(), b.addr.to_string()], ""),
+        ])
     );
     let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let req = format!(

@@ -39,25 +39,11 @@ fn runner_request(pod: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostname_upstream_works_and_an_unresolvable_one_costs_only_its_pod() {
     let (legacy, pod2) = (Stub::start(1).await, Stub::start(2).await);
-    let config = format!(
-        r#"[topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["localhost:{pod2_port}"]
-        [[topology.pods]]
-        id = 3
-        name = "pod-3"
-        web = ["no-such-host.invalid:80"]
-        "#,
-        legacy = legacy.addr,
-        pod2_port = pod2.addr.port(),
-    );
+    let config = common::topology(&[
+        common::pod_entry(1, &[legacy.addr.to_string()], ""),
+        common::pod_entry(2, &[format!("localhost:{}", pod2.addr.port())], ""),
+        common::pod_entry(3, &["no-such-host.invalid:80".into()], ""),
+    ]);
     let mut proxy = start_proxy_logged(&config, tempfile::tempdir().unwrap()).await;
 
     // A host name resolves (to the stub on 127.0.0.1).
@@ -142,19 +128,18 @@ async fn a_dead_hostname_upstream_fails_over_within_its_pod() {
     let config = format!(
         r#"[health]
         enabled = false
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 5
-        name = "pod-5"
-        web = ["localhost:{dead}", "localhost:{alive}"]
-        "#,
-        legacy = legacy.addr,
-        alive = alive.addr.port(),
+        {}"#,
+        common::topology(&[
+            common::pod_entry(1, &[legacy.addr.to_string()], ""),
+            common::pod_entry(
+                5,
+                &[
+                    format!("localhost:{dead}"),
+                    format!("localhost:{}", alive.addr.port()),
+                ],
+                "",
+            ),
+        ])
     );
     let proxy = start_proxy_logged(&config, tempfile::tempdir().unwrap()).await;
     for i in 0..6 {

@@ -444,27 +444,35 @@ pub fn jwt_minter(
     }
 }
 
-/// A 3-Pod inline topology (legacy Pod 1) over these stubs, plus `extra` lines.
+/// A 3-Pod inline topology (legacy Pod 1) over these stubs, after `extra` lines.
 pub fn three_pods(legacy: &Stub, pod2: &Stub, pod3: &Stub, extra: &str) -> String {
+    let web = |s: &Stub| vec![s.addr.to_string()];
     format!(
-        r#"{extra}
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["{}"]
-        [[topology.pods]]
-        id = 3
-        name = "pod-3"
-        web = ["{}"]
-        "#,
-        legacy.addr, pod2.addr, pod3.addr
+        "{extra}\n{}",
+        topology(&[
+            pod_entry(1, &web(legacy), ""),
+            pod_entry(2, &web(pod2), ""),
+            pod_entry(3, &web(pod3), ""),
+        ])
     )
+}
+
+/// An inline topology, Pod 1 the default: `[topology]` and `pods` ([`pod_entry`]).
+/// Top-level keys and other tables go before it.
+pub fn topology(pods: &[String]) -> String {
+    format!("[topology]\ndefault_pod = 1\n{}", pods.concat())
+}
+
+/// One `[[topology.pods]]` entry: Pod `id` (named `legacy` when it is Pod 1, else
+/// `pod-<id>`), its `web` upstreams, and `extra` TOML lines (`kas = [...]`, `state =
+/// "draining"`).
+pub fn pod_entry(id: u64, web: &[String], extra: &str) -> String {
+    let name = if id == 1 {
+        "legacy".to_owned()
+    } else {
+        format!("pod-{id}")
+    };
+    format!("[[topology.pods]]\nid = {id}\nname = \"{name}\"\nweb = {web:?}\n{extra}\n")
 }
 
 /// GET a path on the admin listener: (status, body).
