@@ -47,10 +47,13 @@
 #       the old one, as tests/proxy_ops.rs does): zero failed requests; the idle
 #       client connections the old one handed to the new one are counted.
 #   R7  soak: capacity measured beside the fleet (`podgate loadtest http` on
-#       runners/verify, 64 in flight, CAP_S s: 2xx per second), then half of it for
-#       SOAK; VmRSS of every process (not the load generator's) sampled every
-#       RSS_EVERY s, the first quarter's mean against the last's (`drill
-#       rss-check`: at most 20 % or 8 MiB more); no failed request.
+#       runners/verify, 64 in flight, CAP_S s: 2xx per second; at most CAP_RATE
+#       requests a second, since the generator sends CAP_RATE * CAP_S requests in all
+#       and waits for them: 2000 with --smoke, or a busy machine's run outlasts
+#       the smoke test), then half of it for SOAK; VmRSS of every process (not the
+#       load generator's) sampled every RSS_EVERY s, the first quarter's mean
+#       against the last's (`drill rss-check`: at most 20 % or 8 MiB more); no
+#       failed request.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
@@ -95,9 +98,9 @@ secs() { # 90, 90s, 5m, 1h -> seconds
 
 # Lengths (seconds): full run, or --smoke.
 if [ "$SMOKE" = 1 ]; then
-  RUN=12 OUTAGE=3 SOAK_S=10 CAP_S=2 RUNNERS=12 JOB_RATE=4 RSS_EVERY=1 GETPODS_WAIT=${GETPODS_WAIT:-20}
+  RUN=12 OUTAGE=3 SOAK_S=10 CAP_S=2 CAP_RATE=2000 RUNNERS=12 JOB_RATE=4 RSS_EVERY=1 GETPODS_WAIT=${GETPODS_WAIT:-20}
 else
-  RUN=${RUN:-90} OUTAGE=${OUTAGE:-15} SOAK_S=$(secs "$SOAK") CAP_S=${CAP_S:-5}
+  RUN=${RUN:-90} OUTAGE=${OUTAGE:-15} SOAK_S=$(secs "$SOAK") CAP_S=${CAP_S:-5} CAP_RATE=${CAP_RATE:-100000}
   RUNNERS=${RUNNERS:-30} JOB_RATE=${JOB_RATE:-5} RSS_EVERY=${RSS_EVERY:-5}
 fi
 HEALTH_MS=${HEALTH_MS:-1000}
@@ -296,7 +299,7 @@ drill_R7() {
   # The fleet and the probe run throughout: capacity is measured beside them.
   fleet_start $(( CAP_S + SOAK_S + 3 )); probe_start
   "$PODGATE" loadtest http --url "$url" --method POST --header 'content-type: application/json' \
-    --body "$body" --rate 100000 --max-in-flight 64 --duration "${CAP_S}s" --json "$D/capacity.json" >"$D/capacity.log" 2>&1
+    --body "$body" --rate "$CAP_RATE" --max-in-flight 64 --duration "${CAP_S}s" --json "$D/capacity.json" >"$D/capacity.log" 2>&1
   local cap rate
   # 2xx answers per second of the run (64 requests in flight, as fast as they go).
   cap=$(jq '(([.statuses | to_entries[] | select(.key | test("^2")) | .value] | add // 0) / .sent * .achieved_rate) | floor' "$D/capacity.json")
