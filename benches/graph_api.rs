@@ -33,6 +33,7 @@ mod harness;
 mod model;
 #[path = "../tests/graph_api/select.rs"]
 mod select;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -65,18 +66,9 @@ fn rss_of(words: &[&str]) -> Option<(u64, u64)> {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if !words.iter().all(|w| cmd.contains(w)) {
-            continue;
+        if words.iter().all(|w| cmd.contains(w)) {
+            return Some(support::rss_kib(e.file_name().to_str()?.parse().ok()?));
         }
-        let status = std::fs::read_to_string(e.path().join("status")).ok()?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        };
-        return Some((field("VmRSS:")?, field("VmHWM:")?));
     }
     None
 }

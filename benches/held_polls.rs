@@ -26,11 +26,13 @@
 //! their queue key changes: forwarded to the Pod, which answers): memory is measured on
 //! a run that loses nothing.
 
+mod support;
+
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use podgate_registry::testing::{RedisServer, eventually};
+use podgate_registry::testing::{RedisServer, eventually, free_port};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
@@ -60,30 +62,15 @@ async fn redis_pipeline(port: u16, commands: &[Vec<&str>]) {
     }
 }
 
-/// A sample (`name{labels} `) from the proxy's `/metrics`, 0 when absent.
-async fn metric(admin: u16, sample: &str) -> usize {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", admin)).await else {
-        return 0;
-    };
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).await.unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+/// A series (`name{labels}`) of the proxy's `/metrics`, 0 when absent.
+async fn metric(admin: u16, series: &str) -> usize {
+    let text = support::metrics_text(([127, 0, 0, 1], admin).into()).await;
+    support::metrics::value_or_zero(&text, series) as usize
 }
 
+/// The proxy's `VmRSS`.
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    support::rss_kib(pid).0
 }
 
 /// Read one request (head, then a `content-length` body) from `s`.
@@ -154,9 +141,7 @@ impl Drop for KillOnDrop {
         let id = self.child.id();
         let podgate = podgate_pid(id);
         if self.wrapped && podgate != id {
-            let _ = Command::new("kill")
-                .args(["-TERM", &podgate.to_string()])
-                .status();
+            support::terminate(podgate);
         } else {
             let _ = self.child.kill();
         }
@@ -175,14 +160,6 @@ fn podgate_pid(pid: u32) -> u32 {
             std::fs::read_to_string(format!("/proc/{c}/comm")).is_ok_and(|n| n.trim() == "podgate")
         })
         .unwrap_or(pid)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -38,11 +38,16 @@
 
 #![allow(missing_docs, unreachable_pub)]
 
+#[path = "workspaces/agentk.rs"]
+mod agentk;
 #[path = "workspaces/relay.rs"]
 mod relay;
+#[path = "workspaces/report.rs"]
+mod report;
+mod support;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,10 +59,12 @@ use podgate_loadtest::pod_sim::workspaces::{
 use podgate_loadtest::pod_sim::{AgentSpec, PodSim, PodSimConfig};
 use podgate_testkit::fixtures::{AgentTokens, EXTERNAL_SECRET, kas_config, memory_registry};
 use podgate_testkit::kube::KubeTestServer;
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+use serde_json::json;
+use tokio::io::AsyncBufReadExt as _;
 
+use agentk::{clock_ticks, cpu_secs, cycles, metrics};
 use relay::{Exchange, Relay, start_relay};
+use support::{Terminated, rss_kib};
 
 const AGENT: i64 = 1;
 const ZONE: &str = "workspaces.bench.localhost";
@@ -101,112 +108,6 @@ fn opts() -> Opts {
         stagger: num("stagger", 1.0, 0.3),
         json: get("json"),
     }
-}
-
-/// agentk's `/metrics` text.
-async fn metrics(addr: SocketAddr) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("agentk's observability listener");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: agentk\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
-    raw
-}
-
-/// A sample's value in metrics text: the line starting with `series` (name and labels).
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// (count, sum in seconds) of agentk's cycles of `kind`.
-fn cycles(text: &str, kind: &str) -> (f64, f64) {
-    let h = "podgate_agentk_workspaces_cycle_duration_seconds";
-    (
-        sample(text, &format!("{h}_count{{type=\"{kind}\"}}")),
-        sample(text, &format!("{h}_sum{{type=\"{kind}\"}}")),
-    )
-}
-
-/// agentk's CPU seconds so far (`utime + stime`).
-fn cpu_secs(pid: u32, ticks: f64) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("agentk's /proc stat");
-    // After the command name's closing parenthesis: state is field 3, utime 14, stime 15.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / ticks
-}
-
-/// agentk's (`VmRSS`, `VmHWM`) in KiB.
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agentk's /proc status");
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
-}
-
-struct Agentk(Child);
-
-impl Drop for Agentk {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.wait();
-    }
-}
-
-fn kib(bytes: usize) -> f64 {
-    (bytes as f64 / 102.4).round() / 10.0
-}
-
-fn wire(e: &Exchange) -> Value {
-    json!({
-        "request_body": e.request_body, "request_headers": e.request_head,
-        "response_body": e.response_body, "response_headers": e.response_head,
-        "infos_sent": e.infos_sent, "infos_back": e.infos_back,
-        "gitlab_ms": e.gitlab.as_secs_f64() * 1e3, "status": e.status,
-    })
-}
-
-fn wire_line(what: &str, e: &Exchange) -> String {
-    format!(
-        "  {what:<14} request {} KiB body + {} B headers ({} infos); response {} KiB body + {} B headers ({} workspaces); GitLab answered in {:.1} ms",
-        kib(e.request_body),
-        e.request_head,
-        e.infos_sent,
-        kib(e.response_body),
-        e.response_head,
-        e.infos_back,
-        e.gitlab.as_secs_f64() * 1e3
-    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -298,7 +199,7 @@ async fn main() {
         .expect("starting podgate agentk");
     let pid = child.id();
     let stdout = child.stdout.take().unwrap();
-    let agentk = Agentk(child);
+    let agentk = Terminated(child);
     let mut lines =
         tokio::io::BufReader::new(tokio::process::ChildStdout::from_std(stdout).unwrap()).lines();
     let obs: SocketAddr = loop {
@@ -461,65 +362,33 @@ async fn main() {
         })
         .collect();
     latencies.sort_by(f64::total_cmp);
-    let (p50, p95, max) = (
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.95),
-        latencies.last().copied().unwrap_or(0.0),
-    );
     drop(agentk);
 
-    println!(
-        "workspaces bench: {n} workspaces on one agent (GitLab settings: partial every {} s, full every {} s); \
-         kube-sim objects at convergence {objects}; run {:.0} s",
-        o.partial,
-        o.full,
-        started.elapsed().as_secs_f64()
-    );
-    println!(
-        "  initial full   first request {:.2} s after agentk started; cycle {:.2} s (agentk: GitLab's answer and every apply); all Running after {:.1} s; agentk CPU {:.2} s, RSS {} MiB (peak {} MiB)",
-        to_first_request.as_secs_f64(),
-        initial_full_secs,
-        converged.as_secs_f64(),
-        cpu_converged,
-        rss_converged.0 / 1024,
-        rss_converged.1 / 1024
-    );
-    println!("{}", wire_line("initial full", &first));
-    println!("  steady full    cycle {steady_full_secs:.2} s");
-    println!("{}", wire_line("steady full", &steady));
-    println!(
-        "  idle partial   cycle {partial_ms:.1} ms (agentk), agentk CPU {cpu_per_interval_ms:.1} ms per {} s interval over {} cycles{}",
-        o.partial,
-        window.len(),
-        if not_idle > 0 {
-            format!(" ({not_idle} of them not idle)")
-        } else {
-            String::new()
-        }
-    );
-    println!("{}", wire_line("idle partial", &idle_wire));
-    println!(
-        "  agentk RSS at steady state {} MiB (peak {} MiB)",
-        rss_idle.0 / 1024,
-        rss_idle.1 / 1024
-    );
-    println!(
-        "  stop → Stopped over {} workspaces: p50 {p50:.2} s, p95 {p95:.2} s, max {max:.2} s",
-        latencies.len()
-    );
-    let report = json!({
-        "workspaces": n, "partial_interval_s": o.partial, "full_interval_s": o.full,
-        "kube_objects": objects,
-        "initial_full": {"first_request_s": to_first_request.as_secs_f64(), "cycle_s": initial_full_secs,
-            "all_running_s": converged.as_secs_f64(), "agentk_cpu_s": cpu_converged, "wire": wire(&first)},
-        "steady_full": {"cycle_s": steady_full_secs, "wire": wire(&steady)},
-        "idle_partial": {"cycle_ms": partial_ms, "agentk_cpu_ms_per_interval": cpu_per_interval_ms,
-            "cycles": window.len(), "not_idle": not_idle, "wire_mean": wire(&idle_wire)},
-        "agentk_rss_kib": {"converged": rss_converged.0, "steady": rss_idle.0, "peak": rss_idle.1},
-        "stop_to_stopped_s": {"n": latencies.len(), "p50": p50, "p95": p95, "max": max},
-    });
+    let figures = report::Figures {
+        workspaces: n,
+        partial_interval_s: o.partial,
+        full_interval_s: o.full,
+        kube_objects: objects,
+        run_s: started.elapsed().as_secs_f64(),
+        first_request_s: to_first_request.as_secs_f64(),
+        initial_full_s: initial_full_secs,
+        all_running_s: converged.as_secs_f64(),
+        cpu_converged_s: cpu_converged,
+        rss_converged_kib: rss_converged,
+        initial_full: first,
+        steady_full_s: steady_full_secs,
+        steady_full: steady,
+        partial_ms,
+        cpu_per_interval_ms,
+        idle_cycles: window.len(),
+        not_idle,
+        idle_partial: idle_wire,
+        rss_idle_kib: rss_idle,
+        stop_latencies_s: latencies,
+    };
+    figures.print();
     if let Some(path) = &o.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap())
+        std::fs::write(path, serde_json::to_string_pretty(&figures.json()).unwrap())
             .unwrap_or_else(|e| panic!("--json {path}: {e}"));
     }
     drop(kas);

@@ -10,9 +10,7 @@
 //!   and kas sends Redis no command at all while it waits (`INFO commandstats`).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -25,19 +23,9 @@ use podgate_testkit::kube::KubeTestServer;
 use serde_json::json;
 use tonic::transport::Channel;
 
+use crate::common::process::Procs;
+
 const EXTERNAL: [u8; 32] = [7; 32];
-
-/// Children killed when the test ends, however it ends.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 struct KasProc {
     external: u16,
@@ -86,18 +74,10 @@ fn start_kas(procs: &mut Procs, dir: &Path, name: &str, redis: &str) -> KasProc 
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["kas", "--config", config.to_str().unwrap()])
-        .env("PODGATE_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
+    let (child, lines) =
+        crate::common::spawn_podgate(["kas", "--config", config.to_str().unwrap()]);
+    let first = lines.recv().unwrap();
     assert!(first.starts_with("kas: agents on"), "{name}: {first}");
-    // Keep draining its output so it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines.by_ref() {});
     procs.0.push(child);
     k
 }
@@ -111,43 +91,35 @@ fn start_agentk(
     kubeconfig: &Path,
     pod_name: &str,
 ) -> i64 {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        // agentk warns while kas2 is gone; only errors are worth a test log.
-        .env("PODGATE_LOG", "error")
-        .args([
-            "agentk",
-            "--kas",
-            &format!("grpc://127.0.0.1:{kas_agent_port}"),
-            "--token-file",
-            token_file.to_str().unwrap(),
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--observability-listen",
-            &format!("127.0.0.1:{}", free_port()),
-            "--pod-name",
-            pod_name,
-            "--pod-namespace",
-            "gitlab-agent",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    // Its output is read on a thread of its own (and drained after), so a replica
-    // that never connects fails the test after a minute instead of hanging it.
-    let stdout = child.stdout.take().unwrap();
+    // agentk warns while kas2 is gone; only errors are worth a test log.
+    let (child, lines) = crate::common::spawn_podgate([
+        "agentk",
+        "--kas",
+        &format!("grpc://127.0.0.1:{kas_agent_port}"),
+        "--token-file",
+        token_file.to_str().unwrap(),
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--observability-listen",
+        &format!("127.0.0.1:{}", free_port()),
+        "--pod-name",
+        pod_name,
+        "--pod-namespace",
+        "gitlab-agent",
+    ]);
     procs.0.push(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("agentk: connected as agent ") {
-                let (_, conn) = rest.split_once(", connection ").unwrap();
-                let _ = tx.send(conn.parse::<i64>().unwrap());
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("{pod_name}: not connected to kas after 60 s"))
+    // A replica that never connects fails the test after a minute instead of
+    // hanging it.
+    crate::common::first_line(
+        &lines,
+        Duration::from_secs(60),
+        &format!("{pod_name}: connected to kas"),
+        |line| {
+            let rest = line.strip_prefix("agentk: connected as agent ")?;
+            let (_, conn) = rest.split_once(", connection ").unwrap();
+            Some(conn.parse::<i64>().unwrap())
+        },
+    )
 }
 
 /// Redis's per-command call counts (`INFO commandstats`), without `info` itself.
@@ -286,11 +258,7 @@ async fn three_kas_route_to_agent_replicas_survive_a_kas_stopping_and_wait_witho
 
     // Stop kas2: at shutdown it removes itself and the replica it held.
     let kas2_child = &mut procs.0[kas2.index];
-    let ok = Command::new("kill")
-        .args(["-TERM", &kas2_child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    crate::common::process::terminate(kas2_child.id());
     let status = kas2_child.wait().unwrap();
     assert!(status.success(), "kas2 exited with {status}");
     assert_eq!(

@@ -37,25 +37,14 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
     .unwrap();
     let legacy = Stub::start(1).await;
     let web2 = Stub::start(2).await;
-    let config = format!(
-        r#"keys = ["{keys}"]
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["{web2}"]
-        kas = ["{kas}"]
-        "#,
-        keys = dir.path().join("agents.pem").display(),
-        legacy = legacy.addr,
-        web2 = web2.addr,
-        kas = kas.agent_addr(),
-    );
+    let topology = common::topology(&[
+        common::pod_entry(1, &[legacy.addr.to_string()], ""),
+        common::pod_entry(
+            2,
+            &[web2.addr.to_string()],
+            &format!("kas = [\"{}\"]", kas.agent_addr()),
+        ),
+    ]);
     let kube = KubeTestServer::start(10).await.unwrap();
     kube.put(
         "pods",
@@ -69,16 +58,12 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
     // The proxy's TLS listener, with a certificate only the test's CA file trusts.
     let (cert, key) = self_signed_cert(dir.path());
     let tls_port = podgate_registry::testing::free_port();
-    // `[tls]` is a table: after the topology's tables it would belong to them, so it
-    // goes first, after the top-level keys.
-    let config = config.replacen(
-        "\n        [topology]",
-        &format!(
-            "\n[tls]\nlisten = \"127.0.0.1:{tls_port}\"\ncert = \"{}\"\nkey = \"{}\"\n[topology]",
-            cert.display(),
-            key.display()
-        ),
-        1,
+    // The top-level keys, then `[tls]`, then the topology's tables.
+    let config = format!(
+        "keys = [\"{}\"]\n[tls]\nlisten = \"127.0.0.1:{tls_port}\"\ncert = \"{}\"\nkey = \"{}\"\n{topology}",
+        dir.path().join("agents.pem").display(),
+        cert.display(),
+        key.display()
     );
     let proxy = start_proxy(&config, dir).await;
     common::wait_accepting(tls_port).await;
@@ -154,14 +139,11 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
             "the proxy counts the agent traffic",
             || async {
                 let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
-                metrics
-                    .lines()
-                    .any(|l| {
-                        l.starts_with("podgate_proxy_requests_total{")
-                            && l.contains("pod=\"2\"")
-                            && l.contains(&format!("rule=\"{rule}\""))
-                    })
-                    .then_some(())
+                common::metrics::value(
+                    &metrics,
+                    &format!(r#"podgate_proxy_requests_total{{pod="2",rule="{rule}"}}"#),
+                )
+                .map(drop)
             },
         )
         .await;

@@ -2,7 +2,8 @@
 //! tokio-tungstenite (not podgate code): the upgrade (path, subprotocol,
 //! `Bearer pat:<agent>:<token>`), the first message byte for byte as glab
 //! (gitlab-org/cli `internal/commands/cluster/graph/graph.go`, `json_types.go`) would
-//! send it for the same flags, the seed's example messages printed as lines and
+//! send it for the same flags, the example messages of GitLab's Graph API design
+//! document (docs/graph-api.md, "Sources") printed as lines and
 //! summed up, an `error` message's full reason preferred to a truncated close reason,
 //! a refused upgrade's `Status` message, binary and oversized messages, usage errors,
 //! and `--watch` ending on SIGTERM.
@@ -24,8 +25,9 @@ const PREFIX: &str = "/-/kubernetes-agent/k8s-proxy";
 /// A safety net against a hang, not a timing assertion.
 const LIMIT: Duration = Duration::from_secs(60);
 
-// The seed's example messages (003 "Response to client"), verbatim.
-const SEED_SVX: &str = r#"{
+// The example messages of GitLab's Graph API design document (gitlab-agent
+// `doc/graph_api.md`, "Response to client"), verbatim.
+const EXAMPLE_SVX: &str = r#"{
   "svx": {
     "vx": {
       "g": "apps",
@@ -38,7 +40,7 @@ const SEED_SVX: &str = r#"{
     "j": []
   }
 }"#;
-const SEED_DVX: &str = r#"{
+const EXAMPLE_DVX: &str = r#"{
   "dvx": {
     "vx": {
       "g": "apps",
@@ -49,7 +51,7 @@ const SEED_DVX: &str = r#"{
     }
   }
 }"#;
-const SEED_SARC: &str = r#"{
+const EXAMPLE_SARC: &str = r#"{
   "sarc": {
     "s": {
       "g": "",
@@ -71,7 +73,7 @@ const SEED_SARC: &str = r#"{
     }
   }
 }"#;
-const SEED_DARC: &str = r#"{
+const EXAMPLE_DARC: &str = r#"{
   "darc": {
     "s": {
       "g": "",
@@ -90,7 +92,7 @@ const SEED_DARC: &str = r#"{
     "t": "or"
   }
 }"#;
-const SEED_WARNING: &str = r#"{
+const EXAMPLE_WARNING: &str = r#"{
   "t": "INFORMER_SYNC_FAILED",
   "m": "Failed to sync informer for apps/v1/deployments in myns in 30 seconds. Check agent's log, agent's permissions",
   "a": {
@@ -247,17 +249,19 @@ fn check(out: &Output, code: i32) -> (String, String) {
     (stdout, stderr)
 }
 
-/// The seed's messages in three batches, then the seed's `error` shape with a reason
+/// The design document's messages in three batches, then its `error` shape with a reason
 /// too long for a close frame, then a close whose reason is cut at 123 bytes.
 #[tokio::test]
-async fn watch_prints_the_seed_messages_and_prefers_the_full_error_reason() {
-    let m1 = format!(r#"{{"actions": [{SEED_SVX}, {SEED_SARC}], "warnings": [{SEED_WARNING}]}}"#);
+async fn watch_prints_the_design_documents_messages_and_prefers_the_full_error_reason() {
+    let m1 = format!(
+        r#"{{"actions": [{EXAMPLE_SVX}, {EXAMPLE_SARC}], "warnings": [{EXAMPLE_WARNING}]}}"#
+    );
     let m2 = concat!(
         r#"{"actions":[{"svx":{"vx":{"g":"","v":"v1","r":"pods","ns":"myns","n":"pod1"},"o":{"metadata":{"name":"pod1"}}}},"#,
         r#"{"sarc":{"s":{"g":"","v":"v1","r":"pods","ns":"myns","n":"pod1"},"d":{"g":"","v":"v1","r":"configmaps","ns":"myns","n":"cm1"},"t":"r","a":{"e":true}}}]}"#
     )
     .to_owned();
-    let m3 = format!(r#"{{"actions": [{SEED_DARC}, {SEED_DVX}]}}"#);
+    let m3 = format!(r#"{{"actions": [{EXAMPLE_DARC}, {EXAMPLE_DVX}]}}"#);
     let reason = format!(
         "queries[0].include.resource_selector_expression: {}",
         "undeclared reference to 'resourcez' ".repeat(6)
@@ -344,7 +348,9 @@ async fn watch_prints_the_seed_messages_and_prefers_the_full_error_reason() {
 /// for `-r pods -r configmaps` with namespaces and roots.
 #[tokio::test]
 async fn first_message_then_exit_with_json_output() {
-    let m1 = format!(r#"{{"actions": [{SEED_SVX}, {SEED_SARC}], "warnings": [{SEED_WARNING}]}}"#);
+    let m1 = format!(
+        r#"{{"actions": [{EXAMPLE_SVX}, {EXAMPLE_SARC}], "warnings": [{EXAMPLE_WARNING}]}}"#
+    );
     let m2 = r#"{"actions": [{"svx": {"vx": {"g": "", "v": "v1", "r": "pods", "ns": "myns", "n": "pod1"}}}]}"#;
     let (url, srv) = server(
         true,
@@ -604,7 +610,7 @@ async fn messages_over_4_mib_are_refused() {
 /// `--watch` keeps reading until SIGTERM, then closes with 1000 and exits 0.
 #[tokio::test]
 async fn watch_ends_on_sigterm() {
-    let m1 = format!(r#"{{"actions": [{SEED_SVX}]}}"#);
+    let m1 = format!(r#"{{"actions": [{EXAMPLE_SVX}]}}"#);
     let (url, srv) = server(true, vec![Step::Text(m1), Step::AwaitClientClose]).await;
     let mut child = podgate(&["-a", "5", "--url", &url, "--token", TOKEN, "--watch"])
         .spawn()
@@ -618,13 +624,7 @@ async fn watch_ends_on_sigterm() {
         line.as_deref(),
         Some("svx apps/v1/deployments myns/my_deployment j=[]")
     );
-    let pid = child.id().unwrap().to_string();
-    let kill = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .unwrap();
-    assert!(kill.success());
+    crate::common::process::terminate(child.id().unwrap());
     let out = tokio::time::timeout(LIMIT, child.wait_with_output())
         .await
         .unwrap()

@@ -111,11 +111,7 @@ async fn kas_serves_registers_itself_and_cleans_up_on_sigterm() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
 
-    let ok = Command::new("kill")
-        .args(["-TERM", &kas.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    crate::common::process::terminate(kas.id());
     let status = tokio::task::spawn_blocking(move || {
         let rest: Vec<String> = lines.by_ref().map_while(Result::ok).collect();
         (kas.wait().unwrap(), rest)

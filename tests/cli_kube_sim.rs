@@ -63,6 +63,23 @@ struct Sim {
     lines: mpsc::Receiver<String>,
 }
 
+impl Sim {
+    /// `podgate kube-sim --listen 127.0.0.1:0 ARGS --kubeconfig-out KUBECONFIG`.
+    fn start(args: &[&str], kubeconfig: &Path) -> Sim {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+            .args(["kube-sim", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .arg("--kubeconfig-out")
+            .arg(kubeconfig)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let lines = line_channel(child.stdout.take().unwrap());
+        Sim { child, lines }
+    }
+}
+
 impl Drop for Sim {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -123,6 +140,17 @@ fn kubectl_command(config: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// `kubectl ARGS` left running (a watch), and its output lines.
+fn kubectl_watch(config: &Path, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = kubectl_command(config, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl is installed");
+    let lines = line_channel(child.stdout.take().unwrap());
+    (child, lines)
+}
+
 fn names(list_json: &str) -> Vec<String> {
     let list: Value = serde_json::from_str(list_json).unwrap();
     list["items"]
@@ -139,17 +167,7 @@ fn kube_sim_serves_kubectl_from_a_seed_file_until_sigterm() {
     let seed = dir.path().join("seed.yaml");
     std::fs::write(&seed, SEED).unwrap();
     let config_out = dir.path().join("kubeconfig");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["kube-sim", "--listen", "127.0.0.1:0", "--seed"])
-        .arg(&seed)
-        .arg("--kubeconfig-out")
-        .arg(&config_out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = line_channel(child.stdout.take().unwrap());
-    let mut sim = Sim { child, lines };
+    let mut sim = Sim::start(&["--seed", seed.to_str().unwrap()], &config_out);
     assert_eq!(
         expect_prefix(&sim.lines, "kube-sim: loaded "),
         format!("4 objects from {}", seed.display())
@@ -184,7 +202,7 @@ fn kube_sim_serves_kubectl_from_a_seed_file_until_sigterm() {
     assert_eq!(names(&out), ["web-1"]);
 
     // get -w sees an ADDED event from an apply made once the initial list is out.
-    let mut watch = kubectl_command(
+    let (mut watch, events) = kubectl_watch(
         &config,
         &[
             "get",
@@ -196,12 +214,7 @@ fn kube_sim_serves_kubectl_from_a_seed_file_until_sigterm() {
             "-o",
             "custom-columns=EVENT:.type,NAME:.object.metadata.name",
         ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("kubectl is installed");
-    let events = line_channel(watch.stdout.take().unwrap());
+    );
     let event = |want: &str| {
         loop {
             let line = events
@@ -241,12 +254,7 @@ fn kube_sim_serves_kubectl_from_a_seed_file_until_sigterm() {
     assert!(!ok && err.contains("NotFound"), "{err}");
 
     // SIGTERM: a clean stop.
-    let ok = Command::new("kill")
-        .args(["-TERM", &sim.child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    crate::common::process::terminate(sim.child.id());
     expect_prefix(&sim.lines, "kube-sim: stopping");
     let status = sim.child.wait().unwrap();
     assert!(status.success(), "{status}");
@@ -284,24 +292,7 @@ fn a_bad_seed_document_is_named_and_nothing_is_served() {
 fn a_generated_cluster_is_listed_whole_by_kubectl() {
     let dir = tempfile::tempdir().unwrap();
     let config_out = dir.path().join("kubeconfig");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args([
-            "kube-sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--objects",
-            "500",
-            "--gen-seed",
-            "42",
-        ])
-        .arg("--kubeconfig-out")
-        .arg(&config_out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = line_channel(child.stdout.take().unwrap());
-    let sim = Sim { child, lines };
+    let sim = Sim::start(&["--objects", "500", "--gen-seed", "42"], &config_out);
     let generated: usize = expect_prefix(&sim.lines, "kube-sim: generated ")
         .strip_suffix(" objects (--gen-seed 42)")
         .expect("the seed is named")
@@ -368,11 +359,8 @@ fn a_generated_cluster_is_listed_whole_by_kubectl() {
 fn a_churning_cluster_is_watched_and_a_denied_resource_is_forbidden() {
     let dir = tempfile::tempdir().unwrap();
     let config_out = dir.path().join("kubeconfig");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args([
-            "kube-sim",
-            "--listen",
-            "127.0.0.1:0",
+    let sim = Sim::start(
+        &[
             "--objects",
             "400",
             "--churn",
@@ -381,15 +369,9 @@ fn a_churning_cluster_is_watched_and_a_denied_resource_is_forbidden() {
             "apps/deployments",
             "--deny",
             "/secrets",
-        ])
-        .arg("--kubeconfig-out")
-        .arg(&config_out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = line_channel(child.stdout.take().unwrap());
-    let sim = Sim { child, lines };
+        ],
+        &config_out,
+    );
     let config = PathBuf::from(expect_prefix(&sim.lines, "kube-sim: kubeconfig "));
     assert_eq!(
         expect_prefix(&sim.lines, "kube-sim: churning "),
@@ -413,7 +395,7 @@ fn a_churning_cluster_is_watched_and_a_denied_resource_is_forbidden() {
     }
 
     // The watch sees the churn: Pods coming, changing and going.
-    let mut watch = kubectl_command(
+    let (mut watch, events) = kubectl_watch(
         &config,
         &[
             "get",
@@ -425,12 +407,7 @@ fn a_churning_cluster_is_watched_and_a_denied_resource_is_forbidden() {
             "-o",
             "custom-columns=EVENT:.type,KIND:.object.kind",
         ],
-    )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("kubectl is installed");
-    let events = line_channel(watch.stdout.take().unwrap());
+    );
     let mut seen = std::collections::BTreeSet::new();
     while !["ADDED Pod", "DELETED Pod", "MODIFIED Pod"]
         .iter()
@@ -471,16 +448,7 @@ fn a_churning_cluster_is_watched_and_a_denied_resource_is_forbidden() {
 fn enforced_rbac_serves_https_an_administrator_and_service_accounts() {
     let dir = tempfile::tempdir().unwrap();
     let config_out = dir.path().join("kubeconfig");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["kube-sim", "--listen", "127.0.0.1:0", "--enforce-rbac"])
-        .arg("--kubeconfig-out")
-        .arg(&config_out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = line_channel(child.stdout.take().unwrap());
-    let sim = Sim { child, lines };
+    let sim = Sim::start(&["--enforce-rbac"], &config_out);
     let url = expect_prefix(&sim.lines, "kube-sim: Kubernetes API on ");
     assert!(url.starts_with("https://127.0.0.1:"), "{url}");
     let admin = PathBuf::from(expect_prefix(&sim.lines, "kube-sim: kubeconfig "));

@@ -6,47 +6,69 @@ use std::process::Command;
 
 use podgate_registry::testing::free_port;
 
-#[test]
-fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
-    let (listen, admin) = (free_port(), free_port());
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
+use crate::common::process::Terminated;
+use crate::common::{first_line, spawn_up};
+
+/// `podgate up ARGS` on free ports, run to its end: what it printed. It must succeed.
+fn run_up(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        // Few enough jobs that runners idle and their polls are held (a busy
-        // machine's backlog would otherwise give every poll a job).
-        .args([
-            "up",
-            "--duration",
-            "8s",
-            "--runners",
-            "36",
-            "--job-rate",
-            "0.5",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("up")
+        .args(args)
+        .args(listeners(free_port(), free_port(), free_port()))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+/// Pod `pod`'s row of a table `podgate up` printed, and its columns: `<id> <addr>
+/// <requests> <jobs/request> <held in Pod> <held at edge> <misroutes>`.
+fn final_row<'a>(table: &'a str, pod: &str) -> (&'a str, Vec<&'a str>) {
+    let row = table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(pod))
+        .unwrap_or_else(|| panic!("no row for Pod {pod}: {table}"));
+    (row, row.split_whitespace().collect())
+}
+
+/// `--listen`, `--admin` and `--tls-listen` on these ports of 127.0.0.1.
+fn listeners(listen: u16, admin: u16, tls: u16) -> [String; 6] {
+    [
+        "--listen".into(),
+        format!("127.0.0.1:{listen}"),
+        "--admin".into(),
+        format!("127.0.0.1:{admin}"),
+        "--tls-listen".into(),
+        format!("127.0.0.1:{tls}"),
+    ]
+}
+
+#[test]
+fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    // Few enough jobs that runners idle and their polls are held (a busy machine's
+    // backlog would otherwise give every poll a job).
+    let stdout = run_up(&[
+        "--duration",
+        "8s",
+        "--runners",
+        "36",
+        "--job-rate",
+        "0.5",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
     // Printed only once the proxy's /readyz answered 200.
     assert!(stdout.contains("podgate up: ready"), "{stdout}");
     let last = stdout.rsplit("final").next().unwrap();
-    // Each Pod's row: "  <id>  <addr>  <requests>  <jobs/request>  <held in Pod>
-    // <held at edge>  <misroutes>".
     for pod in ["1", "2", "3"] {
-        let row = last
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(pod))
-            .unwrap_or_else(|| panic!("no row for Pod {pod}: {last}"));
-        let cols: Vec<&str> = row.split_whitespace().collect();
+        let (row, cols) = final_row(last, pod);
         let requests: u64 = cols[2].parse().unwrap();
         let polls: u64 = cols[3].parse().unwrap();
         assert!(polls > 0, "Pod {pod} got no jobs/request: {row}");
@@ -123,20 +145,7 @@ fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
 /// read: its id, address, registration token and control API.
 #[test]
 fn podgate_up_without_a_fleet_prints_each_pod_and_queues_nothing() {
-    let (listen, admin) = (free_port(), free_port());
-    let out = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["up", "--no-fleet", "--duration", "4s"])
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_up(&["--no-fleet", "--duration", "4s"]);
     let pods: Vec<&str> = stdout
         .lines()
         .filter(|l| l.trim_start().starts_with("pod id="))
@@ -156,11 +165,7 @@ fn podgate_up_without_a_fleet_prints_each_pod_and_queues_nothing() {
     }
     let last = stdout.rsplit("final").next().unwrap();
     for pod in ["1", "2", "3"] {
-        let row = last
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(pod))
-            .unwrap_or_else(|| panic!("no row for Pod {pod}: {last}"));
-        let cols: Vec<&str> = row.split_whitespace().collect();
+        let (row, cols) = final_row(last, pod);
         // No runner ran: the proxy's health probes are not runner traffic.
         assert_eq!(cols[2], "0", "Pod {pod}: {row}");
         assert_eq!(cols[3], "0", "Pod {pod}: {row}");
@@ -173,44 +178,15 @@ fn podgate_up_without_a_fleet_prints_each_pod_and_queues_nothing() {
 /// printed Graph API URL and bearer serve `podgate graph` the same Pods kubectl lists.
 #[test]
 fn podgate_up_serves_kubectl_and_the_graph_api_through_the_proxy() {
-    use std::io::{BufRead as _, BufReader};
-    use std::process::Stdio;
     let (listen, admin, tls) = (free_port(), free_port(), free_port());
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args([
-            "up",
-            "--no-fleet",
-            "--duration",
-            "120s",
-            "--kube-objects",
-            "600",
-        ])
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{tls}")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            // SIGTERM, so `podgate up` stops its proxy child too.
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.0.id().to_string()])
-                .status();
-            let _ = self.0.wait();
-        }
-    }
-    let stdout = up.stdout.take().unwrap();
-    let _up = Kill(up);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // Read to the end (the test may have stopped listening): `podgate up` keeps
-        // a stdout it can write to.
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let (up, rx) = spawn_up(
+        ["--no-fleet", "--duration", "120s", "--kube-objects", "600"]
+            .map(String::from)
+            .into_iter()
+            .chain(listeners(listen, admin, tls)),
+    );
+    // SIGTERM when dropped, so `podgate up` stops its proxy child too.
+    let _up = Terminated(up);
     let (mut kubeconfig, mut graph) = (None, None);
     loop {
         let line = rx
@@ -313,41 +289,23 @@ fn podgate_up_serves_kubectl_and_the_graph_api_through_the_proxy() {
 /// Service through kas and agentk, and is answered 503 once it is stopped.
 #[test]
 fn podgate_up_runs_a_workspace_and_follows_a_stop() {
-    use std::io::{BufRead as _, BufReader};
-    use std::process::Stdio;
     use std::time::{Duration, Instant};
     let (listen, admin, tls) = (free_port(), free_port(), free_port());
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["up", "--no-fleet", "--duration", "180s"])
-        .args([
+    let (up, rx) = spawn_up(
+        [
+            "--no-fleet",
+            "--duration",
+            "180s",
             "--kube-objects",
             "300",
             "--workspaces-partial-interval",
             "1",
-        ])
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin", &format!("127.0.0.1:{admin}")])
-        .args(["--tls-listen", &format!("127.0.0.1:{tls}")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.0.id().to_string()])
-                .status();
-            let _ = self.0.wait();
-        }
-    }
-    let stdout = up.stdout.take().unwrap();
-    let _up = Kill(up);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain(listeners(listen, admin, tls)),
+    );
+    let _up = Terminated(up);
     let next = |what: &str, deadline: Instant| -> String {
         let left = deadline.saturating_duration_since(Instant::now());
         rx.recv_timeout(left)
@@ -549,34 +507,17 @@ fn exits_within(pid: u32, within: std::time::Duration) -> bool {
 /// its private redis-server SIGTERM (`PR_SET_PDEATHSIG`), and they exit.
 #[test]
 fn a_killed_podgate_up_takes_its_proxy_and_redis_with_it() {
-    use std::io::BufRead as _;
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(["up", "--no-fleet", "--no-kube"])
-        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
-        .args(["--tls-listen", &format!("127.0.0.1:{}", free_port())])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = up.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
-    loop {
-        let line = rx
-            .recv_timeout(std::time::Duration::from_secs(120))
-            .expect("podgate up gets ready");
-        if line.contains("podgate up: ready") {
-            break;
-        }
-    }
+    let (mut up, rx) = spawn_up(
+        ["--no-fleet".to_owned(), "--no-kube".to_owned()]
+            .into_iter()
+            .chain(listeners(free_port(), free_port(), free_port())),
+    );
+    first_line(
+        &rx,
+        std::time::Duration::from_secs(120),
+        "podgate up",
+        |line| line.contains("podgate up: ready").then_some(()),
+    );
     let children: Vec<(u32, String)> = children_of(up.id())
         .into_iter()
         .filter(|(_, cmd)| cmd.contains(" proxy --config ") || cmd.starts_with("redis-server"))

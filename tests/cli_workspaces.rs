@@ -243,11 +243,10 @@ async fn failed_requests_exit_1_with_gitlabs_message() {
     );
 
     // Nothing listening.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let gone = format!("http://{closed}");
+    let gone = format!(
+        "http://127.0.0.1:{}",
+        podgate_registry::testing::free_port()
+    );
     let out = run(&["--gitlab", gone.as_str(), "list"]).await;
     let (_, stderr) = check(&out, 1);
     assert!(
@@ -340,12 +339,7 @@ async fn list_watch_prints_again_on_change() {
     );
 
     // SIGTERM ends it cleanly.
-    let pid = child.id().unwrap().to_string();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    crate::common::process::terminate(child.id().unwrap());
     let status = tokio::time::timeout(LIMIT, child.wait())
         .await
         .expect("exits")

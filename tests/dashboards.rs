@@ -71,11 +71,9 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 
 /// The families in a text exposition whose names start with one of `prefixes`.
 fn exposed(text: &str, prefixes: &[&str]) -> BTreeSet<String> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_whitespace().next())
+    crate::common::metrics::families(text)
+        .into_iter()
         .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
-        .map(str::to_owned)
         .collect()
 }
 

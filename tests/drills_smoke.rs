@@ -7,6 +7,8 @@ use std::io::Read as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::common::process::{Signal, signal};
+
 #[test]
 fn every_drill_passes_a_smoke_run() {
     let root = env!("CARGO_MANIFEST_DIR");
@@ -39,9 +41,7 @@ fn every_drill_passes_a_smoke_run() {
         status
     });
     if done_rx.recv_timeout(Duration::from_secs(300)).is_err() {
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+        let _ = signal(pid, Signal::TERM);
     }
     let status = waiter.join().unwrap();
     let (out, err) = (out.join().unwrap(), err.join().unwrap());

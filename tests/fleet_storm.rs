@@ -2,7 +2,8 @@
 //! Rails (issue 17): a queued job wakes only the held polls of the runners that can
 //! take it, and a burst of stale tickets settles back to held polls — each runner is
 //! answered at once exactly once, then waits out its `check_interval` and is held
-//! again; no runner re-polls in a loop (the storm the old Pod-wide ticket produced).
+//! again; no runner re-polls in a loop (the storm one ticket for the whole Pod would
+//! cause: every job would make every runner's ticket stale).
 //!
 //! Everything is counted on the Pod's side (Workhorse's and Rails' counters of the
 //! simulator), so the fleet's own report is not trusted here.
@@ -10,9 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::metrics::value_or_zero;
 use podgate_loadtest::fleet::{self, FleetConfig, Progress};
 use podgate_loadtest::pod_sim::state::JobState;
-use podgate_loadtest::pod_sim::{JobSpec, PodSim, PodSimConfig, sum_samples};
+use podgate_loadtest::pod_sim::{JobSpec, PodSim, PodSimConfig};
 use podgate_registry::testing::eventually;
 use podgate_tokens::PodId;
 
@@ -34,33 +36,28 @@ struct Counts {
     ticks: u64,
 }
 
-fn with_label(line: &str, label: &str) -> bool {
-    line.contains(label)
-}
-
 fn counts(sim: &PodSim) -> Counts {
     let text = sim.metrics().render();
+    let count = |selector: &str| value_or_zero(&text, selector) as u64;
     let workhorse = |status: &str| {
-        sum_samples(&text, "podsim_workhorse_register_requests_total{", |l| {
-            with_label(l, &format!("status=\"{status}\""))
-        })
+        count(&format!(
+            r#"podsim_workhorse_register_requests_total{{status="{status}"}}"#
+        ))
     };
     let rails = |event: &str| {
-        sum_samples(&text, "podsim_rails_job_request_total{", |l| {
-            with_label(l, &format!("event=\"{event}\""))
-        })
+        count(&format!(
+            r#"podsim_rails_job_request_total{{event="{event}"}}"#
+        ))
     };
     Counts {
-        watching: sum_samples(&text, "podsim_workhorse_register_open{", |l| {
-            with_label(l, "state=\"watching\"")
-        }),
+        watching: count(r#"podsim_workhorse_register_open{state="watching"}"#),
         seen_change: workhorse("seen-change"),
         timeout: workhorse("timeout"),
         already_changed: workhorse("already-changed"),
         build_found: rails("build_found"),
         build_not_found: rails("build_not_found"),
         build_not_found_cached: rails("build_not_found_cached"),
-        ticks: sum_samples(&text, "podsim_runner_queue_ticks_total", |_| true),
+        ticks: count("podsim_runner_queue_ticks_total"),
     }
 }
 

@@ -15,6 +15,7 @@
 //!   Pod 2 token is never answered by Pod 1.
 
 use crate::common;
+use common::process::Procs;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::SocketAddr;
@@ -31,47 +32,12 @@ use serde_json::{Value, json};
 /// The k8s proxy prefix in GitLab's Omnibus layout; kas is configured with it.
 const PREFIX: &str = "/-/kubernetes-agent/k8s-proxy/";
 
-/// Children killed when the test ends, however it ends.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// `podgate ARGS` with its stdout read line by line on a thread: the first line
-/// `pick` accepts (within a minute), the rest drained.
-fn start<T: Send + 'static>(
-    procs: &mut Procs,
-    args: &[&str],
-    name: &str,
-    pick: impl Fn(&str) -> Option<T> + Send + 'static,
-) -> T {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .args(args)
-        .env("PODGATE_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
+/// `podgate ARGS`: the first line of its output `pick` accepts (within a minute),
+/// the rest drained.
+fn start<T>(procs: &mut Procs, args: &[&str], name: &str, pick: impl Fn(&str) -> Option<T>) -> T {
+    let (child, lines) = common::spawn_podgate(args);
     procs.0.push(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if !sent && let Some(v) = pick(&line) {
-                let _ = tx.send(v);
-                sent = true;
-            }
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("{name}: not ready after 60 s"))
+    common::first_line(&lines, Duration::from_secs(60), name, pick)
 }
 
 /// A blocking HTTP/1.0 request: status, headers (lower-case names), body.

@@ -20,8 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::metrics::value_or_zero;
 use common::{Proxy, Reply, admin_get, request, start_proxy};
-use podgate_loadtest::pod_sim::{JobSpec, PodSim, PodSimConfig, sum_samples};
+use podgate_loadtest::pod_sim::{JobSpec, PodSim, PodSimConfig};
 use podgate_registry::testing::{RedisServer, eventually};
 use podgate_tokens::PodId;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -224,10 +225,10 @@ async fn edge_proxy(
     proxy
 }
 
-/// A sample of the proxy's `/metrics` (0 when absent).
-async fn metric(proxy: &Proxy, sample: &str) -> u64 {
+/// A series of the proxy's `/metrics` (0 when absent).
+async fn metric(proxy: &Proxy, series: &str) -> u64 {
     let (_, text) = admin_get(proxy, "/metrics").await;
-    sum_samples(&text, sample, |_| true)
+    value_or_zero(&text, series) as u64
 }
 
 async fn metric_becomes(proxy: &Proxy, sample: &str, value: u64) {
@@ -243,11 +244,10 @@ fn edge_result(pod: u64, result: &str) -> String {
 
 /// Workhorse's counter of polls that ended with `status` on `sim`.
 fn workhorse(sim: &PodSim, status: &str) -> u64 {
-    sum_samples(
+    value_or_zero(
         &sim.metrics().render(),
-        "podsim_workhorse_register_requests_total{",
-        |l| l.contains(&format!("status=\"{status}\"")),
-    )
+        &format!(r#"podsim_workhorse_register_requests_total{{status="{status}"}}"#),
+    ) as u64
 }
 
 fn body(token: &str, last_update: &str) -> Vec<u8> {
@@ -406,20 +406,13 @@ async fn a_current_ticket_is_held_at_the_edge_and_answered_204_with_it() {
         async move { request(port, POLL, &body(&token, &ticket)).await }
     });
     metric_becomes(&long, r#"podgate_proxy_edge_polls_held{pod="1"}"#, 1).await;
-    let pid = long.child.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    common::process::terminate(long.child.id());
     let r = held.await.unwrap();
     assert_eq!(r.status, 204);
     assert_eq!(header(&r, "x-gitlab-last-update"), Some(ticket.as_str()));
     assert_eq!(relay.seen(), before, "still nothing reached Pod 1");
 
-    // Pod 2 sets no `runner_queue_redis`: its poll is forwarded as before, and its
+    // Pod 2 sets no `runner_queue_redis`: its poll is forwarded to it, and its
     // Workhorse answers when its own hold ends (a 204 without a ticket).
     let (_, token2) = sim2.state().register().unwrap();
     let ticket2 = sim2.state().queues().get(&token2).unwrap();

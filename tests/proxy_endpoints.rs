@@ -592,29 +592,15 @@ async fn agent_grpc_over_h2c_and_websockets_reach_the_pods_kas() {
     let ws3 = Stub::start(33).await;
     let dir = tempfile::tempdir().unwrap();
     let mint = jwt_minter(dir.path());
+    let web = [web2.addr.to_string()];
     let config = format!(
-        r#"keys = ["{keys}"]
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["{web2}"]
-        kas = ["{kas2}"]
-        [[topology.pods]]
-        id = 3
-        name = "pod-3"
-        web = ["{web2}"]
-        kas = ["{ws3}"]
-        "#,
-        keys = dir.path().display(),
-        legacy = legacy.addr,
-        web2 = web2.addr,
-        ws3 = ws3.addr,
+        "keys = [\"{}\"]\n{}",
+        dir.path().display(),
+        common::topology(&[
+            common::pod_entry(1, &[legacy.addr.to_string()], ""),
+            common::pod_entry(2, &web, &format!("kas = [\"{kas2}\"]")),
+            common::pod_entry(3, &web, &format!("kas = [\"{}\"]", ws3.addr)),
+        ])
     );
     let proxy = start_proxy(&config, dir).await;
 

@@ -8,20 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::metrics::value;
+use common::process::{Signal, signal, terminate};
 use common::{
     Stub, admin_get, jwt_minter, send, spawn_proxy, start_proxy, three_pods, v1, wait_accepting,
 };
 use podgate_registry::testing::eventually;
 use tokio::net::TcpStream;
-
-fn signal(child: &std::process::Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig}");
-}
 
 /// Stubs for Pods 1 (the default), 2 and 3.
 async fn three_stubs() -> (Stub, Stub, Stub) {
@@ -30,14 +23,6 @@ async fn three_stubs() -> (Stub, Stub, Stub) {
         Stub::start(2).await,
         Stub::start(3).await,
     )
-}
-
-/// The value of the first metric line starting with `prefix` (labels included).
-fn metric(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,7 +66,7 @@ async fn admin_endpoints_and_metrics_report_what_happened() {
     let (status, text) = admin_get(&proxy, "/metrics").await;
     assert_eq!(status, 200);
     assert_eq!(
-        metric(
+        value(
             &text,
             r#"podgate_proxy_requests_total{outcome="routable",pod="2",rule="jobs-request",source="json:token",status="200"}"#
         ),
@@ -89,7 +74,7 @@ async fn admin_endpoints_and_metrics_report_what_happened() {
         "{text}"
     );
     assert_eq!(
-        metric(
+        value(
             &text,
             r#"podgate_proxy_requests_total{outcome="unauthorized",pod="0",rule="jobs-request",source="header:runner-token",status="401"}"#
         ),
@@ -97,7 +82,7 @@ async fn admin_endpoints_and_metrics_report_what_happened() {
         "{text}"
     );
     assert_eq!(
-        metric(
+        value(
             &text,
             r#"podgate_proxy_request_duration_seconds_count{rule="jobs-request",status_class="2xx"}"#
         ),
@@ -105,7 +90,7 @@ async fn admin_endpoints_and_metrics_report_what_happened() {
         "{text}"
     );
     assert_eq!(
-        metric(
+        value(
             &text,
             r#"podgate_proxy_decision_duration_seconds_count{rule="jobs-request"}"#
         ),
@@ -114,12 +99,12 @@ async fn admin_endpoints_and_metrics_report_what_happened() {
     );
     // The same JWT three times: its signature checked once, then the cached verdict.
     assert_eq!(
-        metric(&text, "podgate_classifier_cache_hits_total"),
+        value(&text, "podgate_classifier_cache_hits_total"),
         Some(2.0),
         "{text}"
     );
     assert_eq!(
-        metric(&text, "podgate_classifier_cache_misses_total"),
+        value(&text, "podgate_classifier_cache_misses_total"),
         Some(1.0),
         "{text}"
     );
@@ -141,20 +126,11 @@ async fn health_checks_take_sick_upstreams_out_and_bring_them_back() {
         timeout_ms = 100
         rise = 1
         fall = 1
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["{a}", "{b}"]
-        "#,
-        legacy = legacy.addr,
-        a = a.addr,
-        b = b.addr,
+        {}"#,
+        common::topology(&[
+            common::pod_entry(1, &[legacy.addr.to_string()], ""),
+            common::pod_entry(2, &[a.addr.to_string(), b.addr.to_string()], ""),
+        ])
     );
     let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let req = format!(
@@ -167,13 +143,13 @@ async fn health_checks_take_sick_upstreams_out_and_bring_them_back() {
             upstream.addr
         )
     };
-    let wait_gauge = |upstream: Stub, value: f64| {
+    let wait_gauge = |upstream: Stub, want: f64| {
         let name = gauge(&upstream);
         let proxy = &proxy;
         async move {
             eventually(Duration::from_secs(10), "the health gauge", || async {
                 let (_, text) = admin_get(proxy, "/metrics").await;
-                (metric(&text, &name) == Some(value)).then_some(())
+                (value(&text, &name) == Some(want)).then_some(())
             })
             .await
         }
@@ -273,7 +249,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         || async { (!pod2.seen().is_empty()).then_some(()) },
     )
     .await;
-    signal(&proxy.child, "-TERM");
+    terminate(proxy.child.id());
     eventually(Duration::from_secs(10), "the listener to close", || async {
         TcpStream::connect(("127.0.0.1", port))
             .await
@@ -331,7 +307,7 @@ async fn a_binary_upgrade_drops_no_request() {
     .await;
 
     let mut new = spawn_proxy(&old.config, true);
-    signal(&old.child, "-QUIT");
+    signal(old.child.id(), Signal::QUIT).unwrap();
     let mut old_child = std::mem::replace(&mut old.child, Command::new("true").spawn().unwrap());
     let exit = tokio::task::spawn_blocking(move || old_child.wait().unwrap())
         .await
@@ -401,7 +377,7 @@ fn pod2_poll() -> String {
 
 /// SIGTERM the proxy, and wait until its listener refuses connections.
 async fn terminate_and_wait_for_the_listener_to_close(proxy: &common::Proxy) {
-    signal(&proxy.child, "-TERM");
+    terminate(proxy.child.id());
     let port = proxy.port;
     eventually(Duration::from_secs(10), "the listener to close", || async {
         TcpStream::connect(("127.0.0.1", port))
@@ -511,10 +487,11 @@ async fn an_idle_kept_alive_connection_is_served_once_more_after_sigterm() {
 /// At a binary upgrade a kept-alive connection idle through the old process's whole
 /// grace period is handed to the new process, not closed with the old one
 /// (`podgate_proxy::handover`): its next request, sent after the old process has
-/// exited, is served, and told to close. Before, the old process's exit reset it
-/// (R5 of `scripts/drills.sh` lost a runner's trace update so). So is one whose last
-/// request pingora-proxy served (not a runner endpoint): pingora's loop used to keep
-/// such a connection and close it, idle, the moment shutdown began.
+/// exited, is served, and told to close. Reset with the old process, it would cost
+/// a runner the request it sends next (in R5 of `scripts/drills.sh`, a trace
+/// update). So is one whose last request pingora-proxy served (not a runner
+/// endpoint): pingora's own loop would keep such a connection and close it, idle,
+/// the moment shutdown began.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_outlives_the_old_process_at_an_upgrade() {
     let (legacy, pod2, pod3) = three_stubs().await;
@@ -531,7 +508,7 @@ async fn an_idle_connection_outlives_the_old_process_at_an_upgrade() {
     .await;
 
     let mut new = spawn_proxy(&old.config, true);
-    signal(&old.child, "-QUIT");
+    signal(old.child.id(), Signal::QUIT).unwrap();
     let mut old_child = std::mem::replace(&mut old.child, Command::new("true").spawn().unwrap());
     let exit = tokio::task::spawn_blocking(move || old_child.wait().unwrap())
         .await
@@ -542,7 +519,7 @@ async fn an_idle_connection_outlives_the_old_process_at_an_upgrade() {
     served_once_more_and_closed(&mut via_pingora, "the connection pingora-proxy served").await;
     let (_, metrics) = admin_get(&old, "/metrics").await;
     assert_eq!(
-        metric(
+        value(
             &metrics,
             r#"podgate_proxy_upgrade_connections_total{result="received"}"#
         ),

@@ -31,27 +31,13 @@ async fn runner_traffic_reaches_the_pod_its_token_names() {
     )
     .unwrap();
     let config = format!(
-        r#"keys = ["{keys}"]
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["127.0.0.1:{dead}", "{pod2}"]
-        [[topology.pods]]
-        id = 3
-        name = "pod-3"
-        web = ["{pod3}"]
-        state = "draining"
-        "#,
-        keys = dir.path().display(),
-        legacy = legacy.addr,
-        pod2 = pod2.addr,
-        pod3 = pod3.addr,
+        "keys = [\"{}\"]\n{}",
+        dir.path().display(),
+        common::topology(&[
+            common::pod_entry(1, &[legacy.addr.to_string()], ""),
+            common::pod_entry(2, &[format!("127.0.0.1:{dead}"), pod2.addr.to_string()], "",),
+            common::pod_entry(3, &[pod3.addr.to_string()], "state = \"draining\""),
+        ])
     );
     let proxy = start_proxy(&config, dir).await;
     let p = proxy.port;
@@ -295,21 +281,10 @@ async fn topology_changes_in_redis_apply_live_and_survive_redis_going_away() {
 async fn a_64_mib_chunked_artifact_upload_streams_to_its_pod() {
     let legacy = Stub::start(1).await;
     let pod2 = Stub::start(2).await;
-    let config = format!(
-        r#"[topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["{pod2}"]
-        "#,
-        legacy = legacy.addr,
-        pod2 = pod2.addr,
-    );
+    let config = common::topology(&[
+        common::pod_entry(1, &[legacy.addr.to_string()], ""),
+        common::pod_entry(2, &[pod2.addr.to_string()], ""),
+    ]);
     let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     let token = podgate_tokens::gitlab::encode(
         "glcbt-",

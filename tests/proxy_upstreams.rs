@@ -6,16 +6,9 @@ use crate::common;
 
 use std::time::Duration;
 
+use common::metrics::value;
 use common::{Stub, admin_get, proxy_log, send, start_proxy_logged, three_pods, v1};
 use podgate_registry::testing::{eventually, free_port};
-
-/// The value of the metric line starting with `prefix` (labels included).
-fn metric(text: &str, prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
 
 /// `text` without terminal colour codes (the log is coloured even into a file).
 fn plain(text: &str) -> String {
@@ -46,25 +39,11 @@ fn runner_request(pod: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostname_upstream_works_and_an_unresolvable_one_costs_only_its_pod() {
     let (legacy, pod2) = (Stub::start(1).await, Stub::start(2).await);
-    let config = format!(
-        r#"[topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["localhost:{pod2_port}"]
-        [[topology.pods]]
-        id = 3
-        name = "pod-3"
-        web = ["no-such-host.invalid:80"]
-        "#,
-        legacy = legacy.addr,
-        pod2_port = pod2.addr.port(),
-    );
+    let config = common::topology(&[
+        common::pod_entry(1, &[legacy.addr.to_string()], ""),
+        common::pod_entry(2, &[format!("localhost:{}", pod2.addr.port())], ""),
+        common::pod_entry(3, &["no-such-host.invalid:80".into()], ""),
+    ]);
     let mut proxy = start_proxy_logged(&config, tempfile::tempdir().unwrap()).await;
 
     // A host name resolves (to the stub on 127.0.0.1).
@@ -120,7 +99,7 @@ async fn a_hostname_upstream_works_and_an_unresolvable_one_costs_only_its_pod() 
     // The health gauge tells the two apart.
     let (_, text) = admin_get(&proxy, "/metrics").await;
     assert_eq!(
-        metric(
+        value(
             &text,
             r#"podgate_proxy_upstream_healthy{pod="3",pool="web",upstream="no-such-host.invalid:80"}"#
         ),
@@ -128,7 +107,7 @@ async fn a_hostname_upstream_works_and_an_unresolvable_one_costs_only_its_pod() 
         "{text}"
     );
     assert_eq!(
-        metric(
+        value(
             &text,
             &format!(
                 r#"podgate_proxy_upstream_healthy{{pod="2",pool="web",upstream="localhost:{}"}}"#,
@@ -149,19 +128,18 @@ async fn a_dead_hostname_upstream_fails_over_within_its_pod() {
     let config = format!(
         r#"[health]
         enabled = false
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{legacy}"]
-        [[topology.pods]]
-        id = 5
-        name = "pod-5"
-        web = ["localhost:{dead}", "localhost:{alive}"]
-        "#,
-        legacy = legacy.addr,
-        alive = alive.addr.port(),
+        {}"#,
+        common::topology(&[
+            common::pod_entry(1, &[legacy.addr.to_string()], ""),
+            common::pod_entry(
+                5,
+                &[
+                    format!("localhost:{dead}"),
+                    format!("localhost:{}", alive.addr.port()),
+                ],
+                "",
+            ),
+        ])
     );
     let proxy = start_proxy_logged(&config, tempfile::tempdir().unwrap()).await;
     for i in 0..6 {
@@ -175,7 +153,7 @@ async fn a_dead_hostname_upstream_fails_over_within_its_pod() {
     assert_eq!(alive.seen().len(), 6);
     assert!(legacy.seen().is_empty());
     let (_, text) = admin_get(&proxy, "/metrics").await;
-    let failures = metric(
+    let failures = value(
         &text,
         r#"podgate_proxy_upstream_connect_failures_total{pod="5"}"#,
     )
@@ -236,8 +214,7 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
         if http10 {
             eventually(Duration::from_secs(10), "the second to queue", || async {
                 let (_, text) = admin_get(&proxy, "/metrics").await;
-                (metric(&text, "podgate_proxy_upstream_queue{pod=\"2\"}") == Some(1.0))
-                    .then_some(())
+                (value(&text, "podgate_proxy_upstream_queue{pod=\"2\"}") == Some(1.0)).then_some(())
             })
             .await;
             assert_eq!(
@@ -252,17 +229,21 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
             assert_eq!(pod2.seen().len(), before + 2);
             let (_, text) = admin_get(&proxy, "/metrics").await;
             assert_eq!(
-                metric(
+                value(
                     &text,
                     "podgate_proxy_upstream_queued_total{pod=\"2\",result=\"admitted\"}"
                 ),
                 Some(1.0),
                 "{text}"
             );
-            assert_eq!(
-                metric(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
-                Some(0.0)
-            );
+            // Released once each request has ended, which may come a moment after its
+            // client read the response.
+            eventually(Duration::from_secs(10), "no connection in use", || async {
+                let (_, text) = admin_get(&proxy, "/metrics").await;
+                (value(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}") == Some(0.0))
+                    .then_some(())
+            })
+            .await;
         } else {
             let (status, headers, body) = second.await.unwrap();
             assert_eq!(status, 503, "{body}");
@@ -274,7 +255,7 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
             );
             let (_, text) = admin_get(&proxy, "/metrics").await;
             assert_eq!(
-                metric(
+                value(
                     &text,
                     "podgate_proxy_upstream_queued_total{pod=\"2\",result=\"timed_out\"}"
                 ),
@@ -282,7 +263,7 @@ async fn requests_past_the_connection_bound_wait_for_one_to_finish() {
                 "{text}"
             );
             assert_eq!(
-                metric(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
+                value(&text, "podgate_proxy_upstream_in_use{pod=\"2\"}"),
                 Some(1.0),
                 "the held poll"
             );

@@ -27,6 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use podgate_registry::testing::free_port;
+
+use crate::common::metrics::{samples, select, value};
+use crate::common::process::{Signal, signal};
 use serde_json::{Value, json};
 
 /// How long one runner invocation (register, one job, unregister) may take.
@@ -141,9 +144,7 @@ impl Up {
 
 impl Drop for Up {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        let _ = signal(self.child.id(), Signal::TERM);
         let _ = self.child.wait();
     }
 }
@@ -304,9 +305,7 @@ impl Python {
         match rx.recv_timeout(RUNNER_DEADLINE) {
             Ok(out) => out.unwrap_or_else(|e| panic!("{what}: {e}")),
             Err(_) => {
-                let _ = Command::new("kill")
-                    .args(["-KILL", &pid.to_string()])
-                    .status();
+                let _ = signal(pid, Signal::KILL);
                 panic!("{what}: still running after {RUNNER_DEADLINE:?}");
             }
         }
@@ -341,34 +340,20 @@ g.Runner.loads(json.dumps([1, os.environ['URL'], 0, os.environ['RUNNER_TOKEN'], 
 /// `podsim_requests_total{endpoint,status}` of one Pod.
 fn pod_requests(metrics: &str) -> BTreeMap<(String, u16), u64> {
     let mut out = BTreeMap::new();
-    for l in metrics
-        .lines()
-        .filter(|l| l.starts_with("podsim_requests_total{"))
-    {
-        let (Some(endpoint), Some(status), Some(n)) = (
-            label(l, "endpoint"),
-            label(l, "status").and_then(|s| s.parse().ok()),
-            l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
+    for s in select(&samples(metrics), "podsim_requests_total") {
+        let (Some(endpoint), Some(status)) = (
+            s.label("endpoint"),
+            s.label("status").and_then(|s| s.parse().ok()),
         ) else {
             continue;
         };
-        *out.entry((endpoint.to_owned(), status)).or_default() += n as u64;
+        *out.entry((endpoint.to_owned(), status)).or_default() += s.value as u64;
     }
     out
 }
 
-fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
-    let start = line.find(&format!("{name}=\""))? + name.len() + 2;
-    let len = line[start..].find('"')?;
-    Some(&line[start..start + len])
-}
-
 fn sample(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    value(metrics, name).unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
 }
 
 /// Endpoints that are not runner traffic (`podgate up` leaves them out too).
@@ -396,15 +381,11 @@ fn runner_traffic(requests: &BTreeMap<(String, u16), u64>) -> u64 {
 /// agentk's module calls, which kas passes on to GitLab directly).
 fn proxy_requests_by_pod(metrics: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for l in metrics.lines().filter(|l| {
-        l.starts_with("podgate_proxy_requests_total{")
-            && !label(l, "rule").is_some_and(|r| r.starts_with("kas"))
-    }) {
-        if let (Some(pod), Some(n)) = (
-            label(l, "pod"),
-            l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
-        ) {
-            *out.entry(pod.to_owned()).or_default() += n as u64;
+    for s in select(&samples(metrics), "podgate_proxy_requests_total")
+        .filter(|s| !s.label("rule").is_some_and(|r| r.starts_with("kas")))
+    {
+        if let Some(pod) = s.label("pod") {
+            *out.entry(pod.to_owned()).or_default() += s.value as u64;
         }
     }
     out
@@ -659,17 +640,11 @@ fn gitlab_python_runner_runs_unchanged_through_podgate_up_on_every_pod() {
     let proxy = get_text(up.admin, "/metrics");
     for pod in &up.pods {
         for status in ["201", "204"] {
-            let labels = [
-                "rule=\"runners\"",
-                "source=\"form:token\"",
-                &format!("pod=\"{}\"", pod.id),
-                &format!("status=\"{status}\""),
-            ];
-            let routed = proxy.lines().any(|l| {
-                l.starts_with("podgate_proxy_requests_total{")
-                    && labels.iter().all(|x| l.contains(x))
-                    && l.ends_with(" 1")
-            });
+            let selector = format!(
+                r#"podgate_proxy_requests_total{{rule="runners",source="form:token",pod="{}",status="{status}"}}"#,
+                pod.id
+            );
+            let routed = select(&samples(&proxy), &selector).any(|s| s.value == 1.0);
             assert!(
                 routed,
                 "no form-routed {status} to Pod {}:\n{proxy}",

@@ -1,6 +1,7 @@
 //! `/graph` on kas's Kubernetes API proxy, with agents kas cannot watch through: one
-//! too old to serve `WatchGraph` (the seed: "kas returns an error if it cannot find an
-//! agent supporting the new functionality"), one that never connects; and the end of
+//! too old to serve `WatchGraph` (GitLab's Graph API design, `docs/graph-api.md`:
+//! "kas returns an error if it cannot find an agent supporting the new
+//! functionality"), one that never connects; and the end of
 //! a watch in agentk when the client closes its WebSocket. A real Pod simulator
 //! answers kas's `authorize_proxy_user`; the WebSocket client is tokio-tungstenite's.
 

@@ -1,6 +1,6 @@
 //! kas's Kubernetes API proxy in front of a real Pod simulator (GitLab's internal API:
 //! `authorize_proxy_user`, `job/allowed_agents`) and a real agentk, whose cluster is
-//! a capturing HTTP server that records what reaches it: graph-api.md §12 items 3–7
+//! a capturing HTTP server that records what reaches it: docs/graph-api.md §12 items 3–7
 //! (every 401 with `Gitlab-Unauthorized: true` and a `Status` body, the cookie with
 //! query parameters or headers, the Origin check, stripped credentials), the other
 //! refusals of §2, GitLab's answers cached (counted at the Pod simulator), CORS, and

@@ -37,7 +37,8 @@ use podgate_loadtest::pod_sim::{PodSim, PodSimConfig};
 use podgate_registry::{Pod, PodState};
 use podgate_tokens::PodId;
 
-use super::up_proxy::{ProxyChild, ProxyFiles, ProxySettings, get, wait_ready};
+use super::http_client::get;
+use super::up_proxy::{ProxyChild, ProxyFiles, ProxySettings, wait_ready};
 use super::up_redis::QueueRedis;
 use super::up_table::table;
 

@@ -1,7 +1,6 @@
 //! The proxy child of `podgate up`: its configuration ([`write_config`]), started
 //! as `podgate proxy --config …`, waited for until its `/readyz` answers 200,
-//! stopped (SIGTERM) when dropped; and the small HTTP GET `podgate up` reads its
-//! admin listener with.
+//! stopped (SIGTERM) when dropped.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,7 +10,6 @@ use std::time::Duration;
 use anyhow::Context as _;
 use podgate_loadtest::pod_sim::PodSim;
 use podgate_registry::{BackendConfig, Pod, Registry, RegistryConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::up_graph::KubeSide;
 
@@ -138,27 +136,12 @@ pub(crate) struct ProxyChild(pub(crate) Child);
 
 impl Drop for ProxyChild {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.0),
+            rustix::process::Signal::TERM,
+        );
         let _ = self.0.wait();
     }
-}
-
-/// `GET path` on `addr`: the status code and the body.
-pub(crate) async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nhost: podgate\r\nconnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
 }
 
 /// Waits until the proxy's `/readyz` on `admin` answers 200 (a 503 means it serves but
@@ -174,7 +157,7 @@ pub(crate) async fn wait_ready(
         if let Some(status) = exited()? {
             anyhow::bail!("the proxy exited at start ({status})");
         }
-        let last = get(admin, "/readyz").await;
+        let last = super::http_client::get(admin, "/readyz").await;
         if matches!(last, Some((200, _))) {
             return Ok(());
         }
@@ -194,6 +177,8 @@ pub(crate) async fn wait_ready(
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     use super::*;
 

@@ -49,6 +49,21 @@ fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     Some(&line[start..start + len])
 }
 
+/// The samples of a family (`prefix`: its name and `{`) summed by the value of label
+/// `name`.
+fn by_label(metrics: &str, prefix: &str, name: &str) -> BTreeMap<String, u64> {
+    let mut sums = BTreeMap::new();
+    for l in metrics.lines().filter(|l| l.starts_with(prefix)) {
+        if let (Some(value), Some(n)) = (
+            label(l, name),
+            l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
+        ) {
+            *sums.entry(value.to_owned()).or_default() += n as u64;
+        }
+    }
+    sums
+}
+
 /// The table, from the Pods' own counters and the proxy's `/metrics` text.
 pub(crate) fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
     let mut out = String::from(
@@ -72,34 +87,12 @@ pub(crate) fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
             s.metrics().misrouted.get()
         );
     }
-    let mut edge: BTreeMap<String, u64> = BTreeMap::new();
-    for l in proxy_metrics
-        .lines()
-        .filter(|l| l.starts_with("podgate_proxy_edge_polls_total{"))
-    {
-        if let (Some(result), Some(n)) = (
-            label(l, "result"),
-            l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
-        ) {
-            *edge.entry(result.to_owned()).or_default() += n as u64;
-        }
-    }
+    let edge = by_label(proxy_metrics, "podgate_proxy_edge_polls_total{", "result");
     if !edge.is_empty() {
         let parts: Vec<String> = edge.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(out, "  edge long polls: {}", parts.join("   "));
     }
-    let mut by_source: BTreeMap<String, u64> = BTreeMap::new();
-    for l in proxy_metrics
-        .lines()
-        .filter(|l| l.starts_with("podgate_proxy_requests_total{"))
-    {
-        if let (Some(src), Some(n)) = (
-            label(l, "source"),
-            l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()),
-        ) {
-            *by_source.entry(src.to_owned()).or_default() += n as u64;
-        }
-    }
+    let by_source = by_label(proxy_metrics, "podgate_proxy_requests_total{", "source");
     out.push_str("  token source          requests through the proxy\n");
     for (src, n) in by_source {
         let _ = writeln!(out, "  {src:<21} {n:>8}");

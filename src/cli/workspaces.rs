@@ -16,15 +16,15 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
+use http::{HeaderValue, header};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use super::http_client::{self, Method};
 
 /// Exit code for a failed request.
 const EXIT_FAILED: u8 = 1;
 /// How long one request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest answer read.
-const MAX_ANSWER: usize = 64 << 20;
 
 /// Flags of `podgate workspaces`.
 #[derive(Debug, Args)]
@@ -310,35 +310,28 @@ impl Gitlab {
         })
     }
 
-    /// One HTTP/1.1 exchange on its own connection: status, reason, body.
+    /// One request on its own connection: status, reason, body.
     async fn exchange(
         &self,
         method: &str,
         path: &str,
         body: Option<&Value>,
-    ) -> std::io::Result<(u16, String, Vec<u8>)> {
-        let mut stream = tokio::net::TcpStream::connect((self.host.as_str(), self.port)).await?;
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let mut head = format!(
-            "{method} {}{path} HTTP/1.1\r\nhost: {}:{}\r\naccept: application/json\r\n\
-             user-agent: podgate-workspaces\r\nconnection: close\r\n",
-            self.prefix, self.host, self.port
+    ) -> Result<(u16, String, Vec<u8>), http_client::Error> {
+        let method = Method::from_bytes(method.as_bytes()).expect("the commands' methods");
+        let mut request = http_client::request(
+            method,
+            &format!("{}:{}", self.host, self.port),
+            &format!("{}{path}", self.prefix),
+            body.map(Value::to_string),
         );
-        if !body.is_empty() {
-            head.push_str(&format!(
-                "content-type: application/json\r\ncontent-length: {}\r\n",
-                body.len()
-            ));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
-        let mut raw = Vec::new();
-        (&mut stream)
-            .take(MAX_ANSWER as u64 + 64 * 1024)
-            .read_to_end(&mut raw)
-            .await?;
-        parse_response(&raw).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        let headers = request.headers_mut();
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        headers.insert(
+            header::USER_AGENT,
+            HeaderValue::from_static("podgate-workspaces"),
+        );
+        let r = http_client::send((self.host.as_str(), self.port), request).await?;
+        Ok((r.status.as_u16(), r.reason, r.body.to_vec()))
     }
 }
 
@@ -354,72 +347,6 @@ fn message(v: &Value) -> Option<String> {
         },
         other => other.to_string(),
     })
-}
-
-/// A whole HTTP/1.1 response: status, reason and the (de-chunked) body.
-fn parse_response(raw: &[u8]) -> Result<(u16, String, Vec<u8>), String> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("the connection closed before the response headers ended")?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "response headers are not UTF-8")?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.splitn(3, ' ');
-    let _version = parts.next();
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    let reason = parts.next().unwrap_or_default().to_owned();
-    let mut chunked = false;
-    let mut length: Option<usize> = None;
-    for line in lines {
-        if let Some((k, v)) = line.split_once(':') {
-            let (k, v) = (k.trim(), v.trim());
-            if k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            } else if k.eq_ignore_ascii_case("content-length") {
-                length = v.parse().ok();
-            }
-        }
-    }
-    let rest = &raw[end + 4..];
-    let body = if chunked {
-        dechunk(rest)?
-    } else if let Some(n) = length {
-        rest.get(..n)
-            .ok_or("the connection closed before the body ended")?
-            .to_vec()
-    } else {
-        rest.to_vec()
-    };
-    if body.len() > MAX_ANSWER {
-        return Err(format!("the answer is over {MAX_ANSWER} bytes"));
-    }
-    Ok((status, reason, body))
-}
-
-/// A chunked body's bytes.
-fn dechunk(mut rest: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let eol = rest
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("a truncated chunked body")?;
-        let size_text = std::str::from_utf8(&rest[..eol]).map_err(|_| "a bad chunk size")?;
-        let size_text = size_text.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_text, 16)
-            .map_err(|_| format!("a bad chunk size {size_text:?}"))?;
-        rest = &rest[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        let chunk = rest.get(..size).ok_or("a truncated chunked body")?;
-        out.extend_from_slice(chunk);
-        rest = rest.get(size + 2..).ok_or("a truncated chunked body")?;
-    }
 }
 
 #[cfg(test)]
@@ -449,20 +376,6 @@ mod tests {
         assert!(Gitlab::parse("http://:1").is_err());
         assert!(Gitlab::parse("http://x:port").is_err());
         assert!(Gitlab::parse("127.0.0.1:8080").is_err());
-    }
-
-    #[test]
-    fn responses() {
-        let (s, r, b) =
-            parse_response(b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}").unwrap();
-        assert_eq!((s, r.as_str(), b.as_slice()), (201, "Created", &b"{}"[..]));
-        let (s, _, b) = parse_response(
-            b"HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4;x=y\r\n\":1}\r\n0\r\n\r\n",
-        )
-        .unwrap();
-        assert_eq!((s, b.as_slice()), (400, &b"{\"a\":1}"[..]));
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n{}").is_err());
-        assert!(parse_response(b"HTTP/1.1 200 OK\r\n").is_err());
     }
 
     #[test]

@@ -1,5 +1,9 @@
 //! Shared by the proxy's end-to-end tests: recording stub Pods, the real `podgate
-//! proxy` binary, and a raw HTTP/1.1 client that hides nothing.
+//! proxy` binary, and a raw HTTP/1.1 client that hides nothing; signals to child
+//! processes ([`process`]) and Prometheus text read as samples ([`metrics`]).
+
+pub mod metrics;
+pub mod process;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -206,9 +210,17 @@ impl Drop for Proxy {
     }
 }
 
-/// Write `listen`, `admin_listen` (free ports) and `config_body` to `proxy.toml` in
-/// `dir`, start `podgate proxy`, and return once it accepts connections.
+/// Write `listen`, `admin_listen` (free ports), `grace_period_secs = 0` unless
+/// `config_body` sets it, and `config_body` to `proxy.toml` in `dir`, start `podgate
+/// proxy`, and return once it accepts connections.
 pub async fn start_proxy(config_body: &str, dir: tempfile::TempDir) -> Proxy {
+    let (port, admin, path) = write_config(config_body, &dir);
+    let child = spawn_proxy(&path, false);
+    accepting(child, port, admin, path, dir).await
+}
+
+/// `proxy.toml` in `dir` for [`start_proxy`]: (port, admin port, path).
+fn write_config(config_body: &str, dir: &tempfile::TempDir) -> (u16, u16, std::path::PathBuf) {
     let (port, admin) = (free_port(), free_port());
     let grace = if config_body.contains("grace_period_secs") {
         ""
@@ -221,12 +233,22 @@ pub async fn start_proxy(config_body: &str, dir: tempfile::TempDir) -> Proxy {
     );
     let path = dir.path().join("proxy.toml");
     std::fs::write(&path, config).unwrap();
-    let child = spawn_proxy(&path, false);
+    (port, admin, path)
+}
+
+/// The proxy `child` runs, once it accepts on `port` and `admin`.
+async fn accepting(
+    child: Child,
+    port: u16,
+    admin: u16,
+    config: std::path::PathBuf,
+    dir: tempfile::TempDir,
+) -> Proxy {
     let proxy = Proxy {
         child,
         port,
         admin,
-        config: path,
+        config,
         dir,
     };
     // The admin listener is its own pingora service, bound on its own thread: the
@@ -422,27 +444,35 @@ pub fn jwt_minter(
     }
 }
 
-/// A 3-Pod inline topology (legacy Pod 1) over these stubs, plus `extra` lines.
+/// A 3-Pod inline topology (legacy Pod 1) over these stubs, after `extra` lines.
 pub fn three_pods(legacy: &Stub, pod2: &Stub, pod3: &Stub, extra: &str) -> String {
+    let web = |s: &Stub| vec![s.addr.to_string()];
     format!(
-        r#"{extra}
-        [topology]
-        default_pod = 1
-        [[topology.pods]]
-        id = 1
-        name = "legacy"
-        web = ["{}"]
-        [[topology.pods]]
-        id = 2
-        name = "pod-2"
-        web = ["{}"]
-        [[topology.pods]]
-        id = 3
-        name = "pod-3"
-        web = ["{}"]
-        "#,
-        legacy.addr, pod2.addr, pod3.addr
+        "{extra}\n{}",
+        topology(&[
+            pod_entry(1, &web(legacy), ""),
+            pod_entry(2, &web(pod2), ""),
+            pod_entry(3, &web(pod3), ""),
+        ])
     )
+}
+
+/// An inline topology, Pod 1 the default: `[topology]` and `pods` ([`pod_entry`]).
+/// Top-level keys and other tables go before it.
+pub fn topology(pods: &[String]) -> String {
+    format!("[topology]\ndefault_pod = 1\n{}", pods.concat())
+}
+
+/// One `[[topology.pods]]` entry: Pod `id` (named `legacy` when it is Pod 1, else
+/// `pod-<id>`), its `web` upstreams, and `extra` TOML lines (`kas = [...]`, `state =
+/// "draining"`).
+pub fn pod_entry(id: u64, web: &[String], extra: &str) -> String {
+    let name = if id == 1 {
+        "legacy".to_owned()
+    } else {
+        format!("pod-{id}")
+    };
+    format!("[[topology.pods]]\nid = {id}\nname = \"{name}\"\nweb = {web:?}\n{extra}\n")
 }
 
 /// GET a path on the admin listener: (status, body).
@@ -454,13 +484,7 @@ pub async fn admin_get(proxy: &Proxy, path: &str) -> (u16, String) {
 /// [`start_proxy`], keeping the proxy's log (its stderr, at the default level or
 /// `PODGATE_TEST_LOG`'s) in `proxy.log` in `dir`; read it with [`proxy_log`].
 pub async fn start_proxy_logged(config_body: &str, dir: tempfile::TempDir) -> Proxy {
-    let (port, admin) = (free_port(), free_port());
-    let config = format!(
-        "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\ngrace_period_secs = 0\nupgrade_sock = \"{sock}\"\n{config_body}",
-        sock = dir.path().join("upgrade.sock").display()
-    );
-    let path = dir.path().join("proxy.toml");
-    std::fs::write(&path, config).unwrap();
+    let (port, admin, path) = write_config(config_body, &dir);
     let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_podgate"));
     cmd.args(["proxy", "--config", path.to_str().unwrap()]);
@@ -472,18 +496,7 @@ pub async fn start_proxy_logged(config_body: &str, dir: tempfile::TempDir) -> Pr
         .stderr(Stdio::from(log))
         .spawn()
         .unwrap();
-    let proxy = Proxy {
-        child,
-        port,
-        admin,
-        config: path,
-        dir,
-    };
-    // The admin listener is its own pingora service, bound on its own thread: the
-    // proxy port accepting says nothing about it.
-    wait_accepting(port).await;
-    wait_accepting(admin).await;
-    proxy
+    accepting(child, port, admin, path, dir).await
 }
 
 /// What a proxy started with [`start_proxy_logged`] has logged so far.
@@ -505,23 +518,8 @@ impl Drop for Running {
 /// process (killed when dropped) and everything it printed by then. Its output
 /// is read to the end, so it never blocks on a full pipe.
 pub fn podgate_up(args: &[String], timeout: Duration) -> (Running, String) {
-    use std::io::BufRead as _;
-    let mut up = Command::new(env!("CARGO_BIN_EXE_podgate"))
-        .arg("up")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = up.stdout.take().unwrap();
+    let (up, rx) = spawn_up(args);
     let up = Running(up);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            let _ = tx.send(line);
-        }
-    });
     let mut printed = String::new();
     loop {
         let line = rx
@@ -531,6 +529,71 @@ pub fn podgate_up(args: &[String], timeout: Duration) -> (Running, String) {
         printed.push('\n');
         if line.contains("podgate up: ready") {
             return (up, printed);
+        }
+    }
+}
+
+/// `podgate up ARGS`, as [`spawn_podgate`] but with no stderr: its children (the
+/// proxy, redis-server) outlive it by a moment when it is killed, and must not hold
+/// the test's output open.
+pub fn spawn_up<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let args = args.into_iter().map(|a| a.as_ref().to_owned());
+    spawn(std::iter::once("up".into()).chain(args), Stdio::null())
+}
+
+/// `podgate ARGS` logging errors only (`PODGATE_LOG=error`, on the test's stderr),
+/// its stdout read line by line to the end on a thread of its own (so it never
+/// blocks on a full pipe, however long the test stops listening): the process and
+/// its lines.
+pub fn spawn_podgate<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
+    spawn(args, Stdio::inherit())
+}
+
+fn spawn<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+    stderr: Stdio,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
+        .args(args)
+        .env("PODGATE_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+/// The first of `lines` that `pick` accepts, within `within`; panics naming `what`
+/// when none comes.
+pub fn first_line<T>(
+    lines: &std::sync::mpsc::Receiver<String>,
+    within: Duration,
+    what: &str,
+    pick: impl Fn(&str) -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("{what}: not ready after {within:?}"));
+        if let Some(v) = pick(&line) {
+            return v;
         }
     }
 }

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::metrics;
 use podgate_registry::testing::{eventually, free_port};
 use serde_json::{Value, json};
 
@@ -88,27 +89,18 @@ async fn pod_counts(addr: &str) -> (u64, u64) {
     let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
     let reply = common::request(port, "GET /metrics HTTP/1.1", b"").await;
     let text = String::from_utf8(reply.body).unwrap();
-    let mut runner = 0.0;
-    let mut misrouted = 0.0;
-    for line in text.lines() {
-        let value = || line.rsplit(' ').next().unwrap().parse::<f64>().unwrap();
-        if let Some(labels) = line.strip_prefix("podsim_requests_total{") {
-            let endpoint = labels
-                .split("endpoint=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap();
+    let runner: f64 = metrics::select(&metrics::samples(&text), "podsim_requests_total")
+        .filter(|s| {
+            let endpoint = s.label("endpoint").unwrap();
             let not_runner = ["health", "metrics", "control", "user"].contains(&endpoint)
                 || ["k8s_", "ws_", "agentw_"]
                     .iter()
                     .any(|p| endpoint.starts_with(p));
-            if !not_runner {
-                runner += value();
-            }
-        } else if line.starts_with("misrouted_requests_total") {
-            misrouted += value();
-        }
-    }
+            !not_runner
+        })
+        .map(|s| s.value)
+        .sum();
+    let misrouted = metrics::value_or_zero(&text, "misrouted_requests_total");
     (runner as u64, misrouted as u64)
 }
 
@@ -117,15 +109,13 @@ async fn workspace_states(addr: &str, workspace: &str) -> Option<(String, String
     let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
     let reply = common::request(port, "GET /metrics HTTP/1.1", b"").await;
     let text = String::from_utf8(reply.body).unwrap();
-    let line = text.lines().find(|l| {
-        l.starts_with("podsim_workspace_info{") && l.contains(&format!("workspace=\"{workspace}\""))
-    })?;
-    let label = |name: &str| {
-        line.split(&format!("{name}=\""))
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .map(str::to_owned)
-    };
+    let all = metrics::samples(&text);
+    let info = metrics::select(
+        &all,
+        &format!(r#"podsim_workspace_info{{workspace="{workspace}"}}"#),
+    )
+    .next()?;
+    let label = |name: &str| info.label(name).map(str::to_owned);
     Some((label("desired_state")?, label("actual_state")?))
 }
 

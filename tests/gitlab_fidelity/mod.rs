@@ -41,6 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use common::metrics::value_or_zero;
 use common::{Seen, Stub, gitlab_token, start_proxy, three_pods};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -997,17 +998,9 @@ async fn every_request_reaches_the_pod_of_the_token_gitlab_authenticates() {
     // Both paths were exercised: runner and job requests on the fast path, the
     // rest (and every unusual framing) handed to pingora-proxy.
     let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
-    let served = smuggling::metric_value(
-        &metrics,
-        "podgate_proxy_fast_path_requests_total{result=\"served\"}",
-    );
-    let handed: f64 = metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("podgate_proxy_fast_path_requests_total{") && !l.contains("served")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let fast_path = "podgate_proxy_fast_path_requests_total";
+    let served = value_or_zero(&metrics, &format!("{fast_path}{{result=\"served\"}}"));
+    let handed = value_or_zero(&metrics, fast_path) - served;
     eprintln!("fast path: {served} served, {handed} handed to pingora-proxy");
     assert!(served >= 20.0, "the fast path served only {served} cases");
     assert!(
@@ -1024,11 +1017,7 @@ async fn every_request_reaches_the_pod_of_the_token_gitlab_authenticates_through
     let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;
     harness::run_all(proxy.port, &stubs, all_cases(), 0).await;
     let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
-    let counted: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("podgate_proxy_fast_path_requests_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let counted = value_or_zero(&metrics, "podgate_proxy_fast_path_requests_total");
     assert_eq!(
         counted, 0.0,
         "fast_path = false, yet the fast path counted requests"

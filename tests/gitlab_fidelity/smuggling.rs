@@ -269,7 +269,7 @@ async fn smuggling_attempts_meet_the_same_answers_on_both_paths_and_never_misrou
     }
     // The valid attempts did take the fast path (else this compared pingora twice).
     let (_, metrics) = common::admin_get(&fast, "/metrics").await;
-    let served = metric_value(
+    let served = value_or_zero(
         &metrics,
         "podgate_proxy_fast_path_requests_total{result=\"served\"}",
     );
@@ -279,13 +279,6 @@ async fn smuggling_attempts_meet_the_same_answers_on_both_paths_and_never_misrou
         ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-/// A sample's value in Prometheus text (0 when absent).
-pub(super) fn metric_value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Read one response with a `Content-Length` body from `stream`: its status.
@@ -348,14 +341,25 @@ async fn a_connection_moves_from_the_fast_path_to_pingora_between_requests() {
             .collect();
         assert_eq!(seen, [pod], "{label}");
     }
-    let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
-    let served = metric_value(
-        &metrics,
-        "podgate_proxy_fast_path_requests_total{result=\"served\"}",
-    );
-    let framing = metric_value(
-        &metrics,
-        "podgate_proxy_fast_path_requests_total{result=\"framing\"}",
-    );
-    assert_eq!((served, framing), (2.0, 1.0), "{metrics}");
+    // A request is counted once it has ended, which may come a moment after its
+    // client read the response: the proxy is another process, so its counter is
+    // read until it shows all three.
+    let counts = |metrics: &str| {
+        let count = |result: &str| {
+            value_or_zero(
+                metrics,
+                &format!("podgate_proxy_fast_path_requests_total{{result=\"{result}\"}}"),
+            )
+        };
+        (count("served"), count("framing"))
+    };
+    podgate_registry::testing::eventually(
+        Duration::from_secs(10),
+        "the fast path's counts: 2 served, 1 handed over for its framing",
+        || async {
+            let (_, metrics) = common::admin_get(&proxy, "/metrics").await;
+            (counts(&metrics) == (2.0, 1.0)).then_some(())
+        },
+    )
+    .await;
 }

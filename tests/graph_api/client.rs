@@ -30,7 +30,7 @@ use super::model::{ArcKey, Attrs, Payload, Vx};
 /// The Graph API's WebSocket subprotocol.
 pub const SUBPROTOCOL: &str = "gitlab-agent-graph-api";
 
-/// GitLab's own client refuses messages over this (graph-api.md §1).
+/// GitLab's own client refuses messages over this (docs/graph-api.md §1).
 pub const MAX_MESSAGE: usize = 4 << 20;
 
 /// How the connection ended.

@@ -2,7 +2,7 @@
 //! checked from the outside: a WebSocket client of the tests' own ([`client`]) talks
 //! to the real `podgate kas` and `podgate agentk` over a kube-sim ([`harness`]), and what it
 //! builds is compared with a graph computed independently from the objects the
-//! kube-sim holds ([`model`], written from `graph-api.md`, sharing no code or
+//! kube-sim holds ([`model`], written from `docs/graph-api.md`, sharing no code or
 //! assumption with the server). Issue 12's acceptance list, case by case:
 //!
 //! - the subprotocol handshake, and its refusal without the subprotocol;
@@ -223,7 +223,7 @@ async fn the_subprotocol_is_required_and_echoed() {
 
     // A token GitLab does not know: refused before any upgrade (Rails answers 400
     // for an unknown PAT, which kas turns into 500 "Failed to authorize user
-    // session"; graph-api.md §2).
+    // session"; docs/graph-api.md §2).
     match GraphClient::open(
         &stack.graph_url,
         &format!("pat:{}:glpat-unknown", harness::AGENT_ID),
@@ -877,7 +877,7 @@ async fn a_denied_resource_warns_and_the_rest_streams() {
     )
     .await;
     let c = connect(&stack, &includes(&["resource in ['pods', 'deployments']"])).await;
-    // The sync timeout is the server's (30 s in the seed's example); allow for it.
+    // The sync timeout is the server's (30 s, docs/graph-api.md §5); allow for it.
     let warning = c
         .wait_until("INFORMER_SYNC_FAILED", WAIT * 2, |s| {
             s.warnings

@@ -1,6 +1,6 @@
 //! The independent graph model: from the objects a cluster holds, its discovery
 //! documents and a Graph API request, the graph a correct server ends up with.
-//! Written from `graph-api.md` (§5 discovery and version selection, §6 the arcs per
+//! Written from `docs/graph-api.md` (§5 discovery and version selection, §6 the arcs per
 //! kind, §7 roots, §8 the vertex contents) without reading the server's code, so
 //! that a disagreement is a question about the spec, not a shared assumption.
 //!
@@ -238,7 +238,7 @@ pub fn select_version<'a>(versions: &[&'a str]) -> Option<&'a str> {
     newest(&stable).or_else(|| newest(&|v| !stable(v)))
 }
 
-/// The groups never watched (co-habitation duplicates, graph-api.md §5).
+/// The groups never watched (co-habitation duplicates, docs/graph-api.md §5).
 const EXCLUDED_GROUPS: &[&str] = &["extensions", "events", "events.k8s.io"];
 
 /// A parsed include query.

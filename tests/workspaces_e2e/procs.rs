@@ -11,6 +11,8 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
+use crate::common::process::{Signal, signal};
+
 /// A running `podgate` subcommand.
 pub struct Proc {
     /// What it is, for messages.
@@ -115,9 +117,7 @@ impl Proc {
     /// SIGTERM, and wait for the exit.
     pub async fn terminate(&mut self) {
         if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
+            let _ = signal(pid, Signal::TERM);
         }
         let _ = tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await;
     }

@@ -67,7 +67,7 @@ pub(crate) async fn check(args: LedgerCheckArgs) -> anyhow::Result<ExitCode> {
     let (mut lost_with_pod, mut total_done) = (0, 0);
     for (i, addr) in args.pods.iter().enumerate() {
         let pod = i + 1;
-        let (status, body) = super::super::up_proxy::get(*addr, "/-/podsim/ledger")
+        let (status, body) = crate::cli::http_client::get(*addr, "/-/podsim/ledger")
             .await
             .with_context(|| format!("GET http://{addr}/-/podsim/ledger: no answer"))?;
         anyhow::ensure!(

@@ -20,9 +20,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::unix_ms;
+use crate::cli::http_client::{self, Method};
 
 /// Flags of `drill probe`.
 #[derive(Debug, Args)]
@@ -42,33 +42,25 @@ pub(crate) struct ProbeArgs {
     out: PathBuf,
 }
 
-/// One request, `connection: close`: the status (0: no answer) and `Retry-After`.
+/// One request on a new connection: the status (0: no answer within 5 s),
+/// `Retry-After` and the body.
 async fn post(target: SocketAddr, path: &str, body: &str) -> (u16, Option<String>, String) {
-    let exchange = async {
-        let mut s = tokio::net::TcpStream::connect(target).await.ok()?;
-        let req = format!(
-            "POST {path} HTTP/1.1\r\nhost: gitlab.example.com\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.ok()?;
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        let status = head.split_whitespace().nth(1)?.parse().ok()?;
-        let retry_after = head.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case("retry-after")
-                .then(|| v.trim().to_owned())
-        });
-        Some((status, retry_after, body.to_owned()))
-    };
-    tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or((0, None, String::new()))
+    let request = http_client::request(
+        Method::POST,
+        "gitlab.example.com",
+        path,
+        Some(body.to_owned()),
+    );
+    match tokio::time::timeout(Duration::from_secs(5), http_client::send(target, request)).await {
+        Ok(Ok(r)) => {
+            let retry_after = r
+                .headers
+                .get(http::header::RETRY_AFTER)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+            (r.status.as_u16(), retry_after, r.text())
+        }
+        _ => (0, None, String::new()),
+    }
 }
 
 pub(crate) async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {

@@ -116,7 +116,8 @@ impl GraphState {
             missing += usize::from(a.e);
         }
         s.push_str("arcs:");
-        // The three known types first, in the seed's order, then any other.
+        // The three known types first, in the order GitLab's design lists them
+        // (docs/graph-api.md §6), then any other.
         let known = ["or", "r", "t"];
         let order = known
             .iter()

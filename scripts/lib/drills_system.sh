@@ -1,0 +1,224 @@
+# The system scripts/drills.sh breaks, as functions: ports, processes started in
+# the background (their pids in PIDS, stopped by drills.sh's cleanup), Redis, the
+# Pod simulators, the proxy, two kas with kube-sim and an agentk, the fleet and the
+# probe, and the ledger check. Sourced by scripts/drills.sh, which sets the
+# variables these read (W, D, PODGATE, the lengths and counts).
+# shellcheck shell=bash
+
+say() { printf '%s\n' "$*"; }
+now_ms() { date +%s%3N; }
+# A free port below the kernel's ephemeral range (32768 and up): a port from there
+# (what binding port 0 gives) may be taken by any client socket on the machine, a
+# test's running beside this script included, before the server meant for it binds.
+# 22000-31999: podgate-registry's test servers take Redis Cluster ports below it.
+port() {
+  python3 -c 'import random, socket
+for _ in range(1000):
+    p = random.randrange(22000, 32000)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+    print(p)
+    break
+else:
+    raise SystemExit("drills.sh: no free port in 22000-31999")'
+}
+wait_port() { # wait_port PORT [LOG]: until something listens on PORT (LOG shown if not)
+  local _
+  for _ in $(seq 1 400); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "drills.sh: nothing listens on $1" >&2
+  [ -z "${2:-}" ] || tail -n 20 "$2" >&2
+  return 1
+}
+spawn() { # spawn LOG CMD… : start in the background, remember the pid in $SPAWNED
+  local log=$1; shift
+  "$@" >"$log" 2>&1 &
+  SPAWNED=$!
+  PIDS+=("$SPAWNED")
+}
+# Resident memory of pid $1 in kB: "VmRSS RssAnon RssFile" (the whole, the anonymous
+# part: heap and stacks, and the file-backed part: pages of the mapped executable).
+rss_kb() { awk '/^VmRSS:/ {r=$2} /^RssAnon:/ {a=$2} /^RssFile:/ {f=$2} END {if (r != "") print r, a, f}' "/proc/$1/status" 2>/dev/null || true; }
+
+# --- the system ------------------------------------------------------------------
+
+redis_start() {
+  spawn "$D/redis.log" redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no
+  REDIS_PID=$SPAWNED
+  wait_port "$REDIS_PORT" "$D/redis.log"
+}
+
+pod_start() { # pod_start I
+  local i=$1
+  spawn "$D/pod$i.log" "$PODGATE" pod-sim --pod-id "$i" --listen "127.0.0.1:${POD_PORT[$i]}" \
+    --registration-token "${REG[$i]}" --job-rate "$JOB_RATE" --max-pending "$MAX_PENDING" --long-poll "${LONG_POLL}s" \
+    --redis "$REDIS_URL" --external-url "http://127.0.0.1:$PROXY_PORT"
+  POD_PID[$i]=$SPAWNED
+  wait_port "${POD_PORT[$i]}" "$D/pod$i.log"
+}
+
+proxy_start() { # proxy_start [--upgrade]
+  spawn "$D/proxy.$(now_ms).log" "$PODGATE" proxy --config "$D/proxy.toml" "$@"
+  PROXY_PID=$SPAWNED
+}
+
+wait_ready() {
+  local _
+  for _ in $(seq 1 400); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$ADMIN_PORT/readyz")" = 200 ] && return 0
+    sleep 0.05
+  done
+  echo "drills.sh: the proxy is not ready" >&2
+  return 1
+}
+
+system_up() { # system_up NAME [--kas]: with --kas, also two kas, kube-sim and an agentk (kas_up)
+  D=$W/$1
+  mkdir -p "$D"
+  REDIS_PORT=$(port) PROXY_PORT=$(port) ADMIN_PORT=$(port)
+  OWNER_EXTRA=() PROXY_EXTRA=""
+  # One check decides (R4 measures "within one health interval"); the soak keeps
+  # the defaults, since a CPU-saturated check must not take a Pod out.
+  if [ "$1" = R7 ]; then HEALTH_TIMEOUT_MS=1000 HEALTH_RISE_FALL=3; else HEALTH_TIMEOUT_MS=500 HEALTH_RISE_FALL=1; fi
+  if [ "${2:-}" = --kas ]; then kas_prepare; fi
+  REDIS_URL=redis://127.0.0.1:$REDIS_PORT
+  POD_PORT=() POD_PID=() REG=()
+  local i
+  for i in 1 2 3; do
+    POD_PORT[$i]=$(port)
+    REG[$i]=$("$PODGATE" token mint-gitlab --prefix glrt- --cell "$i" --org 1 --runner-type 1)
+  done
+  redis_start
+  for i in 1 2 3; do pod_start "$i"; done
+  spawn "$D/owner.log" "$PODGATE" loadtest drill topology-owner --redis "$REDIS_URL" \
+    --queue-redis "$REDIS_URL" --pod "1=127.0.0.1:${POD_PORT[1]}" \
+    --pod "2=127.0.0.1:${POD_PORT[2]}" --pod "3=127.0.0.1:${POD_PORT[3]}" "${OWNER_EXTRA[@]}"
+  OWNER_PID=$SPAWNED
+  cat >"$D/proxy.toml" <<EOF
+listen = "127.0.0.1:$PROXY_PORT"
+admin_listen = "127.0.0.1:$ADMIN_PORT"
+grace_period_secs = 2
+upgrade_sock = "$D/upgrade.sock"
+edge_poll_hold_secs = $LONG_POLL
+$PROXY_EXTRA
+[health]
+interval_ms = $HEALTH_MS
+timeout_ms = $HEALTH_TIMEOUT_MS
+rise = $HEALTH_RISE_FALL
+fall = $HEALTH_RISE_FALL
+[registry]
+backend = { kind = "redis", url = "$REDIS_URL" }
+EOF
+  proxy_start
+  wait_ready
+  if [ "${2:-}" = --kas ]; then kas_up; fi
+}
+
+# --- kas and an agent (R2, R3) ---------------------------------------------------
+# Two kas of Pod 1 sharing the registry's Redis (short TTL: KAS_TTL), both in the
+# topology as Pod 1's kas pool; kube-sim; one agentk (agent $AGENT_ID, a JWT the kas
+# and the proxy verify) dialling kas through the proxy, as `podgate up` connects it.
+AGENT_ID=7
+KAS_TTL=${KAS_TTL:-6}
+kas_prepare() {
+  mkdir -p "$D/keys"
+  "$PODGATE" token keygen --alg ed25519 --kid drill --out "$D/keys/" >/dev/null
+  head -c 32 /dev/urandom | base64 >"$D/external"
+  head -c 32 /dev/urandom | base64 >"$D/internal"
+  "$PODGATE" token mint --kind agent --pod 1 --agent "$AGENT_ID" --project 1001 --ttl 1h \
+    --key "$D/keys/drill.private.pem" --prefix auto >"$D/agent-token"
+  local k
+  for k in 1 2; do
+    KAS_AGENT[$k]=$(port) KAS_EXT[$k]=$(port) KAS_INT[$k]=$(port)
+    OWNER_EXTRA+=(--kas "1=127.0.0.1:${KAS_AGENT[$k]}")
+  done
+  PROXY_EXTRA="keys = [\"$D/keys/drill.pem\"]"
+}
+kas_start() { # kas_start K
+  local k=$1
+  cat >"$D/kas$k.toml" <<EOF
+agent_listen = "127.0.0.1:${KAS_AGENT[$k]}"
+external_listen = "127.0.0.1:${KAS_EXT[$k]}"
+internal_listen = "127.0.0.1:${KAS_INT[$k]}"
+observability_listen = "127.0.0.1:$(port)"
+external_secret_file = "$D/external"
+internal_secret_file = "$D/internal"
+agent_keys = ["$D/keys/drill.pem"]
+max_wait = "20s"
+[registry]
+backend = { kind = "redis", url = "$REDIS_URL" }
+ttl = "${KAS_TTL}s"
+refresh_interval = "$(( KAS_TTL / 3 ))s"
+gc_interval = "$(( KAS_TTL / 3 ))s"
+topology_resync_interval = "2s"
+EOF
+  spawn "$D/kas$k.log" "$PODGATE" kas --config "$D/kas$k.toml" --shutdown-grace 1s
+  KAS_PID[$k]=$SPAWNED
+  wait_port "${KAS_EXT[$k]}" "$D/kas$k.log"
+}
+kas_up() {
+  kas_start 1; kas_start 2
+  local kube_port; kube_port=$(port)
+  spawn "$D/kube-sim.log" "$PODGATE" kube-sim --listen "127.0.0.1:$kube_port" --objects 50 \
+    --kubeconfig-out "$D/kubeconfig"
+  wait_port "$kube_port" "$D/kube-sim.log"
+  local _
+  for _ in $(seq 1 100); do [ -s "$D/kubeconfig" ] && break; sleep 0.05; done
+  spawn "$D/agentk.log" env PODGATE_LOG=${AGENTK_LOG:-warn} "$PODGATE" agentk --kas "grpc://127.0.0.1:$PROXY_PORT" \
+    --token-file "$D/agent-token" --kubeconfig "$D/kubeconfig" --observability-listen off
+  AGENTK_PID=$SPAWNED
+  for _ in $(seq 1 400); do [ -n "$(agent_kas)" ] && return 0; sleep 0.05; done
+  echo "drills.sh: agentk did not register" >&2; tail -n 5 "$D/agentk.log" "$D/kas1.log" "$D/kas2.log" >&2; return 1
+}
+# The kas (internal address) holding agent $AGENT_ID's connections, one per line.
+agent_kas() {
+  "$PODGATE" registry --redis "$REDIS_URL" --json agents --agent-id "$AGENT_ID" 2>/dev/null | jq -r '.[].kas' 2>/dev/null | sort -u
+}
+kas_instances() {
+  "$PODGATE" registry --redis "$REDIS_URL" --json kas 2>/dev/null | jq -r '.[].address' 2>/dev/null
+}
+get_pods() { # get_pods K [timeout]: GitLab's GetPods on kas K
+  "$PODGATE" loadtest drill get-pods --kas "127.0.0.1:${KAS_EXT[$1]}" --secret-file "$D/external" \
+    --agent-id "$AGENT_ID" --timeout "${2:-10s}" || true
+}
+
+# The fleet for $1 seconds in the background ($FLEET_PID, report $D/fleet.json).
+fleet_start() {
+  spawn "$D/fleet.log" "$PODGATE" loadtest runners --target "http://127.0.0.1:$PROXY_PORT" \
+    --registration-token "${REG[1]}" --registration-token "${REG[2]}" --registration-token "${REG[3]}" \
+    --runners "$RUNNERS" --duration "${1}s" --check-interval 1s --json "$D/fleet.json"
+  FLEET_PID=$SPAWNED
+}
+fleet_wait() { wait "$FLEET_PID" || true; [ -s "$D/fleet.json" ] || { echo "drills.sh: no fleet report" >&2; tail -5 "$D/fleet.log" >&2; return 1; }; }
+
+probe_start() {
+  spawn "$D/probe.out" "$PODGATE" loadtest drill probe --target "127.0.0.1:$PROXY_PORT" \
+    --registration-token "${REG[1]}" --registration-token "${REG[2]}" --registration-token "${REG[3]}" \
+    --out "$D/probe.log"
+  PROBE_PID=$SPAWNED
+  local _
+  for _ in $(seq 1 200); do [ -s "$D/probe.log" ] && return 0; sleep 0.05; done
+  echo "drills.sh: the probe did not start" >&2; cat "$D/probe.out" >&2; return 1
+}
+probe_stop() { kill -TERM "$PROBE_PID" 2>/dev/null || true; wait "$PROBE_PID" 2>/dev/null || true; }
+probe_stats() { "$PODGATE" loadtest drill probe-stats --probe-log "$D/probe.log" "$@"; }
+
+# ledger_check [ledger-check flags…]: prints its lines; fails when the check does.
+ledger_check() {
+  "$PODGATE" loadtest drill ledger-check --pod "127.0.0.1:${POD_PORT[1]}" \
+    --pod "127.0.0.1:${POD_PORT[2]}" --pod "127.0.0.1:${POD_PORT[3]}" --fleet "$D/fleet.json" "$@" | sed 's/^/  /'
+}
+
+system_down() {
+  local p
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  sleep 0.3
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
+}
