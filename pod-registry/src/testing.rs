@@ -58,7 +58,7 @@ fn pick_port(next: &AtomicU32, range: std::ops::Range<u16>, free: impl Fn(u16) -
 const START_ATTEMPTS: usize = 5;
 
 /// A free TCP port on 127.0.0.1 (bound once, then released for the server to take):
-/// each call in a process a different one, from [`PORTS`], starting at an offset
+/// each call in a process a different one, from `PORTS`, starting at an offset
 /// of the process's own.
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -95,7 +95,7 @@ impl RedisServer {
 
     /// Start with extra `redis-server` arguments (e.g. `--cluster-enabled yes`).
     /// A server that cannot take its port (another process took it since it was
-    /// found free) is started again on another, up to [`START_ATTEMPTS`] times.
+    /// found free) is started again on another, up to `START_ATTEMPTS` times.
     pub fn start_with(extra: &[&str]) -> Self {
         let cluster = extra.contains(&"--cluster-enabled");
         let pick = || {
