@@ -79,6 +79,7 @@ pub mod health;
 pub mod metrics;
 pub mod params;
 pub mod path;
+pub mod pipeline;
 mod request_id;
 pub mod rules;
 pub mod server;
