@@ -1,26 +1,21 @@
 use http::HeaderValue;
-use podgate_registry::TopologyFile;
-use podgate_tokens::{ClassifierConfig, KeySet};
+use podgate_tokens::KeySet;
 
 use super::*;
 
+/// The default Pod 1 alone.
 fn topology() -> Topology {
-    TopologyFile::parse(
-        r#"
-        default_pod = 1
-        [[pods]]
-        id = 1
-        name = "legacy"
-        web = ["127.0.0.1:1"]
-        [[pods]]
-        id = 2
-        name = "two"
-        web = ["127.0.0.1:2"]
-        "#,
-        "test",
-    )
-    .unwrap()
-    .to_topology(1)
+    let one = podgate_tokens::PodId::new(1).unwrap();
+    Topology {
+        version: 1,
+        pods: [(
+            one,
+            std::sync::Arc::new(podgate_registry::Pod::new(one, "legacy", "127.0.0.1:1")),
+        )]
+        .into_iter()
+        .collect(),
+        default_pod: Some(one),
+    }
 }
 
 fn head<'a>(method: &'a Method, path: &'a str, headers: &'a HeaderMap) -> Head<'a> {
@@ -102,72 +97,61 @@ fn a_multipart_type_without_boundary_is_refused_with_its_rule() {
     assert!(matches!(plan, Plan::Refuse { rule: 0, refusal } if refusal.code == "malformed_body"));
 }
 
+/// The outcome for `path` when its JSON body was not read whole (declared
+/// larger than the plan's limit).
+fn past_the_cap(path: &str) -> Outcome {
+    let rules = rules::builtin();
+    let h = headers(&[("host", "gitlab"), ("content-type", "application/json")]);
+    let view = head(&Method::POST, path, &h);
+    let Plan::Route {
+        rule,
+        body: Some(plan),
+    } = plan_of(&rules, &view)
+    else {
+        panic!("{path}: routed with a body");
+    };
+    let body = BodyRead::Read {
+        plan: &plan,
+        bytes: &[],
+        complete: false,
+    };
+    decide_by(&rules[rule], &view, body).outcome
+}
+
+fn decide_by(rule: &Rule, view: &Head<'_>, body: BodyRead<'_>) -> Decision {
+    let classifier = Classifier::with_keys(KeySet::new());
+    decide(
+        rule,
+        view,
+        body,
+        &topology(),
+        &classifier,
+        OnInvalid::Reject,
+    )
+}
+
 #[test]
 fn a_body_past_the_cap_is_refused_only_where_a_token_is_required() {
-    let rules = rules::builtin();
-    let classifier = Classifier::new(ClassifierConfig::default(), KeySet::new()).unwrap();
-    let h = headers(&[("host", "gitlab"), ("content-type", "application/json")]);
-    let view = head(&Method::POST, "/api/v4/jobs/request", &h);
-    let Plan::Route {
-        rule,
-        body: Some(plan),
-    } = plan_of(&rules, &view)
-    else {
-        panic!("routed with a body");
-    };
-    let body = BodyRead::Read {
-        plan: &plan,
-        bytes: &[],
-        complete: false,
-    };
-    let d = decide(
-        &rules[rule],
-        &view,
-        body,
-        &topology(),
-        &classifier,
-        OnInvalid::Reject,
-    );
-    assert!(matches!(d.outcome, Outcome::Refused(r) if r.status == 413));
+    let outcome = past_the_cap("/api/v4/jobs/request");
+    assert!(matches!(outcome, Outcome::Refused(r) if r.status == 413));
     // The general API routes a large body by its head: no token there, the default Pod.
-    let view = head(&Method::POST, "/api/v4/projects/1/repository/commits", &h);
-    let Plan::Route {
-        rule,
-        body: Some(plan),
-    } = plan_of(&rules, &view)
-    else {
-        panic!("routed with a body");
-    };
-    let body = BodyRead::Read {
-        plan: &plan,
-        bytes: &[],
-        complete: false,
-    };
-    let d = decide(
-        &rules[rule],
-        &view,
-        body,
-        &topology(),
-        &classifier,
-        OnInvalid::Reject,
-    );
+    let outcome = past_the_cap("/api/v4/projects/1/repository/commits");
     assert!(
         matches!(
-            d.outcome,
+            outcome,
             Outcome::Forward {
                 why: "no_token",
                 ..
             }
         ),
-        "{d:?}"
+        "{outcome:?}"
     );
-    let d = decide(
-        &rules[rule],
-        &view,
+    let rules = rules::builtin();
+    let h = headers(&[("host", "gitlab")]);
+    let d = decide_by(
+        &rules[0],
+        &head(&Method::POST, "/api/v4/jobs/request", &h),
         BodyRead::Overflow { limit: 9 },
-        &topology(),
-        &classifier,
-        OnInvalid::Reject,
     );
     assert!(matches!(d.outcome, Outcome::Refused(r) if r.status == 413));
 }
@@ -175,20 +159,12 @@ fn a_body_past_the_cap_is_refused_only_where_a_token_is_required() {
 #[test]
 fn rules_that_do_not_route_by_token_have_a_fixed_outcome() {
     let rules = rules::builtin();
-    let classifier = Classifier::new(ClassifierConfig::default(), KeySet::new()).unwrap();
     let h = headers(&[("host", "gitlab")]);
     let view = head(&Method::GET, "/dashboard", &h);
     let Plan::Route { rule, body: None } = plan_of(&rules, &view) else {
         panic!("routed without a body");
     };
     assert_eq!(rules[rule].name, "default");
-    let d = decide(
-        &rules[rule],
-        &view,
-        BodyRead::Skipped,
-        &topology(),
-        &classifier,
-        OnInvalid::Reject,
-    );
+    let d = decide_by(&rules[rule], &view, BodyRead::Skipped);
     assert!(matches!(d.outcome, Outcome::Forward { why: "default", pod } if pod.id.get() == 1));
 }
