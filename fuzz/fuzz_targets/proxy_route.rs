@@ -115,7 +115,7 @@ pub fn run(data: &[u8]) {
             plan,
             bytes,
             complete,
-        } if !(plan.whole() && !complete) => Some((&plan.kind, Body { bytes, complete })),
+        } if !plan.whole() || complete => Some((&plan.kind, Body { bytes, complete })),
         _ => None,
     };
     let request_headers = &h.headers;

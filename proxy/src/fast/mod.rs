@@ -7,11 +7,11 @@
 //! and runs the two steps of [`crate::pipeline`] on what it read, then the steps
 //! the service shares after the decision (the answer, the edge hold, address
 //! selection and retries, the headers added upstream, metrics and the log line).
-//! What it saves is
-//! pingora-proxy's per-request structure (session objects, header copies, two
-//! channels and select loops, a 64 KiB response buffer, boxed hook futures): one
-//! parse per direction, one write per direction for a small response, and a held
-//! poll that is a socket, its request bytes and a waiter.
+//! What it saves is pingora-proxy's per-request structure (session objects, header
+//! copies, two channels and select loops, a 64 KiB response buffer, boxed hook
+//! futures): one parse per direction, one write per direction for a small
+//! response, and a held poll that is a socket, its request bytes and a waiter.
+//! `differential` (feature `test-util`) runs the same bytes down both paths.
 //!
 //! Everything else is handed to pingora-proxy on the same connection, with the
 //! bytes already read put back ([`pingora::protocols::l4::stream::Stream::rewind`])
@@ -19,10 +19,12 @@
 //!
 //! - TLS connections, HTTP/1.0, h2c, WebSocket and other upgrades, `Expect`;
 //! - any framing but one plain `Content-Length` (`Transfer-Encoding`, repeated or
-//!   malformed lengths: the smuggling vectors, refused by pingora as before);
+//!   malformed lengths: the smuggling vectors, which pingora refuses);
+//! - a `Connection` header that nominates headers as hop by hop (pingora checks and
+//!   strips them);
 //! - a head `httparse` or the `http` crate refuses, or no `Host`;
 //! - rules that are not runner or job endpoints (`requires_token`, web pool:
-//!   [`fast_rule`]);
+//!   `fast_rule`);
 //! - multipart bodies and bodies above the look-ahead (pingora answers the 413 or
 //!   streams them).
 //!
