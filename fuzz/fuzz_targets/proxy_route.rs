@@ -1,27 +1,31 @@
-//! A whole request through the proxy's routing, as the fast path and
-//! `PodGate::route_by_token` run it: head (`fast/head.rs`), path
-//! (`path::normalize`), rule (`rules::builtin`), body kind (`params::BodyKind::of`),
-//! every token in every source (`sources::lookup`: headers, `Authorization`, query,
-//! JSON / form / multipart body) and the decision (`decision::route_by_token`), over
-//! Pods 1 (default), 2 and 3.
+//! A whole request through the proxy's routing, as both paths run it: head
+//! (`fast/head.rs`), the plan (`pipeline::plan`: Host, the rule by production's
+//! lookup `rules::rule_for` on the path as GitLab serves it, the body policy),
+//! every token in every source (`sources::lookup`: headers, `Authorization`,
+//! query, JSON / form / multipart body) and the decision (`pipeline::decide`), over
+//! Pods 1 (default), 2 and 3; then the same bytes down the fast path and down
+//! pingora-proxy alone, over loopback sockets (`fast::differential`).
 //!
 //! - nothing panics;
 //! - **no Pod for an invalid token**: a forwarded request carries no invalid token
 //!   in any source; every token it carries names the Pod it goes to (an unroutable
 //!   one: the default Pod); routed as `routable`, its chosen token names that Pod;
-//! - a 401 is for a request that carries an invalid token.
+//! - a 401 is for a request that carries an invalid token;
+//! - **one behaviour**: both paths give the client the same answer and the Pod the
+//!   same request (the request id the client gets is the one the Pod got).
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::CLASSIFIER;
 use podgate_proxy::body::DEFAULT_BODY_LOOKAHEAD as LOOKAHEAD;
-use podgate_proxy::decision::{self, OnInvalid, Outcome};
+use podgate_proxy::decision::{OnInvalid, Outcome};
+use podgate_proxy::fast::differential::Differential;
 use podgate_proxy::fast::fuzzing::{Request, request_head};
-use podgate_proxy::params::BodyKind;
-use podgate_proxy::rules::{self, ActionKind, Rule};
-use podgate_proxy::sources::{self, Body, Lookup, TokenSource};
+use podgate_proxy::pipeline::{self, BodyRead, Plan};
+use podgate_proxy::rules::{self, Rule};
+use podgate_proxy::sources::{self, Body, Lookup};
 use podgate_registry::{Topology, TopologyFile};
-use podgate_tokens::Classification;
+use podgate_tokens::{Classification, Classifier};
 
 static RULES: LazyLock<Vec<Rule>> = LazyLock::new(rules::builtin);
 static TOPOLOGY: LazyLock<Topology> = LazyLock::new(|| {
@@ -46,63 +50,83 @@ static TOPOLOGY: LazyLock<Topology> = LazyLock::new(|| {
     .expect("a valid topology")
     .to_topology(1)
 });
+/// Both paths, started once per process.
+static PATHS: LazyLock<Mutex<Differential>> = LazyLock::new(|| {
+    Mutex::new(Differential::new(Arc::new(Classifier::with_keys(
+        crate::keys(),
+    ))))
+});
 
 /// Checks one input (module docs); panics on a violated property.
 pub fn run(data: &[u8]) {
     let Request::Head(h) = request_head(data) else {
         return;
     };
-    let path = podgate_proxy::path::normalize(h.path);
-    let Some(rule) = rules::first_match(&RULES, &h.method, &path, &h.headers) else {
-        return;
-    };
-    if rule.action != ActionKind::RouteByToken {
-        return;
-    }
-    let mut kind = None;
-    if rule.sources.iter().any(TokenSource::reads_body) {
-        let ct = h
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok());
-        match BodyKind::of(ct, &h.method) {
-            Err(_) => return,
-            Ok(BodyKind::Opaque) => {}
-            Ok(k) => kind = Some(k),
-        }
-    }
     let available = &data[h.len..];
-    let body = match &kind {
-        Some(k) if h.body_len > 0 => {
-            let limit = match rule.max_body_bytes {
-                Some(max) if k.whole() => max.min(LOOKAHEAD),
-                _ => LOOKAHEAD,
-            };
-            if k.whole() && (h.body_len > limit || available.len() < h.body_len) {
-                return; // a 413, or a body still on its way
-            }
-            let n = h.body_len.min(available.len()).min(limit);
-            Some(Body {
-                bytes: &available[..n],
-                complete: n == h.body_len,
-            })
-        }
-        _ => None,
-    };
-    let request = decision::Request {
-        headers: &h.headers,
+    if available.len() >= h.body_len {
+        // One request, its body whole: what both paths do with it.
+        let (fast, pingora) = PATHS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .run(&data[..h.len + h.body_len]);
+        assert_eq!(fast, pingora, "the fast path and pingora-proxy differ");
+        assert!(fast.request_id_kept && pingora.request_id_kept);
+    }
+    let head = pipeline::Head {
+        method: &h.method,
+        path: h.path,
         query: h.query,
-        body: kind.as_ref().zip(body),
+        headers: &h.headers,
+        host: h
+            .headers
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok()),
+        http2: false,
         hop_by_hop: &h.hop_by_hop,
     };
-    let d = decision::route_by_token(rule, &request, &TOPOLOGY, &CLASSIFIER, OnInvalid::Reject);
-
+    let Plan::Route { rule, body } = pipeline::plan(&RULES, &head, LOOKAHEAD) else {
+        return;
+    };
+    let rule = &RULES[rule];
+    let read = match &body {
+        Some(plan) if h.body_len > 0 => {
+            if plan.whole() && available.len() < h.body_len {
+                return; // a body still on its way
+            }
+            let n = if plan.whole() && h.body_len > plan.limit {
+                0 // declared larger than the cap: not read
+            } else {
+                h.body_len.min(available.len()).min(plan.limit)
+            };
+            BodyRead::Read {
+                plan,
+                bytes: &available[..n],
+                complete: n == h.body_len,
+            }
+        }
+        _ => BodyRead::Skipped,
+    };
+    let d = pipeline::decide(rule, &head, read, &TOPOLOGY, &CLASSIFIER, OnInvalid::Reject);
+    if rule.sources.is_empty() {
+        return;
+    }
+    let looked_at = match read {
+        BodyRead::Read {
+            plan,
+            bytes,
+            complete,
+        } if !plan.whole() || complete => Some((&plan.kind, Body { bytes, complete })),
+        _ => None,
+    };
+    let request_headers = &h.headers;
+    let request_query = h.query;
+    let hop_by_hop = &h.hop_by_hop;
     let candidates = match sources::lookup(
         &rule.sources,
-        request.headers,
-        request.query,
-        request.body,
-        request.hop_by_hop,
+        request_headers,
+        request_query,
+        looked_at,
+        hop_by_hop,
     ) {
         Lookup::Found { candidates, chosen } => {
             assert!(chosen < candidates.len());

@@ -1,19 +1,8 @@
 //! The routing decision: from a rule, a request head, a body prefix, the topology
 //! and the classifier to exactly one outcome. Pure (no I/O), so every rule of the
-//! contract is unit-tested here; [`crate::service`] only reads the request and acts.
-//!
-//! The contract:
-//! - the request goes to the Pod of the token **GitLab authenticates** (the first of
-//!   the rule's sources that has one, see [`crate::sources::lookup`]);
-//! - **every** token the request carries in any source GitLab might read must name
-//!   that same Pod (an unroutable token names the default Pod): one invalid token is a
-//!   401, two Pods are a 400 `conflicting_tokens`, and nothing is forwarded;
-//! - a body that cannot be read as GitLab reads it is a 400 `malformed_body`; a
-//!   runner or job endpoint with no token (none in the head, none in the body or its
-//!   look-ahead) is a 400 `token_not_found`; neither goes to the default Pod;
-//! - where GitLab allows no token (Git, the API), a request without one goes to its
-//!   `_gitlab_session` cookie's Pod, else the default Pod (`no_token`), which answers
-//!   it as GitLab does; so does an unroutable token.
+//! routing contract (`docs/routing.md`: the token GitLab authenticates routes,
+//! every token must name the same Pod, 400/401/503 and their reasons) is
+//! unit-tested here; [`crate::pipeline`] calls it for both request paths.
 
 use std::sync::Arc;
 

@@ -15,43 +15,29 @@
 //!   `Authorization`, and Rack/Grape parameters from the query and JSON, form and
 //!   multipart bodies — and the one GitLab authenticates.
 //! - [`decision`]: tokens + topology → forward, 400, 401 or 503. Pure and tested.
-//! - [`service`]: [`service::PodGate`], the pingora `ProxyHttp` implementation;
-//!   [`body`]: the body prefix it reads before routing.
+//! - [`pipeline`]: the routing of one request as both paths run it, two pure
+//!   steps: plan (Host, rule, body policy), then decide.
+//! - [`service`]: [`service::PodGate`], the pingora `ProxyHttp` implementation,
+//!   and the steps after the decision both paths share; [`body`]: the body prefix
+//!   it reads before routing.
 //! - [`fast`]: the HTTP/1 fast path for runner and job endpoints, a pingora
-//!   `ServerApp` in front of that service that routes with the same `PodGate` and
-//!   hands every other request to it.
+//!   `ServerApp` in front of that service: an I/O adapter over [`pipeline`] and
+//!   the shared steps, handing every other request to the service.
 //! - [`config`] and [`server`]: `proxy.toml` and `podgate proxy`.
 //!
 //! ## The routing contract
 //!
-//! A request goes to the Pod of the token GitLab will authenticate, and only if
-//! every token it carries in any source GitLab might read names that same Pod: an
-//! invalid one is a 401, two Pods are a 400 `conflicting_tokens`, and nothing is
-//! forwarded. A token header listed in `Connection:` is removed, never routed by.
-//!
-//! ## Bodies
-//!
-//! When a rule's token may be a parameter, a JSON or form body is read whole (at
-//! most `body_lookahead_bytes`, default 64 KiB; more: 413) and a multipart body up to
-//! `body_lookahead_bytes`, wherever the token part is within it. What was read is
-//! replayed upstream byte for byte from pingora's retry buffer (sized for it by a
-//! patch to pingora, `vendor/README.md`); the rest of an upload streams unbuffered.
-//! A body that cannot be parsed, or a multipart look-ahead with no token when the
-//! request has none elsewhere, is a 400 — never the default Pod.
-//! `Expect: 100-continue` is answered by the proxy when it reads a body.
-//!
-//! ## Request heads
-//!
-//! An HTTP/1 request without `Host` (HTTP/1.0 included) is a 400, and a request
-//! head must arrive within `head_timeout_ms` of its first byte (default 30 s).
+//! Which token routes a request, where it may be, where the request goes and what
+//! the proxy answers itself (400, 401, 404, 413, 503, …) is written once, in
+//! `docs/routing.md`; [`pipeline`] and [`decision`] implement it. A request head
+//! must arrive within `head_timeout_ms` of its first byte (default 30 s).
 //!
 //! ## Long polls at the edge
 //!
-//! [`edge_poll`]: for Pods that set `runner_queue_redis`, a `jobs/request` poll whose
-//! `last_update` is the runner's current queue value is held in the proxy, with no
-//! upstream connection, as the Pod's Workhorse would hold it: answered 204 with
-//! `X-GitLab-Last-Update` when `edge_poll_hold_secs` end, forwarded at once when the
-//! runner's queue key changes, forwarded (fail open) when that Redis is unreachable.
+//! [`edge_poll`]: for Pods that set `runner_queue_redis`, a poll by a rule with
+//! `edge_hold` (the built-in `jobs/request` rule) whose `last_update` is the
+//! runner's current queue value is held in the proxy, with no upstream
+//! connection, as the Pod's Workhorse would hold it (`docs/routing.md`).
 //!
 //! ## Operations
 //!
@@ -79,6 +65,7 @@ pub mod health;
 pub mod metrics;
 pub mod params;
 pub mod path;
+pub mod pipeline;
 mod request_id;
 pub mod rules;
 pub mod server;

@@ -186,31 +186,29 @@ fn trim_leading_spaces(b: &[u8]) -> &[u8] {
 }
 
 /// `application/x-www-form-urlencoded` unescaping: `+` is a space, `%XX` a byte;
-/// `None` for an invalid escape.
+/// `None` for an invalid escape, which Rack refuses (`URI.decode_www_form_component`
+/// raises on a `%` not followed by two hex digits) and percent-encoding would keep.
 fn unescape(b: &[u8]) -> Option<Cow<'_, str>> {
     if !b.iter().any(|c| matches!(c, b'%' | b'+')) {
         return Some(String::from_utf8_lossy(b));
     }
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
+    let valid = b
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c == b'%')
+        .all(|(i, _)| {
+            b.get(i + 1..i + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+        });
+    if !valid {
+        return None;
     }
-    Some(Cow::Owned(String::from_utf8_lossy(&out).into_owned()))
+    let spaced: Vec<u8> = b
+        .iter()
+        .map(|&c| if c == b'+' { b' ' } else { c })
+        .collect();
+    let decoded: Vec<u8> = percent_encoding::percent_decode(&spaced).collect();
+    Some(Cow::Owned(String::from_utf8_lossy(&decoded).into_owned()))
 }
 
 /// Every value of top-level key `name` of a JSON object body, in order (a key

@@ -26,7 +26,9 @@ pub fn normalize(path: &str) -> Cow<'_, str> {
     if is_plain(path) {
         return Cow::Borrowed(path);
     }
-    let decoded = percent_decode_lossy(path);
+    // `%XX` decoded (Go's `URL.Path`). An invalid escape is kept as it is: Go would
+    // refuse the whole request with 400, so nothing is served for it either way.
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
     let mut cleaned = clean(&decoded);
     // Grape: trailing slashes dropped, then an optional `.json` format suffix.
     while cleaned.len() > 1 && cleaned.ends_with('/') {
@@ -50,28 +52,6 @@ fn is_plain(path: &str) -> bool {
         && !path.contains("//")
         && !path.contains("/.")
         && !path.ends_with(".json")
-}
-
-/// `%XX` decoded (Go's `URL.Path`); an invalid escape is kept as it is (Go would
-/// refuse the whole request with 400, so nothing is served for it either way).
-fn percent_decode_lossy(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && let Some(hex) = b.get(i + 1..i + 3)
-            && let Ok(hex) = std::str::from_utf8(hex)
-            && let Ok(v) = u8::from_str_radix(hex, 16)
-        {
-            out.push(v);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Go's `path.Clean` on a rooted path, with a trailing `/` kept (Workhorse's
@@ -122,6 +102,7 @@ mod tests {
             ("/.json", "/.json"),
             ("/g/p.git/info/refs", "/g/p.git/info/refs"),
             ("/bad%zzescape", "/bad%zzescape"),
+            ("/api/v4/jobs/%+1equest", "/api/v4/jobs/%+1equest"),
         ] {
             assert_eq!(normalize(raw), want, "{raw}");
         }

@@ -3,6 +3,8 @@
 //! `name{label="value",…} value [timestamp]`, label values with `\\`, `\"` and `\n`
 //! escapes, values `NaN`, `+Inf` and `-Inf`. One bad line fails the whole scrape,
 //! as in Prometheus (`model/textparse/promparse.go`), with the line named.
+//! Hand-written because crates.io's parser, `prometheus-parse` 0.2, splits label
+//! values on `,` and `=` without unescaping them and skips bad lines silently.
 
 use thiserror::Error;
 

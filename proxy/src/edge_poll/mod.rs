@@ -69,9 +69,6 @@ use watcher::{Wake, Watcher};
 pub const KEY_PREFIX: &str = "runner:build_queue:";
 /// The notification channel prefix (Workhorse's `channelPrefix`).
 pub const CHANNEL_PREFIX: &str = "workhorse:notifications:";
-/// The rule whose polls are held (the built-in `POST /api/v4/jobs/request` rule;
-/// a custom rule set gets edge holds by naming its rule so).
-pub const JOBS_REQUEST_RULE: &str = "jobs-request";
 /// `edge_poll_hold_secs` by default: GitLab.com's `apiCiLongPollingDuration`.
 pub const DEFAULT_HOLD_SECS: u64 = 50;
 

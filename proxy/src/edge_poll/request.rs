@@ -51,7 +51,7 @@ impl RunnerRequest {
             .get(http::header::CONTENT_TYPE)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .unwrap_or_default();
-        if parse_media_type(&content_type).as_deref() != Some("application/json") {
+        if !is_application_json(&content_type) {
             return None;
         }
         let r: RunnerRequest = serde_json::from_slice(body).ok()?;
@@ -127,85 +127,24 @@ fn fold_eq(key: &str, field: &str) -> bool {
     }
 }
 
-/// RFC 2045 token characters (Go's `mime.isTokenChar`).
-fn is_token_char(c: char) -> bool {
-    c.is_ascii() && c > ' ' && c != '\u{7f}' && !"()<>@,;:\\\"/[]?=".contains(c)
-}
-
-fn consume_token(v: &str) -> (&str, &str) {
-    let end = v.find(|c| !is_token_char(c)).unwrap_or(v.len());
-    (&v[..end], &v[end..])
-}
-
-/// Go's `consumeValue`: a token or a quoted string (`\` escapes the next character);
-/// what follows it.
-fn consume_value(v: &str) -> Option<&str> {
-    let Some(rest) = v.strip_prefix('"') else {
-        let (t, rest) = consume_token(v);
-        return (!t.is_empty()).then_some(rest);
+/// Whether Go's `mime.ParseMediaType` reads `v` as `application/json`: parsed by
+/// the `mime` crate, with Go's two differences from it (a trailing `;` is
+/// allowed; a repeated parameter, names compared case-insensitively, is an
+/// error). Go's `ParseMediaType` also takes a type without a subtype, never
+/// `application/json`.
+fn is_application_json(v: &str) -> bool {
+    let v = v.trim();
+    let v = v.strip_suffix(';').map_or(v, str::trim_end);
+    let Ok(media) = v.parse::<mime::Mime>() else {
+        return false;
     };
-    let mut chars = rest.char_indices();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '"' => return Some(&rest[i + 1..]),
-            '\\' => {
-                chars.next()?;
-            }
-            '\r' | '\n' => return None,
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Go's `mime.ParseMediaType`: the lower-cased media type, `None` on any error (a
-/// bad type, a bad or repeated parameter; a trailing `;` is allowed).
-fn parse_media_type(v: &str) -> Option<String> {
-    let (base, _) = v.split_once(';').unwrap_or((v, ""));
-    let media = base.trim().to_lowercase();
-    // `checkMediaTypeDisposition`: token [ "/" token ].
-    let (t, rest) = consume_token(&media);
-    if t.is_empty() {
-        return None;
-    }
-    if let Some(sub) = rest.strip_prefix('/') {
-        let (s, rest) = consume_token(sub);
-        if s.is_empty() || !rest.is_empty() {
-            return None;
-        }
-    } else if !rest.is_empty() {
-        return None;
-    }
-    let mut seen = std::collections::HashSet::new();
-    let mut v = &v[base.len()..];
-    loop {
-        v = v.trim_start();
-        if v.is_empty() {
-            break;
-        }
-        // `consumeMediaParam`.
-        let param = (|| {
-            let rest = v.strip_prefix(';')?.trim_start();
-            let (key, rest) = consume_token(rest);
-            if key.is_empty() {
-                return None;
-            }
-            let rest = rest.trim_start().strip_prefix('=')?.trim_start();
-            Some((key.to_lowercase(), consume_value(rest)?))
-        })();
-        match param {
-            Some((key, rest)) => {
-                if !seen.insert(key) {
-                    return None;
-                }
-                v = rest;
-            }
-            // "Ignore trailing semicolons."
-            None if v.trim() == ";" => break,
-            None => return None,
-        }
-    }
-    Some(media)
+    let mut names: Vec<String> = media
+        .params()
+        .map(|(name, _)| name.as_str().to_ascii_lowercase())
+        .collect();
+    names.sort_unstable();
+    let repeated = names.windows(2).any(|w| w[0] == w[1]);
+    !repeated && media.essence_str() == "application/json"
 }
 
 #[cfg(test)]

@@ -13,12 +13,15 @@
 //!   `Wake::Broken` (`receivePubSubStream` closing its channels) and the poll is
 //!   forwarded. A `PING` every [`PING_EVERY`] (and after a failed `GET`) notices a
 //!   connection that died without closing;
-//! - **reconnect** with back-off, 100 ms doubling to [`BACKOFF_MAX`] with jitter
-//!   (`reconnectBackoff`), the pattern subscribed before any waiter may register.
+//! - **reconnect** with back-off, 100 ms doubling to [`BACKOFF_MAX`], each pause
+//!   lengthened by up to as much again at random (`reconnectBackoff`; [`backoff`]),
+//!   the pattern subscribed before any waiter may register.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
+
+use backon::BackoffBuilder;
 
 use futures_util::StreamExt;
 use podgate_tokens::PodId;
@@ -228,17 +231,16 @@ impl Drop for Watcher {
     }
 }
 
-/// A pause of about `base`, ±25 %, so Pods whose Redis came back together do not
-/// reconnect in step.
-fn jittered(base: Duration) -> Duration {
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let quarter = base / 4;
-    let spread = u32::try_from(quarter.as_micros())
-        .unwrap_or(u32::MAX)
-        .max(1);
-    base - quarter + Duration::from_micros(u64::from(nanos % (2 * spread)))
+/// The pauses before each reconnection attempt, from [`BACKOFF_MIN`] doubling to
+/// [`BACKOFF_MAX`], each lengthened by up to as much again at random so Pods whose
+/// Redis came back together do not reconnect in step. Endless.
+pub(crate) fn backoff() -> impl Iterator<Item = Duration> {
+    backon::ExponentialBuilder::new()
+        .with_min_delay(BACKOFF_MIN)
+        .with_max_delay(BACKOFF_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 async fn connect(
@@ -283,27 +285,27 @@ async fn run(url: String, shared: Arc<Shared>) {
             return;
         }
     };
-    let mut backoff = BACKOFF_MIN;
+    let mut pauses = backoff();
     let mut failing = false;
     loop {
         let (pubsub, mut conn) = match connect(&client).await {
             Ok(c) => c,
             Err(e) => {
                 shared.metrics.errors.inc();
+                let backoff = pauses.next().unwrap_or(BACKOFF_MAX);
                 if failing {
                     tracing::debug!(%pod, error = %e, retry_in = ?backoff, "edge polls: runner queue Redis still unreachable");
                 } else {
                     tracing::warn!(%pod, error = %e, retry_in = ?backoff, "edge polls: runner queue Redis unreachable; this Pod's polls are forwarded");
                 }
                 failing = true;
-                tokio::time::sleep(jittered(backoff)).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                tokio::time::sleep(backoff).await;
                 continue;
             }
         };
         let (mut sink, mut stream) = pubsub.split();
         shared.up(conn.clone());
-        backoff = BACKOFF_MIN;
+        pauses = backoff();
         failing = false;
         tracing::info!(%pod, "edge polls: watching the Pod's runner queue keys");
         let mut tick = tokio::time::interval(PING_EVERY);
@@ -335,10 +337,10 @@ async fn run(url: String, shared: Arc<Shared>) {
         };
         shared.down();
         shared.metrics.errors.inc();
+        let backoff = pauses.next().unwrap_or(BACKOFF_MAX);
         tracing::warn!(%pod, error = %broken, retry_in = ?backoff, "edge polls: runner queue Redis connection lost; held polls forwarded");
         drop((sink, stream, conn));
-        tokio::time::sleep(jittered(backoff)).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        tokio::time::sleep(backoff).await;
     }
 }
 
@@ -347,13 +349,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn jitter_stays_within_a_quarter() {
-        for base in [BACKOFF_MIN, Duration::from_secs(1), BACKOFF_MAX] {
-            let d = jittered(base);
-            assert!(
-                d >= base - base / 4 && d <= base + base / 4,
-                "{base:?}: {d:?}"
-            );
+    fn pauses_double_to_the_cap_with_at_most_as_much_again_at_random() {
+        let mut base = BACKOFF_MIN;
+        for pause in backoff().take(12) {
+            assert!(pause >= base && pause <= base * 2, "{base:?}: {pause:?}");
+            base = (base * 2).min(BACKOFF_MAX);
         }
     }
 }

@@ -15,9 +15,7 @@ use super::head::Head;
 use super::response::{self, ChunkScanner, Framing, ResponseHead};
 use super::upstream::{self, ConnectError};
 use super::{Conn, Failed, FastPath, MAX_ATTEMPTS, RELAY_CHUNK, write_all};
-use crate::metrics::METRICS;
-use crate::rules::Rule;
-use crate::service::Ctx;
+use crate::service::{Added, Ctx};
 
 impl FastPath {
     /// Send the request to the decided Pod and relay its response. `Ok((status,
@@ -27,61 +25,29 @@ impl FastPath {
         conn: &mut Conn,
         head: &Head,
         total: usize,
-        rule: &Rule,
         ctx: &mut Ctx,
         keepalive: bool,
     ) -> Result<(u16, bool), Failed> {
         let Some(pod) = ctx.forwarded().cloned() else {
             return Err(Failed::before(Error::new_str("no routing decision")));
         };
-        let request = upstream_request(&conn.buf, head, total, rule, &pod, &ctx.request_id);
+        let rule = self.gate.rule_of(ctx);
+        let added = self.gate.added(ctx, rule, pod.id);
+        let request = upstream_request(&conn.buf, head, total, &added);
         let read_timeout = Duration::from_secs(rule.read_timeout_secs);
+        // After a reused connection failed before any byte: the same address again,
+        // on a new connection (its slot under `max_connections_per_address` kept).
         let mut fresh_for: Option<SocketAddr> = None;
-        // The attempt's slot under `upstreams.max_connections_per_address`, kept
-        // while its connection is in use (a retry on a fresh connection to the same
-        // address keeps it).
-        let mut _slot = None;
         for _ in 0..MAX_ATTEMPTS {
             let fresh = fresh_for.is_some();
             let addr = match fresh_for.take() {
                 Some(addr) => addr,
-                None => {
-                    let selected = self.gate.upstreams.select(
-                        pod.id,
-                        rule.pool,
-                        ctx.request_id.as_bytes(),
-                        &ctx.tried,
-                    );
-                    let Some(addr) = selected else {
-                        return Err(Failed::before(
-                            Error::explain(
-                                ErrorType::ConnectNoRoute,
-                                "no address of the Pod left to try",
-                            )
-                            .into_up(),
-                        ));
-                    };
-                    ctx.tried.push(addr);
-                    _slot = None;
-                    match self.gate.upstreams.admit(pod.id, rule.pool, addr).await {
-                        Ok(slot) => _slot = slot,
-                        Err(e) => return Err(Failed::before(e)),
-                    }
-                    addr
-                }
+                None => self.gate.next_address(ctx).await.map_err(Failed::before)?,
             };
             let checked_out = match connection(&self.pool, addr, fresh).await {
                 Ok(c) => c,
                 Err(e) => {
-                    METRICS
-                        .connect_failures
-                        .with_label_values(&[pod.id.to_string().as_str()])
-                        .inc();
-                    if self
-                        .gate
-                        .upstreams
-                        .untried_left(pod.id, rule.pool, &ctx.tried)
-                    {
+                    if self.gate.connect_failed(ctx) {
                         continue;
                     }
                     return Err(Failed::before(e));
@@ -378,29 +344,24 @@ async fn connection(
 }
 
 /// The request as the Pod receives it: the request line, the client's header
-/// lines as received (less those it listed in `Connection:`, which end here, and
-/// the proxy's own), `X-Podgate-Pod`, `X-Podgate-Rule`, `X-Request-Id`, and the
+/// lines as received (less the hop-by-hop ones and those it listed in
+/// `Connection:`, which end here, and the proxy's own, [`crate::service::Added`]), the proxy's added headers, and the
 /// body byte for byte — one buffer, one write.
 pub(super) fn upstream_request(
     buf: &[u8],
     head: &Head,
     total: usize,
-    rule: &Rule,
-    pod: &podgate_registry::Pod,
-    request_id: &str,
+    added: &Added<'_>,
 ) -> Vec<u8> {
-    use std::io::Write as _;
-    let mut out = Vec::with_capacity(total + 96 + rule.name.len());
+    let mut out = Vec::with_capacity(total + 128);
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(&buf[head.target.clone()]);
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in &head.lines {
         let n = &buf[name.clone()];
-        let ours = [&b"x-podgate-pod"[..], b"x-podgate-rule", b"x-request-id"]
-            .iter()
-            .any(|o| n.eq_ignore_ascii_case(o));
-        if ours
+        if Added::is_added(n)
+            || is_hop_by_hop(n)
             || head
                 .hop_by_hop
                 .iter()
@@ -408,16 +369,37 @@ pub(super) fn upstream_request(
         {
             continue;
         }
-        out.extend_from_slice(n);
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(&buf[value.clone()]);
-        out.extend_from_slice(b"\r\n");
+        line(&mut out, n, &buf[value.clone()]);
     }
-    let _ = write!(
-        out,
-        "x-podgate-pod: {}\r\nx-podgate-rule: {}\r\nx-request-id: {request_id}\r\n\r\n",
-        pod.id, rule.name
-    );
+    added.for_each(|name, value| line(&mut out, name.as_bytes(), value));
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&buf[head.len..total]);
     out
+}
+
+fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The standard hop-by-hop request headers pingora-proxy removes from every
+/// request it forwards (`strip_standard_hop_by_hop_headers`): the fast path's
+/// requests reach the Pod as pingora's would. (`Transfer-Encoding` and `Upgrade`
+/// never get here: such requests are pingora-proxy's.)
+fn is_hop_by_hop(name: &[u8]) -> bool {
+    const HOP_BY_HOP: [&[u8]; 8] = [
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"http2-settings",
+    ];
+    HOP_BY_HOP
+        .iter()
+        .any(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h))
 }

@@ -63,16 +63,14 @@ pub enum Request<'a> {
 pub fn request_head(buf: &[u8]) -> Request<'_> {
     match super::head::parse(buf) {
         super::head::Parsed::Partial => Request::Partial,
-        super::head::Parsed::HandOff(why) => Request::HandOff(why),
+        super::head::Parsed::HandOff(why) => Request::HandOff(why.label()),
         super::head::Parsed::Head(h) => Request::Head(Box::new(RequestHead {
             upstream: (buf.len() - h.len >= h.body_len).then(|| {
                 super::forward::upstream_request(
                     buf,
                     &h,
                     h.len + h.body_len,
-                    &UPSTREAM.0,
-                    &UPSTREAM.1,
-                    "fuzz",
+                    &crate::service::Added::new(UPSTREAM.1.id, &UPSTREAM.0.name, "fuzz"),
                 )
             }),
             method: h.method.clone(),

@@ -1,9 +1,10 @@
 //! The request head, as the fast path reads it: one strict parse (httparse) and the
 //! framing checks that decide whether the fast path may serve the request at all.
 //! Anything it does not take — another HTTP version, `Transfer-Encoding`, a
-//! `Content-Length` that is not one plain number, `Upgrade`, `Expect`, a target that
-//! is not origin-form, a header the `http` crate refuses — goes to pingora-proxy
-//! unread, which refuses ambiguous framing exactly as it always has.
+//! `Content-Length` that is not one plain number, `Upgrade`, `Expect`, a
+//! `Connection` that nominates a header, a target that is not origin-form, a
+//! header the `http` crate refuses — goes to pingora-proxy unread, which refuses
+//! ambiguous framing exactly as it always has.
 
 use std::ops::Range;
 
@@ -57,15 +58,68 @@ impl Head {
     }
 }
 
-/// What the start of a buffer holds.
+/// What the start of a buffer holds. Returned once per request and consumed at
+/// once: the head stays unboxed, so parsing it allocates no more than it must.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Parsed {
     /// Not a whole head yet.
     Partial,
     /// A head the fast path may serve.
     Head(Head),
-    /// A request for pingora-proxy, and why (the metric's `result` label).
-    HandOff(&'static str),
+    /// A request for pingora-proxy, and why.
+    HandOff(HandOff),
+}
+
+/// Why a request goes to pingora-proxy rather than the fast path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandOff {
+    /// A head `httparse` or the `http` crate refuses (h2c's preface among them),
+    /// or one longer than the fast path waits for.
+    Head,
+    /// Not HTTP/1.1.
+    Version,
+    /// A target that is not origin-form.
+    Target,
+    /// `Transfer-Encoding`, or a `Content-Length` that is not one plain number.
+    Framing,
+    /// `Upgrade` (WebSocket and others).
+    Upgrade,
+    /// `Expect`.
+    Expect,
+    /// A `Connection` header naming another header than `close` and `keep-alive`.
+    Connection,
+    /// No `Host`.
+    Host,
+    /// A rule that is not a runner or job endpoint, or none.
+    Rule,
+    /// A body the fast path does not read (multipart, a type GitLab would refuse,
+    /// larger than the look-ahead).
+    Body,
+}
+
+impl HandOff {
+    /// The `result` label of `podgate_proxy_fast_path_requests_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            HandOff::Head => "head",
+            HandOff::Version => "version",
+            HandOff::Target => "target",
+            HandOff::Framing => "framing",
+            HandOff::Upgrade => "upgrade",
+            HandOff::Expect => "expect",
+            HandOff::Connection => "connection",
+            HandOff::Host => "host",
+            HandOff::Rule => "rule",
+            HandOff::Body => "body",
+        }
+    }
+
+    /// Whether the connection stays with pingora-proxy for good: its head is not
+    /// HTTP/1.1, so no later request on it is one the fast path could read.
+    pub(crate) fn for_good(self) -> bool {
+        matches!(self, HandOff::Head | HandOff::Version)
+    }
 }
 
 /// Parse the head at the start of `buf`.
@@ -75,21 +129,21 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     let len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Parsed::Partial,
-        Ok(httparse::Status::Partial) => return Parsed::HandOff("head"),
-        Err(_) => return Parsed::HandOff("head"),
+        Ok(httparse::Status::Partial) => return Parsed::HandOff(HandOff::Head),
+        Err(_) => return Parsed::HandOff(HandOff::Head),
     };
     if req.version != Some(1) {
-        return Parsed::HandOff("version");
+        return Parsed::HandOff(HandOff::Version);
     }
     let (Some(method), Some(target)) = (req.method, req.path) else {
-        return Parsed::HandOff("head");
+        return Parsed::HandOff(HandOff::Head);
     };
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
-        return Parsed::HandOff("head");
+        return Parsed::HandOff(HandOff::Head);
     };
     // Origin-form only, and a target `http` accepts (as pingora parses it).
     if !target.starts_with('/') || http::uri::PathAndQuery::try_from(target).is_err() {
-        return Parsed::HandOff("target");
+        return Parsed::HandOff(HandOff::Target);
     }
     let span = |s: &[u8]| {
         let start = s.as_ptr() as usize - buf.as_ptr() as usize;
@@ -106,11 +160,11 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
             HeaderName::from_bytes(h.name.as_bytes()),
             HeaderValue::from_bytes(h.value),
         ) else {
-            return Parsed::HandOff("head");
+            return Parsed::HandOff(HandOff::Head);
         };
         match name {
             // Chunked or any other coding: pingora-proxy's framing rules.
-            http::header::TRANSFER_ENCODING => return Parsed::HandOff("framing"),
+            http::header::TRANSFER_ENCODING => return Parsed::HandOff(HandOff::Framing),
             http::header::CONTENT_LENGTH => {
                 let n = std::str::from_utf8(h.value)
                     .ok()
@@ -118,18 +172,23 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
                     .and_then(|v| v.parse::<usize>().ok());
                 match (n, body_len) {
                     (Some(n), None) => body_len = Some(n),
-                    _ => return Parsed::HandOff("framing"),
+                    _ => return Parsed::HandOff(HandOff::Framing),
                 }
             }
-            http::header::UPGRADE => return Parsed::HandOff("upgrade"),
-            http::header::EXPECT => return Parsed::HandOff("expect"),
+            http::header::UPGRADE => return Parsed::HandOff(HandOff::Upgrade),
+            http::header::EXPECT => return Parsed::HandOff(HandOff::Expect),
             http::header::HOST => host = true,
-            http::header::CONNECTION
-                if h.value
-                    .split(|b| *b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close")) =>
-            {
-                keepalive = false;
+            http::header::CONNECTION => {
+                for t in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                    if t.eq_ignore_ascii_case(b"close") {
+                        keepalive = false;
+                    } else if !t.is_empty() && !t.eq_ignore_ascii_case(b"keep-alive") {
+                        // A header nominated as hop by hop: pingora-proxy's rules on
+                        // which may be and what then goes upstream
+                        // (`sanitize_h1_upstream_request`).
+                        return Parsed::HandOff(HandOff::Connection);
+                    }
+                }
             }
             _ => {}
         }
@@ -138,7 +197,7 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     }
     // No Host: pingora-proxy answers the 400, as for every other request.
     if !host {
-        return Parsed::HandOff("host");
+        return Parsed::HandOff(HandOff::Host);
     }
     Parsed::Head(Head {
         method,
@@ -165,7 +224,7 @@ mod tests {
 
     fn handed_off(raw: &str) -> &'static str {
         match parse(raw.as_bytes()) {
-            Parsed::HandOff(why) => why,
+            Parsed::HandOff(why) => why.label(),
             other => panic!("{raw:?}: {other:?}"),
         }
     }
@@ -189,37 +248,38 @@ mod tests {
     #[test]
     fn close_in_any_connection_line_ends_the_connection() {
         let h = head(
-            "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nConnection: te, Close\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nConnection: keep-alive, Close\r\n\r\n",
         );
         assert!(!h.keepalive);
     }
 
     /// Found by `fuzz/fuzz_targets/proxy_request_head.rs`: `Connection:
     /// content-length` dropped the length from the request the Pod got, so the Pod
-    /// read the body as its next request (smuggling).
+    /// read the body as its next request (smuggling). A nominated header is
+    /// pingora-proxy's to sanitise.
     #[test]
-    fn the_body_framing_is_forwarded_even_when_connection_lists_it() {
+    fn a_connection_nominating_headers_is_handed_off() {
         let raw = "POST /api/v4/jobs/request HTTP/1.1\r\nHost: a\r\nConnection: content-length, Transfer-Encoding, x-a\r\nX-A: 1\r\nContent-Length: 5\r\n\r\nhello";
+        assert_eq!(handed_off(raw), "connection");
+        let h = head("GET / HTTP/1.1\r\nHost: a\r\nConnection: Keep-Alive, \r\n\r\n");
+        assert!(h.keepalive);
+    }
+
+    #[test]
+    fn the_pod_gets_no_hop_by_hop_header_and_the_proxys_own() {
+        let raw = "POST /api/v4/jobs/request HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nKeep-Alive: 5\r\nTE: trailers\r\nX-Podgate-Pod: 3\r\nX-A: 1\r\nContent-Length: 5\r\n\r\nhello";
         let h = head(raw);
-        assert_eq!(h.hop_by_hop, [HeaderName::from_static("x-a")]);
-        let rule = crate::rules::builtin().remove(0);
-        let pod = podgate_registry::Pod::new(
-            podgate_tokens::PodId::new(2).unwrap(),
-            "two",
-            "127.0.0.1:2",
-        );
         let up = super::super::forward::upstream_request(
             raw.as_bytes(),
             &h,
             raw.len(),
-            &rule,
-            &pod,
-            "rid",
+            &crate::service::Added::new(podgate_tokens::PodId::new(2).unwrap(), "r", "rid"),
         );
         let up = String::from_utf8(up).unwrap();
-        assert!(up.contains("\r\nContent-Length: 5\r\n"), "{up}");
-        assert!(!up.contains("X-A"), "{up}");
-        assert!(up.ends_with("\r\n\r\nhello"), "{up}");
+        assert_eq!(
+            up,
+            "POST /api/v4/jobs/request HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nContent-Length: 5\r\nx-podgate-pod: 2\r\nx-podgate-rule: r\r\nx-request-id: rid\r\n\r\nhello"
+        );
     }
 
     #[test]

@@ -41,6 +41,11 @@ fn forms_and_queries_keep_every_value_in_order() {
         form("token=%4"),
         Err(Malformed::PercentEncoding("query string"))
     );
+    // Two hex digits, no sign (`u8::from_str_radix` would take `+f`).
+    assert_eq!(
+        form("token=%+f"),
+        Err(Malformed::PercentEncoding("query string"))
+    );
     // A form body splits on `&` only: `1;token=x` is the value of `a`.
     let mut out = Vec::new();
     form_values(b"a=1;token=x&token=y", "token", Pairs::Form, &mut out).unwrap();

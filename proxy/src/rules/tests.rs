@@ -9,15 +9,16 @@ fn name(method: &str, path: &str, headers: &[(&str, &str)]) -> String {
         );
     }
     let rules = builtin();
-    first_match(
+    let host = h.get(http::header::HOST).and_then(|v| v.to_str().ok());
+    let i = rule_for(
         &rules,
         &Method::from_bytes(method.as_bytes()).unwrap(),
         path,
         &h,
+        host,
     )
-    .unwrap()
-    .name
-    .clone()
+    .unwrap();
+    rules[i].name.clone()
 }
 
 #[test]
@@ -253,4 +254,84 @@ fn workspace_hosts_match_by_suffix_whatever_the_path() {
         "{:?}",
         bad.problems("rules[0]")
     );
+}
+
+/// What a rule does is in its fields: renaming a built-in rule keeps it.
+#[test]
+fn behaviour_is_in_fields_not_names() {
+    let rules = builtin();
+    let with = |f: fn(&Rule) -> bool| -> Vec<&str> {
+        rules
+            .iter()
+            .filter(|r| f(r))
+            .map(|r| r.name.as_str())
+            .collect()
+    };
+    assert_eq!(
+        with(|r| r.requires_token),
+        [
+            "jobs-request",
+            "runners",
+            "job-trace",
+            "job-artifacts-upload",
+            "job-update"
+        ]
+    );
+    assert_eq!(with(|r| r.edge_hold), ["jobs-request"]);
+    assert_eq!(
+        with(|r| r.max_body_bytes == Some(32 * 1024)),
+        ["jobs-request"]
+    );
+    let renamed: Vec<Rule> = rules
+        .iter()
+        .cloned()
+        .map(|r| Rule {
+            name: format!("renamed-{}", r.name),
+            ..r
+        })
+        .collect();
+    let jobs = &renamed[0];
+    assert!(jobs.requires_token && jobs.edge_hold);
+    assert_eq!(jobs.max_body_bytes, Some(32 * 1024));
+}
+
+#[test]
+fn typed_fields_from_proxy_toml_are_validated_by_name() {
+    let parsed: Rule = toml::from_str(
+        r#"
+        name = "polls"
+        path = { regex = "^/api/v4/jobs/request$" }
+        action = "route-by-token"
+        sources = ["param:token"]
+        requires_token = true
+        max_body_bytes = 1024
+        edge_hold = true
+        "#,
+    )
+    .unwrap();
+    assert!(parsed.requires_token && parsed.edge_hold);
+    assert_eq!(parsed.max_body_bytes, Some(1024));
+    assert!(parsed.problems("rules[0]").is_empty());
+    let bad: Rule = toml::from_str(
+        r#"
+        name = "pinned"
+        path = { prefix = "/" }
+        action = "route-to-pod"
+        pod = 2
+        pool = "kas"
+        requires_token = true
+        max_body_bytes = 0
+        edge_hold = true
+        "#,
+    )
+    .unwrap();
+    let problems = bad.problems("rules[4]");
+    for field in ["requires_token", "max_body_bytes", "edge_hold"] {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with(&format!("rules[4].{field}:"))),
+            "{field}: {problems:?}"
+        );
+    }
 }

@@ -1,10 +1,14 @@
 //! [`PodGate`]: the pingora `ProxyHttp` implementation. One request goes through:
-//! `request_filter` (match a rule, find and classify the token, decide) →
-//! `upstream_peer` (pick a healthy upstream of the decided Pod) →
-//! `upstream_request_filter` (mark the request) → `response_filter` (request id) →
-//! `logging` (metrics, and one line per request with a token fingerprint only).
-//! A `jobs/request` poll of a Pod that opts in may be held (and answered) in
-//! `request_filter` instead ([`crate::edge_poll`]).
+//! `request_filter` (plan, read the body the plan asks for, decide: the two steps
+//! of [`crate::pipeline`]) → `upstream_peer` (pick a healthy upstream of the
+//! decided Pod) → `upstream_request_filter` (mark the request) → `response_filter`
+//! (request id) → `logging` (metrics, and one line per request with a token
+//! fingerprint only). A poll whose rule has `edge_hold`, to a Pod that opts in, may
+//! be held (and answered) in `request_filter` instead ([`crate::edge_poll`]).
+//!
+//! The steps after the decision that the HTTP/1 fast path shares live beside it:
+//! `steps` (request id, conclusion, logging), `hold` (edge holds), `upstream`
+//! (address selection and retries, the headers added upstream).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,18 +22,23 @@ use podgate_registry::Pod;
 use podgate_tokens::Classifier;
 
 use crate::answer::Answer;
-use crate::body::{DEFAULT_BODY_LOOKAHEAD, read_body, too_large};
-use crate::decision::{self, Decision, OnInvalid, Outcome, Refusal};
-use crate::edge_poll::{self, EdgePolls, PollResult, RunnerRequest, Verdict};
-use crate::metrics::{self, METRICS};
-use crate::params::BodyKind;
+use crate::body::{DEFAULT_BODY_LOOKAHEAD, read_body};
+use crate::decision::{Decision, OnInvalid, Outcome};
+use crate::edge_poll::{EdgePolls, PollResult, RunnerRequest};
+use crate::metrics;
+use crate::pipeline::{self, BodyRead, Plan};
 use crate::request_id::RequestIds;
-use crate::rules::{ActionKind, Pool, Rule};
+use crate::rules::{Pool, Rule};
 use crate::server::RegistryHandle;
-use crate::sources::{self, Body, Candidate, Place, TokenSource};
+use crate::sources::{self, Candidate, Place, TokenSource};
 use crate::upstreams::Upstreams;
 
+mod hold;
 mod steps;
+mod upstream;
+
+pub(crate) use hold::Held;
+pub(crate) use upstream::Added;
 
 /// Per-request state.
 #[derive(Debug, Default)]
@@ -129,82 +138,46 @@ impl PodGate {
         self
     }
 
-    /// Route by token: read what the rule's sources need (the body only when a
-    /// parameter source may be in it), then decide ([`decision::route_by_token`]).
-    /// Also the body, when it was read whole. `Err`: the client went away while its
-    /// body was read.
-    async fn route_by_token(
+    /// Read the body as `plan` says and decide by rule `rule`
+    /// ([`crate::pipeline::decide`]). Also the body, when it was read whole. `Err`:
+    /// the client went away while its body was read.
+    async fn read_and_decide(
         &self,
         session: &mut Session,
-        rule: &Rule,
+        rule: usize,
+        plan: Option<pipeline::BodyPlan>,
     ) -> Result<(Decision, Option<Vec<u8>>)> {
-        let head = session.req_header();
-        let hop_by_hop = sources::connection_listed(&head.headers);
-        let mut kind = None;
-        if rule.sources.iter().any(TokenSource::reads_body) {
-            let content_type = head
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok());
-            match BodyKind::of(content_type, &head.method) {
-                Err(e) => {
-                    return Ok((
-                        refused(Refusal::bad_request("malformed_body", e.to_string())),
-                        None,
-                    ));
-                }
-                Ok(BodyKind::Opaque) => {}
-                Ok(k) => kind = Some(k),
+        let read = match &plan {
+            Some(p) if !session.is_body_empty() => {
+                let read = read_body(session, p.limit, p.whole()).await?;
+                // What was read is replayed from pingora's retry buffer: one that
+                // overflowed cannot replay it.
+                let overflow = session.retry_buffer_truncated();
+                Some((p, read, overflow))
             }
-        }
-        let mut body = None;
-        if let Some(k) = &kind
-            && !session.is_body_empty()
-        {
-            let limit = match rule.max_body_bytes {
-                Some(max) if k.whole() => max.min(self.body_lookahead),
-                _ => self.body_lookahead,
-            };
-            let read = read_body(session, limit, k.whole()).await?;
-            if session.retry_buffer_truncated() {
-                return Ok((refused(too_large(limit)), None));
-            }
-            if k.whole() && !read.complete {
-                // A JSON or form body past the look-ahead. Runner and job endpoints
-                // carry small bodies (Workhorse refuses `jobs/request` over 32 KiB):
-                // refuse. The general API takes large ones (commits, snippets):
-                // route by the head, as the cells router does.
-                if rule.requires_token {
-                    return Ok((refused(too_large(limit)), None));
-                }
-                kind = None;
-            } else {
-                body = Some(read);
-            }
-        }
-        let head = session.req_header();
-        let request = decision::Request {
-            headers: &head.headers,
-            query: head.uri.query(),
-            body: kind.as_ref().zip(body.as_ref()).map(|(k, b)| {
-                (
-                    k,
-                    Body {
-                        bytes: &b.bytes,
-                        complete: b.complete,
-                    },
-                )
-            }),
-            hop_by_hop: &hop_by_hop,
+            _ => None,
         };
-        let decision = self.token_decision(rule, &request);
-        let whole = body.filter(|b| b.complete).map(|b| b.bytes);
+        let hop_by_hop = sources::connection_listed(&session.req_header().headers);
+        let view = pipeline_head(session, &hop_by_hop);
+        let body = match &read {
+            None => BodyRead::Skipped,
+            Some((p, _, true)) => BodyRead::Overflow { limit: p.limit },
+            Some((p, b, false)) => BodyRead::Read {
+                plan: p,
+                bytes: &b.bytes,
+                complete: b.complete,
+            },
+        };
+        let decision = self.decide(rule, &view, body);
+        let whole = read
+            .filter(|(_, b, overflow)| !overflow && b.complete)
+            .map(|(_, b, _)| b.bytes);
         Ok((decision, whole))
     }
 
-    /// A `jobs/request` poll forwarded to a Pod that opts in to edge holds: hold it
-    /// here ([`edge_poll::PodPolls::hold`]). `Ok(true)`: answered here (204);
-    /// `Ok(false)`: forward it; `Err`: the client went away during the hold.
+    /// A poll forwarded by a rule with `edge_hold` to a Pod that opts in: hold it
+    /// here ([`PodGate::hold`]). `Ok(true)`: answered here (204); `Ok(false)`:
+    /// forward it; `Err`: the client went away during the hold.
     async fn edge_hold(
         &self,
         session: &mut Session,
@@ -212,11 +185,7 @@ impl PodGate {
         rule: &Rule,
         body: Option<Vec<u8>>,
     ) -> Result<bool> {
-        let Some(polls) = ctx
-            .forwarded()
-            .filter(|_| rule.name == edge_poll::JOBS_REQUEST_RULE)
-            .and_then(|pod| self.edge_polls.as_ref()?.pod(pod.id))
-        else {
+        let Some(polls) = self.edge_polls_for(ctx, rule) else {
             return Ok(false);
         };
         let request = RunnerRequest::read(&session.req_header().headers, body.as_deref());
@@ -226,24 +195,13 @@ impl PodGate {
             // bytes it should not before its answer).
             let _ = session.read_body_or_idle(true).await;
         };
-        match polls.hold(request, gone).await {
-            Verdict::Forward(r) => {
-                ctx.edge = Some(r);
-                Ok(false)
-            }
-            Verdict::NoContent(r, last_update) => {
-                ctx.edge = Some(r);
-                respond(session, ctx, &Answer::edge_no_content(&last_update)).await?;
+        match self.hold(ctx, polls, request, gone).await {
+            Held::Forward => Ok(false),
+            Held::Answer(answer) => {
+                respond(session, ctx, &answer).await?;
                 Ok(true)
             }
-            Verdict::ClientGone => {
-                ctx.edge = Some(PollResult::ClientGone);
-                Err(Error::explain(
-                    ErrorType::ConnectionClosed,
-                    "the client went away during a long poll held at the edge",
-                )
-                .into_down())
-            }
+            Held::ClientGone(e) => Err(e),
         }
     }
 
@@ -256,10 +214,25 @@ impl PodGate {
     }
 }
 
-fn refused(refusal: Refusal) -> Decision {
-    Decision {
-        outcome: Outcome::Refused(refusal),
-        token: None,
+/// The request head as [`crate::pipeline`] reads it.
+fn pipeline_head<'a>(
+    session: &'a Session,
+    hop_by_hop: &'a [http::HeaderName],
+) -> pipeline::Head<'a> {
+    let head = session.req_header();
+    pipeline::Head {
+        method: &head.method,
+        path: head.uri.path(),
+        query: head.uri.query(),
+        headers: &head.headers,
+        // HTTP/1 names the host in `Host`; HTTP/2 in `:authority` (the URI's).
+        host: head
+            .headers
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| head.uri.authority().map(|a| a.as_str())),
+        http2: session.is_http2(),
+        hop_by_hop,
     }
 }
 
@@ -291,14 +264,6 @@ impl ProxyHttp for PodGate {
         ctx.started = Some(started);
         ctx.request_id = self.request_id(&session.req_header().headers);
         let head = session.req_header();
-        // RFC 9112 §3.2: an HTTP/1 request without Host is a 400, HTTP/1.0 included
-        // (HTTP/2 carries `:authority` instead).
-        if !session.is_http2() && !head.headers.contains_key(http::header::HOST) {
-            let refusal = Refusal::bad_request("missing_host", "the request has no Host header");
-            respond(session, ctx, &Answer::refusal(&refusal)).await?;
-            ctx.outcome = Some(Outcome::Refused(refusal));
-            return Ok(true);
-        }
         // `Connection` is a list field: a `close` in any of its lines ends the
         // connection after this request (RFC 9112 §9.6). pingora reads only the first.
         if head
@@ -312,39 +277,33 @@ impl ProxyHttp for PodGate {
         {
             session.set_keepalive(None);
         }
-        let head = session.req_header();
-        // HTTP/1 names the host in `Host`; HTTP/2 in `:authority` (the URI's).
-        let host = head
-            .headers
-            .get(http::header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| head.uri.authority().map(|a| a.as_str()));
-        let Some(idx) = self.rule_for(&head.method, head.uri.path(), &head.headers, host) else {
-            let answer = Answer::message(404, "404 Not Found: no routing rule", false);
-            respond(session, ctx, &answer).await?;
-            return Ok(true);
-        };
-        ctx.rule = Some(idx);
-        let rule = &self.rules[idx];
-        let mut body = None;
-        let outcome = match rule.action {
-            ActionKind::RouteByToken => {
-                let (decision, whole) = self.route_by_token(session, rule).await?;
-                body = whole;
-                ctx.token = decision.token;
-                decision.outcome
+        // Planning reads no `Connection:`-listed header: they matter to the token
+        // lookup only, after the body is read.
+        let plan = self.plan(&pipeline_head(session, &[]));
+        let (idx, decision, body) = match plan {
+            Plan::MissingHost(refusal) => {
+                respond(session, ctx, &Answer::refusal(&refusal)).await?;
+                ctx.outcome = Some(Outcome::Refused(refusal));
+                return Ok(true);
             }
-            _ => self.fixed_outcome(rule, &session.req_header().headers),
+            Plan::NoRule => {
+                let answer = Answer::message(404, "404 Not Found: no routing rule", false);
+                respond(session, ctx, &answer).await?;
+                return Ok(true);
+            }
+            Plan::Refuse { rule, refusal } => (rule, pipeline::refused(refusal), None),
+            Plan::Route { rule, body } => {
+                ctx.rule = Some(rule);
+                let (decision, body) = self.read_and_decide(session, rule, body).await?;
+                (rule, decision, body)
+            }
         };
-        let outcome = self.settle(idx, outcome, started);
-        let answer = Answer::for_outcome(rule.pool, &outcome);
-        ctx.outcome = Some(outcome);
-        match answer {
+        match self.conclude(idx, decision, ctx) {
             Some(answer) => {
                 respond(session, ctx, &answer).await?;
                 Ok(true)
             }
-            None => self.edge_hold(session, ctx, rule, body).await,
+            None => self.edge_hold(session, ctx, &self.rules[idx], body).await,
         }
     }
 
@@ -353,26 +312,8 @@ impl ProxyHttp for PodGate {
     /// one this request has not tried, of the same Pod).
     /// Never resolves a name: the load balancer holds addresses only.
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
-        let Some(pod) = ctx.forwarded().cloned() else {
-            return Err(Error::new_str("no routing decision"));
-        };
-        let rule = &self.rules[ctx.rule.unwrap_or(0)];
-        // kas: every stream of one agentk (same token) to the same kas (see
-        // `upstreams`); elsewhere the key is unused (round robin).
-        let key = match (&ctx.token, rule.pool) {
-            (Some(t), Pool::Kas) => t.token.as_bytes(),
-            _ => ctx.request_id.as_bytes(),
-        };
-        let Some(addr) = self.upstreams.select(pod.id, rule.pool, key, &ctx.tried) else {
-            return Err(Error::explain(
-                ErrorType::ConnectNoRoute,
-                "no address of the Pod left to try",
-            ));
-        };
-        ctx.tried.push(addr);
-        // A retry's address takes its own slot; the failed one's is given back.
-        ctx.slot = None;
-        ctx.slot = self.upstreams.admit(pod.id, rule.pool, addr).await?;
+        let addr = self.next_address(ctx).await?;
+        let rule = self.rule_of(ctx);
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(Duration::from_secs(2));
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
@@ -392,15 +333,8 @@ impl ProxyHttp for PodGate {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let Some(pod) = ctx.forwarded() {
-            METRICS
-                .connect_failures
-                .with_label_values(&[pod.id.to_string().as_str()])
-                .inc();
-            let pool = self.rules[ctx.rule.unwrap_or(0)].pool;
-            if self.upstreams.untried_left(pod.id, pool, &ctx.tried) {
-                e.set_retry(true);
-            }
+        if self.connect_failed(ctx) {
+            e.set_retry(true);
         }
         e
     }
@@ -434,12 +368,19 @@ impl ProxyHttp for PodGate {
             upstream_request.remove_header(&name);
         }
         if let Some(pod) = ctx.forwarded() {
-            upstream_request.insert_header("x-podgate-pod", pod.id.to_string())?;
+            let mut added = Ok(());
+            self.added(ctx, self.rule_of(ctx), pod.id)
+                .for_each(|name, value| {
+                    if added.is_ok() {
+                        added = http::HeaderValue::from_bytes(value)
+                            .map_err(|e| {
+                                Error::because(ErrorType::InternalError, "a header value", e)
+                            })
+                            .and_then(|v| upstream_request.insert_header(name, v));
+                    }
+                });
+            added?;
         }
-        if let Some(i) = ctx.rule {
-            upstream_request.insert_header("x-podgate-rule", self.rules[i].name.as_str())?;
-        }
-        upstream_request.insert_header("x-request-id", ctx.request_id.as_str())?;
         Ok(())
     }
 

@@ -10,11 +10,12 @@ use std::time::Instant;
 use pingora::prelude::*;
 
 use super::{Ctx, PodGate};
-use crate::decision::{self, Decision, Outcome};
+use crate::answer::Answer;
+use crate::decision::{Decision, Outcome};
 use crate::edge_poll::PollResult;
 use crate::metrics::{self, METRICS};
+use crate::pipeline::{self, BodyRead, Plan};
 use crate::request_id::sane_request_id;
-use crate::rules::{self, ActionKind, Rule};
 
 /// What both paths share: the steps of a request that do not depend on how it was
 /// read or is written.
@@ -29,53 +30,43 @@ impl PodGate {
         }
     }
 
-    /// The first rule matching the request. Rules match the path GitLab would serve
-    /// ([`crate::path::normalize`]); the request is forwarded as received.
-    pub(crate) fn rule_for(
+    /// Step 1 of [`crate::pipeline`] with this router's rules and look-ahead.
+    pub(crate) fn plan(&self, head: &pipeline::Head<'_>) -> Plan {
+        pipeline::plan(&self.rules, head, self.body_lookahead)
+    }
+
+    /// Step 2 of [`crate::pipeline`] for rule `rule`, on the current topology.
+    pub(crate) fn decide(
         &self,
-        method: &http::Method,
-        path: &str,
-        headers: &http::HeaderMap,
-        host: Option<&str>,
-    ) -> Option<usize> {
-        let path = crate::path::normalize(path);
-        self.rules
-            .iter()
-            .position(|r| r.matches_host(method, &path, headers, host))
-    }
-
-    /// Where a rule that does not route by token sends the request.
-    pub(crate) fn fixed_outcome(&self, rule: &Rule, headers: &http::HeaderMap) -> Outcome {
-        let topology = self.registry.topology();
-        match rule.action {
-            ActionKind::RouteToPod => match rule.pod {
-                Some(p) => decision::to_pod(&topology, p, "pinned"),
-                None => decision::to_legacy(&topology, "default"),
-            },
-            ActionKind::SessionPrefix => {
-                match rules::cookie(headers, "_gitlab_session")
-                    .and_then(|v| topology.pod_for_session(v))
-                {
-                    Some(p) => decision::to_pod(&topology, p.id, "session"),
-                    None => decision::to_legacy(&topology, "default"),
-                }
-            }
-            ActionKind::RouteByToken | ActionKind::Default => {
-                decision::to_legacy(&topology, "default")
-            }
-        }
-    }
-
-    /// Route by the tokens in what was read of the request
-    /// ([`decision::route_by_token`] on the current topology).
-    pub(crate) fn token_decision(&self, rule: &Rule, request: &decision::Request<'_>) -> Decision {
-        decision::route_by_token(
-            rule,
-            request,
+        rule: usize,
+        head: &pipeline::Head<'_>,
+        body: BodyRead<'_>,
+    ) -> Decision {
+        pipeline::decide(
+            &self.rules[rule],
+            head,
+            body,
             &self.registry.topology(),
             &self.classifier,
             self.on_invalid,
         )
+    }
+
+    /// Record the decision for rule `rule` in `ctx` ([`PodGate::settle`]d) and
+    /// say what the proxy answers itself, if anything (`None`: forward).
+    pub(crate) fn conclude(
+        &self,
+        rule: usize,
+        decision: Decision,
+        ctx: &mut Ctx,
+    ) -> Option<Answer> {
+        ctx.rule = Some(rule);
+        ctx.token = decision.token;
+        let started = ctx.started.unwrap_or_else(Instant::now);
+        let outcome = self.settle(rule, decision.outcome, started);
+        let answer = Answer::for_outcome(self.rules[rule].pool, &outcome);
+        ctx.outcome = Some(outcome);
+        answer
     }
 
     /// The outcome as decided, except that a Pod with no address to try (none
@@ -124,14 +115,14 @@ impl PodGate {
             (Some(r), Some(t)) => self.source_label(r, t),
             _ => "none",
         };
-        let mut pod_buf = itoa_buf::Buf::default();
-        let mut status_buf = itoa_buf::Buf::default();
+        let mut pod_buf = itoa::Buffer::new();
+        let mut status_buf = itoa::Buffer::new();
         METRICS
             .requests
             .with_label_values(&[
                 rule,
                 pod_buf.format(pod),
-                status_buf.format(u64::from(status)),
+                status_buf.format(status),
                 source_label,
                 outcome,
             ])
@@ -174,37 +165,5 @@ struct Lazy<F>(F);
 impl<F: Fn(&mut fmt::Formatter<'_>) -> fmt::Result> fmt::Display for Lazy<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         (self.0)(f)
-    }
-}
-
-/// Decimal formatting of label values on the stack, without allocating.
-mod itoa_buf {
-    /// Room for any `u64`.
-    #[derive(Default)]
-    pub(super) struct Buf([u8; 20]);
-
-    impl Buf {
-        pub(super) fn format(&mut self, mut n: u64) -> &str {
-            let mut i = self.0.len();
-            loop {
-                i -= 1;
-                self.0[i] = b'0' + (n % 10) as u8;
-                n /= 10;
-                if n == 0 {
-                    break;
-                }
-            }
-            std::str::from_utf8(&self.0[i..]).unwrap_or("0")
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn formats_like_display() {
-            for n in [0, 7, 10, 401, 503, 65_535, u64::MAX] {
-                assert_eq!(super::Buf::default().format(n), n.to_string());
-            }
-        }
     }
 }

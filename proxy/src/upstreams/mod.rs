@@ -29,8 +29,11 @@
 //! start only then), and then follows topology changes and re-resolves
 //! periodically until shutdown.
 
+mod balancer;
+mod config;
 pub mod discovery;
 mod limit;
+mod service;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -38,122 +41,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use async_trait::async_trait;
 use futures_util::FutureExt;
-use pingora::lb::selection::{Consistent, RoundRobin};
-use pingora::lb::{
-    Backend, Backends, Extensions, HealthCheckService, HealthRegistry, LoadBalancer,
-};
+use pingora::lb::{Backend, Backends, HealthCheckService, HealthRegistry};
 use pingora::server::ShutdownWatch;
 use pingora::services::ServiceReadyNotifier;
-use pingora::services::background::BackgroundService;
 use podgate_registry::Topology;
 use podgate_tokens::PodId;
-use serde::Deserialize;
-use thiserror::Error;
 use tokio::sync::watch;
 
 use crate::health::{HealthConfig, Observed, Observer, pool_name};
 use crate::metrics::METRICS;
 use crate::rules::Pool;
-use crate::server::RegistryHandle;
+use balancer::{Lb, PodPool, inet};
+pub use config::{Error, MAX_QUEUE_TIMEOUT_MS, UpstreamsConfig};
 use discovery::{Discovery, NameDiscovery, Resolve};
 pub(crate) use limit::{ConnLimits, Slot};
-
-/// Why an upstream has no address. Not fatal: the last good addresses stay in use
-/// and the next round retries.
-#[derive(Debug, Error)]
-pub enum Error {
-    /// The resolver answered with an error (or with no address).
-    #[error("resolving {upstream}: {source}")]
-    Resolve {
-        /// The upstream as configured.
-        upstream: String,
-        /// The resolver's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The resolver did not answer in time.
-    #[error("resolving {upstream}: no answer within {after:?}")]
-    ResolveTimeout {
-        /// The upstream as configured.
-        upstream: String,
-        /// The timeout.
-        after: Duration,
-    },
-}
-
-fn default_resolve_interval() -> u64 {
-    30_000
-}
-fn default_resolve_timeout() -> u64 {
-    2_000
-}
-fn default_max_connections() -> usize {
-    1_024
-}
-fn default_queue_timeout() -> u64 {
-    2_000
-}
-/// Longest `upstreams.queue_timeout_ms`.
-pub const MAX_QUEUE_TIMEOUT_MS: u64 = 60_000;
-
-/// `[upstreams]` in `proxy.toml`: name resolution of the topology's upstreams.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpstreamsConfig {
-    /// Milliseconds between re-resolutions of upstream names (IP literals are never
-    /// resolved). Default 30000.
-    #[serde(default = "default_resolve_interval")]
-    pub resolve_interval_ms: u64,
-    /// Milliseconds one name may take to resolve before the attempt counts as failed
-    /// (its last good addresses stay). Default 2000.
-    #[serde(default = "default_resolve_timeout")]
-    pub resolve_timeout_ms: u64,
-    /// Most requests in flight to one address of a Pod's web pool, each on its own
-    /// connection (HAProxy's per-server `maxconn`); more wait for one to finish
-    /// (`upstreams/limit.rs`). Long polls the edge does not hold count while the Pod holds
-    /// them. 0: unbounded. Default 1024.
-    #[serde(default = "default_max_connections")]
-    pub max_connections_per_address: usize,
-    /// Milliseconds a request waits for a slot under that bound before it is
-    /// answered 503 + `Retry-After` (HAProxy's `timeout queue`, which defaults to
-    /// its connect timeout: pingora's 2 s here). Default 2000.
-    #[serde(default = "default_queue_timeout")]
-    pub queue_timeout_ms: u64,
-}
-
-impl Default for UpstreamsConfig {
-    fn default() -> Self {
-        UpstreamsConfig {
-            resolve_interval_ms: default_resolve_interval(),
-            resolve_timeout_ms: default_resolve_timeout(),
-            max_connections_per_address: default_max_connections(),
-            queue_timeout_ms: default_queue_timeout(),
-        }
-    }
-}
-
-impl UpstreamsConfig {
-    /// Problems, each naming its field under `upstreams.`.
-    pub fn problems(&self) -> Vec<String> {
-        let mut bad = Vec::new();
-        if self.resolve_interval_ms < 100 {
-            bad.push("upstreams.resolve_interval_ms: at least 100".into());
-        }
-        if self.resolve_timeout_ms == 0 || self.resolve_timeout_ms > self.resolve_interval_ms {
-            bad.push(
-                "upstreams.resolve_timeout_ms: positive and at most resolve_interval_ms".into(),
-            );
-        }
-        if self.queue_timeout_ms == 0 || self.queue_timeout_ms > MAX_QUEUE_TIMEOUT_MS {
-            bad.push(format!(
-                "upstreams.queue_timeout_ms: positive and at most {MAX_QUEUE_TIMEOUT_MS}"
-            ));
-        }
-        bad
-    }
-}
+pub use service::UpstreamsService;
 
 /// Whether a Pod's pool can take a request now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,72 +81,6 @@ impl Availability {
             Availability::Unresolved => Some("unresolved_upstream"),
             Availability::NoHealthy => Some("no_healthy_upstream"),
         }
-    }
-}
-
-/// One (Pod, pool): its discovery and its load balancer.
-struct PodPool {
-    pod: PodId,
-    pool: Pool,
-    discovery: Arc<NameDiscovery>,
-    lb: Lb,
-}
-
-/// A pool's load balancer: round robin, or consistent hashing on the request's key
-/// (kas pools, see the module docs).
-enum Lb {
-    RoundRobin(LoadBalancer<RoundRobin>),
-    Consistent(LoadBalancer<Consistent>),
-}
-
-impl Lb {
-    fn new(pool: Pool, backends: Backends) -> Lb {
-        match pool {
-            Pool::Kas => Lb::Consistent(LoadBalancer::from_backends(backends)),
-            _ => Lb::RoundRobin(LoadBalancer::from_backends(backends)),
-        }
-    }
-
-    fn backends(&self) -> &Backends {
-        match self {
-            Lb::RoundRobin(lb) => lb.backends(),
-            Lb::Consistent(lb) => lb.backends(),
-        }
-    }
-
-    fn select_with<F>(&self, key: &[u8], max_iterations: usize, accept: F) -> Option<Backend>
-    where
-        F: Fn(&Backend, bool) -> bool,
-    {
-        match self {
-            Lb::RoundRobin(lb) => lb.select_with(key, max_iterations, accept),
-            Lb::Consistent(lb) => lb.select_with(key, max_iterations, accept),
-        }
-    }
-
-    async fn update(&self) -> pingora::Result<()> {
-        match self {
-            Lb::RoundRobin(lb) => lb.update().await,
-            Lb::Consistent(lb) => lb.update().await,
-        }
-    }
-}
-
-fn backend(addr: SocketAddr) -> Backend {
-    Backend {
-        addr: pingora::protocols::l4::socket::SocketAddr::Inet(addr),
-        weight: 1,
-        ext: Extensions::new(),
-    }
-}
-
-fn inet(b: &Backend) -> Option<SocketAddr> {
-    b.addr.as_inet().copied()
-}
-
-impl PodPool {
-    fn ready(&self, addr: SocketAddr) -> bool {
-        self.lb.backends().ready(&backend(addr))
     }
 }
 
@@ -569,37 +406,6 @@ impl Upstreams {
                 _ = tick.tick() => self.resolve_all().await,
             }
         }
-    }
-}
-
-/// [`Upstreams::run`] as a pingora background service, on the registry that
-/// `server`'s registry service opens.
-pub struct UpstreamsService {
-    upstreams: Arc<Upstreams>,
-    registry: RegistryHandle,
-}
-
-impl UpstreamsService {
-    /// Run `upstreams` on the topology of `registry` (once it is open).
-    pub fn new(upstreams: Arc<Upstreams>, registry: RegistryHandle) -> Self {
-        UpstreamsService {
-            upstreams,
-            registry,
-        }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for UpstreamsService {
-    async fn start_with_ready_notifier(
-        &self,
-        shutdown: ShutdownWatch,
-        ready: ServiceReadyNotifier,
-    ) {
-        let registry = self.registry.wait().await;
-        self.upstreams
-            .run(registry.watch_topology(), shutdown, Some(ready))
-            .await;
     }
 }
 

@@ -227,92 +227,22 @@ fn fold_eq(key: &str, field: &str) -> bool {
 }
 
 /// `helper.IsContentType(expected, actual)`: Go's `mime.ParseMediaType(actual)`
-/// succeeds and names `expected`.
+/// succeeds and names `expected`. The `mime` crate parses; Go differs from it in
+/// allowing a trailing `;` and refusing a parameter given twice (in any case).
 fn is_content_type(expected: &str, actual: &str) -> bool {
-    parse_media_type(actual).is_some_and(|t| t == expected)
-}
-
-/// RFC 2045 token characters (Go's `mime.isTokenChar`).
-fn is_token_char(c: char) -> bool {
-    c.is_ascii() && c > ' ' && c != '\u{7f}' && !"()<>@,;:\\\"/[]?=".contains(c)
-}
-
-fn consume_token(v: &str) -> (&str, &str) {
-    let end = v.find(|c| !is_token_char(c)).unwrap_or(v.len());
-    (&v[..end], &v[end..])
-}
-
-/// Go's `consumeValue`: a token or a quoted string (`\` escapes the next character).
-fn consume_value(v: &str) -> Option<(String, &str)> {
-    let Some(rest) = v.strip_prefix('"') else {
-        let (t, rest) = consume_token(v);
-        return (!t.is_empty()).then(|| (t.to_owned(), rest));
+    let trimmed = actual.trim();
+    let trimmed = match trimmed.strip_suffix(';') {
+        Some(t) => t.trim_end(),
+        None => trimmed,
     };
-    let mut out = String::new();
-    let mut chars = rest.char_indices();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '"' => return Some((out, &rest[i + 1..])),
-            '\\' => match chars.next() {
-                Some((_, e)) => out.push(e),
-                None => return None,
-            },
-            '\r' | '\n' => return None,
-            c => out.push(c),
-        }
-    }
-    None
-}
-
-/// Go's `mime.ParseMediaType`: the lower-cased media type, `None` on any error
-/// (a bad type, a bad or repeated parameter; a trailing `;` is allowed).
-fn parse_media_type(v: &str) -> Option<String> {
-    let (base, _) = v.split_once(';').unwrap_or((v, ""));
-    let media = base.trim().to_lowercase();
-    // `checkMediaTypeDisposition`: token [ "/" token ].
-    let (t, rest) = consume_token(&media);
-    if t.is_empty() {
-        return None;
-    }
-    if let Some(sub) = rest.strip_prefix('/') {
-        let (s, rest) = consume_token(sub);
-        if s.is_empty() || !rest.is_empty() {
-            return None;
-        }
-    } else if !rest.is_empty() {
-        return None;
-    }
+    let Ok(media) = trimmed.parse::<mime::Mime>() else {
+        return false;
+    };
     let mut seen = std::collections::HashSet::new();
-    let mut v = &v[base.len()..];
-    loop {
-        v = v.trim_start();
-        if v.is_empty() {
-            break;
-        }
-        // `consumeMediaParam`.
-        let param = (|| {
-            let rest = v.strip_prefix(';')?.trim_start();
-            let (key, rest) = consume_token(rest);
-            if key.is_empty() {
-                return None;
-            }
-            let rest = rest.trim_start().strip_prefix('=')?.trim_start();
-            let (_, rest) = consume_value(rest)?;
-            Some((key.to_lowercase(), rest))
-        })();
-        match param {
-            Some((key, rest)) => {
-                if !seen.insert(key) {
-                    return None;
-                }
-                v = rest;
-            }
-            // "Ignore trailing semicolons."
-            None if v.trim() == ";" => break,
-            None => return None,
-        }
-    }
-    Some(media)
+    media
+        .params()
+        .all(|(name, _)| seen.insert(name.as_str().to_ascii_lowercase()))
+        && media.essence_str() == expected
 }
 
 #[cfg(test)]

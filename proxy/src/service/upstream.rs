@@ -1,0 +1,106 @@
+//! Forwarding steps both paths share: which address of the decided Pod a
+//! request (or its retry) goes to, what a failed connection attempt means, and the
+//! headers the proxy adds to the request the Pod receives.
+
+use std::net::SocketAddr;
+
+use pingora::prelude::*;
+use podgate_tokens::PodId;
+
+use super::{Ctx, PodGate};
+use crate::metrics::METRICS;
+use crate::rules::{Pool, Rule};
+
+/// The headers the proxy sets on a forwarded request, replacing any the client
+/// sent: the Pod decided, the rule that decided it, and the request id.
+pub(crate) const ADDED_HEADERS: [&str; 3] = ["x-podgate-pod", "x-podgate-rule", "x-request-id"];
+
+/// The values of [`ADDED_HEADERS`] for one request.
+pub(crate) struct Added<'a> {
+    pod: PodId,
+    rule: &'a str,
+    request_id: &'a str,
+}
+
+impl<'a> Added<'a> {
+    /// The headers for a request to `pod`, by rule `rule`, with `request_id`.
+    pub(crate) fn new(pod: PodId, rule: &'a str, request_id: &'a str) -> Self {
+        Added {
+            pod,
+            rule,
+            request_id,
+        }
+    }
+
+    /// Each added header's name and value, in [`ADDED_HEADERS`]' order; the
+    /// values are formatted without allocating.
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&'static str, &[u8])) {
+        let mut pod = itoa::Buffer::new();
+        f(ADDED_HEADERS[0], pod.format(self.pod.get()).as_bytes());
+        f(ADDED_HEADERS[1], self.rule.as_bytes());
+        f(ADDED_HEADERS[2], self.request_id.as_bytes());
+    }
+
+    /// Whether `name` is one of the added headers (a client's copy is dropped).
+    pub(crate) fn is_added(name: &[u8]) -> bool {
+        ADDED_HEADERS
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+    }
+}
+
+impl PodGate {
+    /// The rule `ctx` was routed by (`rules[0]` before any was).
+    pub(crate) fn rule_of(&self, ctx: &Ctx) -> &Rule {
+        &self.rules[ctx.rule.unwrap_or(0)]
+    }
+
+    /// The headers added to a request forwarded to `pod` by `rule`.
+    pub(crate) fn added<'a>(&self, ctx: &'a Ctx, rule: &'a Rule, pod: PodId) -> Added<'a> {
+        Added::new(pod, rule.name.as_str(), ctx.request_id.as_str())
+    }
+
+    /// The next address of the decided Pod's pool to send the request to: one it
+    /// has not tried ([`crate::upstreams::Upstreams::select`]; kas: the one the
+    /// agent's token hashes to, so every stream of one agentk reaches the same
+    /// kas), once it has a slot under `upstreams.max_connections_per_address`
+    /// (a retry's address takes its own slot; the failed one's is given back).
+    /// Recorded in `ctx.tried`. `Err`: no decision, no address left to try, or no
+    /// slot within the queue timeout.
+    pub(crate) async fn next_address(&self, ctx: &mut Ctx) -> Result<SocketAddr> {
+        let Some(pod) = ctx.forwarded().map(|p| p.id) else {
+            return Err(Error::new_str("no routing decision"));
+        };
+        let pool = self.rule_of(ctx).pool;
+        let key = match (&ctx.token, pool) {
+            (Some(t), Pool::Kas) => t.token.as_bytes(),
+            _ => ctx.request_id.as_bytes(),
+        };
+        let Some(addr) = self.upstreams.select(pod, pool, key, &ctx.tried) else {
+            return Err(Error::explain(
+                ErrorType::ConnectNoRoute,
+                "no address of the Pod left to try",
+            )
+            .into_up());
+        };
+        ctx.tried.push(addr);
+        ctx.slot = None;
+        ctx.slot = self.upstreams.admit(pod, pool, addr).await?;
+        Ok(addr)
+    }
+
+    /// A connection attempt for the request failed: count it, and say whether
+    /// another address of the same Pod (never another Pod's) is left to try.
+    pub(crate) fn connect_failed(&self, ctx: &Ctx) -> bool {
+        let Some(pod) = ctx.forwarded() else {
+            return false;
+        };
+        let mut id = itoa::Buffer::new();
+        METRICS
+            .connect_failures
+            .with_label_values(&[id.format(pod.id.get())])
+            .inc();
+        self.upstreams
+            .untried_left(pod.id, self.rule_of(ctx).pool, &ctx.tried)
+    }
+}
