@@ -14,7 +14,7 @@
 //!   forwarded. A `PING` every [`PING_EVERY`] (and after a failed `GET`) notices a
 //!   connection that died without closing;
 //! - **reconnect** with back-off, 100 ms doubling to [`BACKOFF_MAX`], each pause
-//!   lengthened by up to as much again at random (`reconnectBackoff`; [`backoff`]),
+//!   lengthened by up to as much again at random (`reconnectBackoff`; `backoff`),
 //!   the pattern subscribed before any waiter may register.
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! Where a Pod's requests go: one pingora [`LoadBalancer`] per (Pod, pool), rebuilt
+//! Where a Pod's requests go: one pingora [`LoadBalancer`](pingora::lb::LoadBalancer) per (Pod, pool), rebuilt
 //! from the registry's topology.
 //!
 //! - **Names off the request path.** Each load balancer's discovery
