@@ -9,6 +9,7 @@ pub(crate) mod agentk;
 #[cfg(feature = "sim")]
 pub(crate) mod drill;
 pub(crate) mod graph;
+#[cfg(feature = "sim")]
 pub(crate) mod http_client;
 pub(crate) mod kas;
 #[cfg(feature = "sim")]
