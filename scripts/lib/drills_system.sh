@@ -10,11 +10,13 @@ now_ms() { date +%s%3N; }
 # A free port below the kernel's ephemeral range (32768 and up): a port from there
 # (what binding port 0 gives) may be taken by any client socket on the machine, a
 # test's running beside this script included, before the server meant for it binds.
-# 22000-31999: podgate-registry's test servers take Redis Cluster ports below it.
+# 10000-14999: podgate-registry's test servers and the tests' own ports
+# (`podgate_registry::testing::free_port`) take 15000-31999, and a port one of them
+# picked could be bound by the drill before the test binds it.
 port() {
   python3 -c 'import random, socket
 for _ in range(1000):
-    p = random.randrange(22000, 32000)
+    p = random.randrange(10000, 15000)
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", p))
@@ -23,7 +25,7 @@ for _ in range(1000):
     print(p)
     break
 else:
-    raise SystemExit("drills.sh: no free port in 22000-31999")'
+    raise SystemExit("drills.sh: no free port in 10000-14999")'
 }
 wait_port() { # wait_port PORT [LOG]: until something listens on PORT (LOG shown if not)
   local _
