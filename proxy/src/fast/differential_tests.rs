@@ -97,6 +97,14 @@ fn both_paths_answer_and_forward_alike() {
             "HTTP/1.1 200 OK",
         ),
         (
+            "a trace patch with an invalid header token and an unread body",
+            format!(
+                "PATCH /api/v4/jobs/7/trace HTTP/1.1\r\nHost: gitlab\r\nJob-Token: {}x\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\nhello\nworld",
+                &j2[..j2.len() - 1]
+            ),
+            "HTTP/1.1 401 Unauthorized",
+        ),
+        (
             "a form registration with a query",
             {
                 let body = format!("token={t3}&info%5Bname%5D=r");

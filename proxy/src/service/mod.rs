@@ -198,11 +198,18 @@ impl PodGate {
         match self.hold(ctx, polls, request, gone).await {
             Held::Forward => Ok(false),
             Held::Answer(answer) => {
-                respond(session, ctx, &answer).await?;
+                self.answer(session, ctx, &answer).await?;
                 Ok(true)
             }
             Held::ClientGone(e) => Err(e),
         }
+    }
+
+    /// Answer from the proxy itself, the connection kept for the client's next
+    /// request where the fast path would keep it ([`drain_small_body`]).
+    async fn answer(&self, session: &mut Session, ctx: &Ctx, answer: &Answer) -> Result<()> {
+        drain_small_body(session, self.body_lookahead).await?;
+        respond(session, ctx, answer).await
     }
 
     /// The metric label of a token's source.
@@ -234,6 +241,33 @@ fn pipeline_head<'a>(
         http2: session.is_http2(),
         hop_by_hop,
     }
+}
+
+/// Before an answer of the proxy's own, read the rest of a body declared within
+/// `limit` bytes, so that the connection can serve the client's next request:
+/// pingora writes `Connection: close` and closes while a request body is unread.
+/// Go's `net/http` server (Workhorse's) does the same for a handler that left up to
+/// 256 KiB unread (`maxPostHandlerReadBytes`,
+/// <https://github.com/golang/go/blob/go1.22.0/src/net/http/server.go>), and the
+/// fast path has read any body it serves, at most the look-ahead, before it
+/// answers. A larger or chunked body is not read: the connection closes. `Err`:
+/// the client went away or stalled (as in [`read_body`]).
+async fn drain_small_body(session: &mut Session, limit: usize) -> Result<()> {
+    // HTTP/2 ends the stream, not the connection; a connection closing anyway
+    // needs no drain.
+    if session.is_http2() || session.get_keepalive().is_none() || session.is_body_done() {
+        return Ok(());
+    }
+    let declared = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if declared.is_some_and(|n| n <= limit) {
+        session.drain_request_body().await?;
+    }
+    Ok(())
 }
 
 /// Write an answer of the proxy's own through pingora's session.
@@ -282,13 +316,14 @@ impl ProxyHttp for PodGate {
         let plan = self.plan(&pipeline_head(session, &[]));
         let (idx, decision, body) = match plan {
             Plan::MissingHost(refusal) => {
-                respond(session, ctx, &Answer::refusal(&refusal)).await?;
+                self.answer(session, ctx, &Answer::refusal(&refusal))
+                    .await?;
                 ctx.outcome = Some(Outcome::Refused(refusal));
                 return Ok(true);
             }
             Plan::NoRule => {
                 let answer = Answer::message(404, "404 Not Found: no routing rule", false);
-                respond(session, ctx, &answer).await?;
+                self.answer(session, ctx, &answer).await?;
                 return Ok(true);
             }
             Plan::Refuse { rule, refusal } => (rule, pipeline::refused(refusal), None),
@@ -300,7 +335,7 @@ impl ProxyHttp for PodGate {
         };
         match self.conclude(idx, decision, ctx) {
             Some(answer) => {
-                respond(session, ctx, &answer).await?;
+                self.answer(session, ctx, &answer).await?;
                 Ok(true)
             }
             None => self.edge_hold(session, ctx, &self.rules[idx], body).await,
