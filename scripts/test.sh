@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
+. scripts/lib/product_build.sh
 
 podgate_ensure_rust
 podgate_ensure_nextest
@@ -31,12 +32,12 @@ echo "==> cargo doc (broken links fail)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 
 echo "==> the production binary: no simulators (tests/product_binary.rs)"
-cargo clippy -p podgate --bins --no-default-features --locked -- -D warnings
-cargo build -p podgate --bin podgate --no-default-features --locked
-cp "${CARGO_TARGET_DIR:-target}/debug/podgate" "${CARGO_TARGET_DIR:-target}/debug/podgate-product"
+built=$(mktemp)
+trap 'rm -f "$built" "$built".*' EXIT
+podgate_build_product "$built"
 
 echo "==> build: every test, benchmark and binary, in one cargo call"
-cargo test --workspace --locked --tests --bench '*' --no-run
+podgate_build_tests_checking_drift "$built" --workspace --locked --tests --bench '*' --no-run
 
 echo "==> tests: cargo nextest, each test in its own process (.config/nextest.toml)"
 # Two tests per core: most of them wait on processes, sockets and timers.
