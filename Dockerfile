@@ -9,10 +9,10 @@
 # argument is a podgate subcommand.
 
 FROM rust:1.95-bookworm AS build
-# cmake: pingora's zlib-ng; protobuf-compiler: tonic; libssl-dev and pkg-config:
+# cmake: pingora's zlib-ng; protobuf-compiler and libprotobuf-dev: tonic and the well-known protobufs; libssl-dev and pkg-config:
 # Debian's OpenSSL, linked rather than vendored (.cargo/config.toml).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake protobuf-compiler libssl-dev pkg-config \
+ && apt-get install -y --no-install-recommends cmake protobuf-compiler libprotobuf-dev libssl-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

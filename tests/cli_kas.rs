@@ -88,9 +88,12 @@ async fn kas_serves_registers_itself_and_cleans_up_on_sigterm() {
         "{metrics}"
     );
 
-    let mut api = KasApiClient::connect(format!("http://127.0.0.1:{ext}"))
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{ext}"))
+        .unwrap()
+        .connect()
         .await
         .unwrap();
+    let mut api = KasApiClient::new(channel);
     let mut req = tonic::Request::new(ConnectedAgentsByIdRequest { agent_id: 3 });
     let token = mint_external(&external, "gitlab", 60).unwrap();
     req.metadata_mut()

@@ -1,19 +1,25 @@
-//! Generated from `agent/proto/kas.proto`: messages and the `KasApi` / `KasInternal`
-//! clients and servers; and from `agent/proto/kubernetes_api.proto`: the
-//! Kubernetes API proxy and Graph API messages ([`kubernetes_api`]); and from
-//! `agent/proto/gitlab_access.proto`: modules' requests to GitLab through kas
-//! ([`gitlab_access`]).
+//! The protobuf types and gRPC stubs, one module per protobuf package
+//! (`agent/proto/`):
+//!
+//! - GitLab's agent wire, under [`gitlab::agent`] (GitLab 16.5's packages, names and
+//!   field numbers: `entity`, `prototool`, `grpctool`, `agentcfg`,
+//!   `agent_configuration::rpc`, `agent_registrar::rpc`, `reverse_tunnel::{rpc,
+//!   info}`, `kubernetes_api::rpc`, `gitlab_access::rpc`, `agent_tracker::{self,
+//!   rpc}`, `notifications::rpc`, `event`), and [`google::rpc::Status`];
+//! - podgate's own, `podgate.kas.v1` (re-exported here): `KasApi`, `KasInternal`,
+//!   and the agent services GitLab's wire replaces.
+//!
+//! [`kubernetes_api`] and [`gitlab_access`] name GitLab's two modules podgate's
+//! code uses most.
 #![allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
 
-tonic::include_proto!("podgate.kas.v1");
+include!(concat!(env!("OUT_DIR"), "/_includes.rs"));
+
+pub use podgate::kas::v1::*;
 
 /// `gitlab.agent.kubernetes_api.rpc`: `MakeRequest` and `WatchGraph` messages.
-pub mod kubernetes_api {
-    tonic::include_proto!("gitlab.agent.kubernetes_api.rpc");
-}
+pub use gitlab::agent::kubernetes_api::rpc as kubernetes_api;
 
 /// `gitlab.agent.gitlab_access.rpc`: `GitlabAccess.MakeRequest`, HTTP over a gRPC
 /// stream (GitLab's `internal/module/gitlab_access/rpc/rpc.proto`).
-pub mod gitlab_access {
-    tonic::include_proto!("gitlab.agent.gitlab_access.rpc");
-}
+pub use gitlab::agent::gitlab_access::rpc as gitlab_access;

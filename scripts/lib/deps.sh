@@ -2,7 +2,8 @@
 # it is missing. Sourced, not run.
 
 # System packages the workspace needs: cmake (pingora's zlib-ng), redis-server
-# (Redis tests run a real server), protobuf-compiler (tonic), libssl-dev and
+# (Redis tests run a real server), protobuf-compiler and libprotobuf-dev (tonic;
+# the second holds google/protobuf/*.proto, which GitLab's agent protobufs import), libssl-dev and
 # pkg-config (link the system OpenSSL instead of vendoring it), git (each simulated
 # Pod serves its repository with `git http-backend`; runners clone with git),
 # jq and curl (scripts/drills.sh, which a test runs in its smoke mode), prometheus
@@ -11,7 +12,7 @@
 # in headless Chromium; fonts-liberation so its screenshots have text). kubectl is
 # not in Debian bookworm's archive: the tests that drive it (kube-sim, deploy/, the
 # Workspaces end-to-end run) expect it installed, as on the project's machines.
-PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libssl-dev pkg-config git jq curl prometheus chromium fonts-liberation)
+PODGATE_APT_PACKAGES=(cmake redis-server protobuf-compiler libprotobuf-dev libssl-dev pkg-config git jq curl prometheus chromium fonts-liberation)
 
 podgate_ensure_system_packages() {
   local missing=()

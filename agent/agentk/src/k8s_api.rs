@@ -112,7 +112,7 @@ pub(crate) fn impersonate(
         // Extra keys are percent-encoded in the header name (client-go does the
         // same for keys with characters a header name cannot hold).
         let key = utf8_percent_encode(&e.key, HEADER_KEY_ESCAPE);
-        for v in &e.values {
+        for v in &e.val {
             add(&format!("Impersonate-Extra-{key}"), v)?;
         }
     }
@@ -295,13 +295,13 @@ mod tests {
             ],
             uid: "gitlab:user:1".into(),
             extra: vec![
-                podgate_agent::proto::kubernetes_api::ExtraValue {
+                podgate_agent::proto::kubernetes_api::ExtraKeyVal {
                     key: "agent.gitlab.com/id".into(),
-                    values: vec!["3".into()],
+                    val: vec!["3".into()],
                 },
-                podgate_agent::proto::kubernetes_api::ExtraValue {
+                podgate_agent::proto::kubernetes_api::ExtraKeyVal {
                     key: "a+b%c é".into(),
-                    values: vec!["4".into()],
+                    val: vec!["4".into()],
                 },
             ],
         };

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use podgate_agent::proto::kubernetes_api::{ExtraValue, ImpersonationConfig};
+use podgate_agent::proto::kubernetes_api::{ExtraKeyVal, ImpersonationConfig};
 use serde_json::Value;
 
 /// (API group, resource or `resource/subresource`, verb).
@@ -88,9 +88,9 @@ pub fn impersonations() -> [ImpersonationConfig; 2] {
     let extra = |pairs: &[(&str, &str)]| {
         pairs
             .iter()
-            .map(|(k, v)| ExtraValue {
+            .map(|(k, v)| ExtraKeyVal {
                 key: format!("agent.gitlab.com/{k}"),
-                values: vec![(*v).to_owned()],
+                val: vec![(*v).to_owned()],
             })
             .collect()
     };

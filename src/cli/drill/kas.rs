@@ -38,7 +38,10 @@ pub(crate) async fn get_pods(args: GetPodsArgs) -> anyhow::Result<ExitCode> {
     let token = podgate_agent::auth::mint_external(&secret, "gitlab", 60)?;
     let started = Instant::now();
     let call = async {
-        let mut client = KasApiClient::connect(format!("http://{}", args.kas)).await?;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.kas))?
+            .connect()
+            .await?;
+        let mut client = KasApiClient::new(channel);
         let mut request = tonic::Request::new(GetPodsRequest {
             agent_id: args.agent_id,
             connection_id: 0,

@@ -2,14 +2,14 @@
 //! in `internal/module/kubernetes_api/server/proxy.go`, from GitLab's answer about a
 //! user or a CI job.
 
-use podgate_agent::proto::kubernetes_api::{ExtraValue, ImpersonationConfig};
+use podgate_agent::proto::kubernetes_api::{ExtraKeyVal, ImpersonationConfig};
 
 use super::gitlab_api::{AllowedAgent, AllowedAgentsForJob, AuthorizeProxyUserResponse};
 
-fn extra(key: &str, value: impl Into<String>) -> ExtraValue {
-    ExtraValue {
+fn extra(key: &str, value: impl Into<String>) -> ExtraKeyVal {
+    ExtraKeyVal {
         key: key.into(),
-        values: vec![value.into()],
+        val: vec![value.into()],
     }
 }
 
@@ -60,9 +60,9 @@ pub(crate) fn job_impersonation(
             extra: i
                 .extra
                 .iter()
-                .map(|kv| ExtraValue {
+                .map(|kv| ExtraKeyVal {
                     key: kv.key.clone(),
-                    values: kv.val.clone(),
+                    val: kv.val.clone(),
                 })
                 .collect(),
         });
@@ -139,7 +139,7 @@ mod tests {
             ]
         );
         let extra: Vec<(String, Vec<String>)> =
-            imp.extra.into_iter().map(|e| (e.key, e.values)).collect();
+            imp.extra.into_iter().map(|e| (e.key, e.val)).collect();
         assert_eq!(
             extra,
             [
@@ -224,6 +224,6 @@ mod tests {
             (imp.username.as_str(), imp.groups, imp.uid.as_str()),
             ("deployer", vec!["ops".to_owned()], "u1")
         );
-        assert_eq!(imp.extra[0].values, ["a", "b"]);
+        assert_eq!(imp.extra[0].val, ["a", "b"]);
     }
 }
