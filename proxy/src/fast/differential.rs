@@ -268,14 +268,21 @@ fn request_id(raw: &[u8]) -> Option<String> {
 
 fn message_headers(raw: &[u8]) -> Option<impl Iterator<Item = (String, Vec<u8>)> + '_> {
     let head_len = raw.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let text = std::str::from_utf8(&raw[..head_len]).ok()?;
-    Some(text.split("\r\n").skip(1).filter_map(|l| {
-        let (name, value) = l.split_once(':')?;
-        Some((
-            name.trim().to_ascii_lowercase(),
-            value.trim().as_bytes().to_vec(),
-        ))
-    }))
+    // Bytes, not text: a field value may hold obs-text (0x80-0xFF), which HTTP/1
+    // allows and both paths pass on.
+    Some(
+        raw[..head_len - 4]
+            .split(|&b| b == b'\n')
+            .skip(1)
+            .filter_map(|line| {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let colon = line.iter().position(|&b| b == b':')?;
+                Some((
+                    String::from_utf8_lossy(line[..colon].trim_ascii()).to_ascii_lowercase(),
+                    line[colon + 1..].trim_ascii().to_vec(),
+                ))
+            }),
+    )
 }
 
 /// `raw` as a [`Message`]; `None` if it is not one. `x-request-id` is left out
@@ -283,8 +290,8 @@ fn message_headers(raw: &[u8]) -> Option<impl Iterator<Item = (String, Vec<u8>)>
 /// only pingora's session writes ([`Observed::answer`]).
 fn message(raw: &[u8]) -> Option<Message> {
     let head_len = raw.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let text = std::str::from_utf8(&raw[..head_len]).ok()?;
-    let start = text.split("\r\n").next()?.to_owned();
+    let start_len = raw.windows(2).position(|w| w == b"\r\n")?;
+    let start = String::from_utf8_lossy(&raw[..start_len]).into_owned();
     let mut headers: Vec<(String, Vec<u8>)> = message_headers(raw)?
         .filter(|(name, value)| {
             name != "x-request-id"

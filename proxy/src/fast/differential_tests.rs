@@ -105,6 +105,14 @@ fn both_paths_answer_and_forward_alike() {
             "HTTP/1.1 401 Unauthorized",
         ),
         (
+            "a poll with two Host headers (pingora-proxy's 400)",
+            poll(
+                &format!("{{\"token\":\"{t2}\"}}"),
+                "Host: other.example.com\r\n",
+            ),
+            "HTTP/1.1 400 Bad Request",
+        ),
+        (
             "a form registration with a query",
             {
                 let body = format!("token={t3}&info%5Bname%5D=r");

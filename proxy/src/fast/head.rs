@@ -177,6 +177,11 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
             }
             http::header::UPGRADE => return Parsed::HandOff(HandOff::Upgrade),
             http::header::EXPECT => return Parsed::HandOff(HandOff::Expect),
+            // A second `Host`, or userinfo in it: pingora-proxy's 400 (RFC 9112
+            // §3.2; pingora-core `validate_request_authority`).
+            http::header::HOST if host || h.value.contains(&b'@') => {
+                return Parsed::HandOff(HandOff::Host);
+            }
             http::header::HOST => host = true,
             http::header::CONNECTION => {
                 for t in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
@@ -316,6 +321,11 @@ mod tests {
         }
         assert_eq!(handed_off("GET / HTTP/1.0\r\nHost: a\r\n\r\n"), "version");
         assert_eq!(handed_off("GET / HTTP/1.1\r\n\r\n"), "host");
+        assert_eq!(
+            handed_off("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+            "host"
+        );
+        assert_eq!(handed_off("GET / HTTP/1.1\r\nHost: u@a\r\n\r\n"), "host");
         assert_eq!(
             handed_off("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n"),
             "target"
