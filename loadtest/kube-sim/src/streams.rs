@@ -1,0 +1,359 @@
+//! Pods' streaming subresources, served as kube-apiserver (with the kubelet
+//! behind it) serves them to kubectl 1.32:
+//!
+//! - `pods/exec` and `pods/attach`: a WebSocket upgrade of a `GET`, subprotocol
+//!   `v5.channel.k8s.io` or `v4.channel.k8s.io` (`channels`), running the
+//!   built-in shell (`shell`) or attaching to the container's main process
+//!   (`containers`);
+//! - `pods/portforward`: a WebSocket upgrade tunnelling SPDY/3.1
+//!   (`portforward`, `spdy`);
+//! - `pods/log`: the container's log as text, followed with `follow=true` until
+//!   the container's main process ends, the Pod is deleted or the client goes.
+//!
+//! kubectl falls back to SPDY (a `POST` with `Upgrade: SPDY/3.1`) only when the
+//! WebSocket upgrade fails; kube-sim answers that fallback with `400` and a
+//! message saying it serves WebSocket only (kube-apiserver would serve it).
+//!
+//! Authorization is kube-apiserver 1.32's: the verb is the request's (`get` for
+//! the WebSocket `GET`, `create` for the SPDY `POST`) on the subresource
+//! (`pods/exec`); kube-apiserver 1.35 also asks for `create` on WebSocket
+//! upgrades (the `AuthorizePodWebsocketUpgradeCreatePermission` gate), which
+//! kube-sim, reporting 1.32, does not.
+
+mod channels;
+mod containers;
+mod dictionary;
+mod portforward;
+mod shell;
+mod spdy;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+
+pub(crate) use containers::Containers;
+use containers::Output;
+
+use super::http::{Body, error, percent_decode};
+use super::resources::{key, kind};
+use super::store::Shared;
+
+/// Errors of a streaming session. None is retried: the session ends.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    /// The client sent SPDY kube-sim cannot read.
+    #[error("SPDY: {0}")]
+    Spdy(String),
+    /// The WebSocket connection failed.
+    #[error("WebSocket: {0}")]
+    WebSocket(#[source] tokio_tungstenite::tungstenite::Error),
+}
+
+/// Results of streaming sessions.
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where a connection's upgraded sessions run: the connection's own task, so a
+/// server that stops ends them with its connections.
+#[derive(Clone)]
+pub(crate) struct Sessions(pub(crate) tokio::sync::mpsc::UnboundedSender<BoxFuture<'static, ()>>);
+
+/// The streaming subresources served.
+pub(super) const SUBRESOURCES: &[&str] = &["exec", "attach", "portforward", "log"];
+
+impl Shared {
+    /// Serve `pods/<sub>` of the Pod `ns`/`name` (already authorized).
+    pub(super) fn pod_stream(
+        self: &Arc<Self>,
+        mut req: Request<Incoming>,
+        ns: &str,
+        name: &str,
+        sub: &str,
+    ) -> Response<Body> {
+        let pods = kind("pods").expect("served");
+        let pod = self
+            .lock()
+            .objects
+            .get(&key(pods, ns, name))
+            .map(|o| o.value());
+        let Some(pod) = pod else {
+            return error(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("pods \"{name}\" not found"),
+            );
+        };
+        let q = query_pairs(req.uri());
+        let one = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let flag = |k: &str| one(k).is_some_and(|v| v == "true" || v == "1");
+        // Port-forwarding reaches the Pod's network namespace, not a container.
+        let container = match sub {
+            "portforward" => Value::Null,
+            _ => match pick_container(&pod, name, one("container")) {
+                Ok(c) => c,
+                Err(message) => return error(StatusCode::BAD_REQUEST, "BadRequest", &message),
+            },
+        };
+        let container_name = container["name"].as_str().unwrap_or("").to_owned();
+        let env = shell::Env::of(name, &container);
+        let phase = pod["status"]["phase"].as_str().unwrap_or("");
+        if sub == "log" {
+            let tail = one("tailLines").and_then(|t| t.parse().ok());
+            return self.log(ns, name, &container_name, tail, flag("follow"));
+        }
+        if matches!(phase, "Succeeded" | "Failed") && sub != "portforward" {
+            let verb = if sub == "exec" { "exec into" } else { "attach" };
+            return error(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                &format!("cannot {verb} a container in a completed pod; current phase is {phase}"),
+            );
+        }
+        let offered = protocols(req.headers());
+        let served: &[&str] = if sub == "portforward" {
+            &[portforward::PROTOCOL]
+        } else {
+            channels::PROTOCOLS
+        };
+        let key = req.headers().get("sec-websocket-key").cloned();
+        let websocket = req
+            .headers()
+            .get(header::UPGRADE)
+            .is_some_and(|u| u.as_bytes().eq_ignore_ascii_case(b"websocket"));
+        let (Some(key), true) = (key, websocket) else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                &format!(
+                    "kube-sim serves pods/{sub} over WebSocket only (subprotocols {}), not {}",
+                    served.join(", "),
+                    req.headers().get(header::UPGRADE).map_or(
+                        "a plain request".into(),
+                        |u| format!("an upgrade to {}", String::from_utf8_lossy(u.as_bytes()))
+                    )
+                ),
+            );
+        };
+        let Some(protocol) = served.iter().find(|p| offered.iter().any(|o| o == *p)) else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                &format!(
+                    "none of the requested subprotocols [{}] is served; kube-sim serves {}",
+                    offered.join(", "),
+                    served.join(", ")
+                ),
+            );
+        };
+        let session: BoxFuture<'static, ()> = {
+            let on_upgrade = hyper::upgrade::on(&mut req);
+            let streams = channels::Streams {
+                stdin: flag("stdin"),
+                stdout: flag("stdout"),
+                stderr: flag("stderr"),
+                tty: flag("tty"),
+            };
+            let work = match sub {
+                "exec" => {
+                    let argv: Vec<String> = q
+                        .iter()
+                        .filter(|(k, _)| k == "command")
+                        .map(|(_, v)| v.clone())
+                        .collect();
+                    if argv.is_empty() {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "BadRequest",
+                            "you must specify at least 1 command",
+                        );
+                    }
+                    Some(channels::Work::Exec { argv, env })
+                }
+                "attach" => Some(channels::Work::Attach {
+                    container: self.containers.get(ns, name, &container_name),
+                    env,
+                }),
+                _ => None,
+            };
+            if work.is_some() && !(streams.stdin || streams.stdout || streams.stderr) {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "you must specify at least 1 of stdin, stdout, stderr",
+                );
+            }
+            let ports = declared_ports(&pod);
+            let pod_name = name.to_owned();
+            Box::pin(async move {
+                let Ok(upgraded) = on_upgrade.await else {
+                    return;
+                };
+                let ws =
+                    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None)
+                        .await;
+                match work {
+                    Some(work) => channels::serve(ws, streams, work).await,
+                    None => portforward::serve(ws, pod_name, ports).await,
+                }
+            })
+        };
+        match req.extensions().get::<Sessions>() {
+            Some(s) => {
+                let _ = s.0.send(session);
+            }
+            None => {
+                tokio::spawn(session);
+            }
+        }
+        let mut r = Response::new(http_body_util::Empty::new().boxed());
+        *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = r.headers_mut();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) {
+            h.insert("sec-websocket-accept", accept);
+        }
+        h.insert("sec-websocket-protocol", HeaderValue::from_static(protocol));
+        r
+    }
+
+    /// `pods/log`: the kept lines (the last `tail` of them), then, when
+    /// following, new ones until the main process ends or the Pod goes.
+    fn log(
+        self: &Arc<Self>,
+        ns: &str,
+        pod: &str,
+        container: &str,
+        tail: Option<usize>,
+        follow: bool,
+    ) -> Response<Body> {
+        let c = self.containers.get(ns, pod, container);
+        let mut events = self.events.subscribe();
+        let (backlog, mut output) = c.follow(tail);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+        let (ns, pod) = (ns.to_owned(), pod.to_owned());
+        tokio::spawn(async move {
+            for line in backlog {
+                if tx.send(Ok(Frame::data(line))).await.is_err() {
+                    return;
+                }
+            }
+            if !follow {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    o = output.recv() => match o {
+                        Ok(Output::Line(line)) => {
+                            if tx.send(Ok(Frame::data(line))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(Output::Exit) | Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    },
+                    e = events.recv() => match e {
+                        Ok(e) if e.kind == "DELETED"
+                            && e.resource.plural == "pods"
+                            && e.object.index.name() == pod
+                            && e.object.index.namespace() == ns => return,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        _ => {}
+                    },
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        let mut r = Response::new(StreamBody::new(tokio_stream_from(rx)).boxed());
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        r
+    }
+}
+
+/// A receiver as a stream of body frames.
+fn tokio_stream_from(
+    rx: tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, Infallible>>,
+) -> impl futures_util::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + 'static {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) })
+}
+
+/// Every query pair in order, repeated keys kept (`command=echo&command=hi`).
+fn query_pairs(uri: &http::Uri) -> Vec<(String, String)> {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+/// The subprotocols a WebSocket request offers (every `Sec-WebSocket-Protocol`
+/// header, comma-separated).
+fn protocols(headers: &http::HeaderMap) -> Vec<String> {
+    headers
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(|p| p.trim().to_owned())
+                .collect::<Vec<_>>()
+        })
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// The container a request names, or the only one; kube-apiserver's words when
+/// neither fits (`pkg/registry/core/pod/strategy.go`, `validateContainer`).
+fn pick_container(pod: &Value, name: &str, wanted: Option<&str>) -> Result<Value, String> {
+    let containers: Vec<&Value> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let names: Vec<&str> = containers
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    match wanted.filter(|w| !w.is_empty()) {
+        Some(w) => containers
+            .iter()
+            .find(|c| c["name"] == w)
+            .map(|c| (*c).clone())
+            .ok_or_else(|| format!("container {w} is not valid for pod {name}")),
+        None if containers.len() == 1 => Ok(containers[0].clone()),
+        None if containers.is_empty() => Err(format!("pod {name} does not have a container")),
+        None => Err(format!(
+            "a container name must be specified for pod {name}, choose one of: [{}]",
+            names.join(" ")
+        )),
+    }
+}
+
+/// The ports a Pod's containers declare.
+fn declared_ports(pod: &Value) -> BTreeSet<u16> {
+    pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .filter_map(|p| p["containerPort"].as_u64())
+        .filter_map(|p| u16::try_from(p).ok())
+        .collect()
+}

@@ -1,0 +1,418 @@
+//! Pods' streaming subresources with the installed `kubectl` pointed straight at
+//! kube-sim: `exec` (output, stdin, exit codes), `attach`, `port-forward` (bytes
+//! both ways through the WebSocket-tunnelled SPDY) and `logs -f`, and RBAC on
+//! each subresource.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use podgate_testkit::kube::{KubeTestServer, Kubectl};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStderr, ChildStdout};
+
+/// How long any one expected output may take (kubectl starts in well under it).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+async fn server() -> KubeTestServer {
+    let server = KubeTestServer::start(1000).await.unwrap();
+    server.put(
+        "pods",
+        "default",
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1"},
+            "spec": {"containers": [
+                {"name": "app", "image": "nginx:1.27",
+                 "env": [{"name": "GREETING", "value": "hello from app"}],
+                 "ports": [{"containerPort": 8080}]},
+                {"name": "side", "image": "busybox:1.36"},
+            ]},
+            "status": {"phase": "Running"},
+        }),
+    );
+    server
+}
+
+/// `kubectl ARGS` with `stdin` written and closed: (exit code, stdout, stderr).
+async fn kubectl(k: &Kubectl, args: &[&str], stdin: &str) -> (i32, String, String) {
+    let mut child = tokio::process::Command::from(k.command(args))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl is installed");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("kubectl {args:?} did not end"))
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `kubectl ARGS` left running, its output read line by line.
+fn start(
+    k: &Kubectl,
+    args: &[&str],
+) -> (
+    Child,
+    Lines<BufReader<ChildStdout>>,
+    Lines<BufReader<ChildStderr>>,
+) {
+    let mut child = tokio::process::Command::from(k.command(args))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl is installed");
+    let out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let err = BufReader::new(child.stderr.take().unwrap()).lines();
+    (child, out, err)
+}
+
+/// The next line that contains `want`.
+async fn line_with<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut Lines<R>, want: &str) -> String {
+    loop {
+        let line = tokio::time::timeout(PATIENCE, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no line with {want:?} in time"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("output ended before a line with {want:?}"));
+        if line.contains(want) {
+            return line;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_execs_commands_with_output_stdin_and_exit_codes() {
+    let server = server().await;
+    let k = Kubectl::new(&server);
+
+    let (code, out, err) =
+        kubectl(&k, &["exec", "web-1", "-c", "app", "--", "echo", "hi"], "").await;
+    assert_eq!((code, out.as_str()), (0, "hi\n"), "{err}");
+
+    // stdin reaches the process and its end ends `cat` (v5's close signal).
+    let (code, out, err) = kubectl(
+        &k,
+        &["exec", "-i", "web-1", "-c", "app", "--", "cat"],
+        "data\nmore\n",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "data\nmore\n"), "{err}");
+
+    // A script's status is kubectl's exit code; its stderr is kubectl's.
+    let (code, out, err) = kubectl(
+        &k,
+        &[
+            "exec",
+            "web-1",
+            "-c",
+            "app",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$GREETING\" on $HOSTNAME; nope; exit 3",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(code, 3, "{out}\n{err}");
+    assert!(out.starts_with("hello from app on"), "{out}");
+    assert!(err.contains("sh: nope: not found"), "{err}");
+
+    // The container is the one asked for; without one, kubectl picks the first.
+    let (code, out, err) = kubectl(&k, &["exec", "web-1", "--", "env"], "").await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("GREETING=hello from app\n") && out.contains("HOSTNAME=web-1\n"),
+        "{out}"
+    );
+    let (_, out, _) = kubectl(&k, &["exec", "web-1", "-c", "side", "--", "env"], "").await;
+    assert!(!out.contains("GREETING"), "{out}");
+
+    // A command that does not exist never starts: the kubelet's internal error.
+    let (code, _, err) = kubectl(&k, &["exec", "web-1", "-c", "app", "--", "nope"], "").await;
+    assert_eq!(code, 1);
+    assert!(err.contains("executable file not found in $PATH"), "{err}");
+
+    // Over WebSocket, as a `get` of pods/exec.
+    let audit = server.sim().audit();
+    let exec = audit
+        .iter()
+        .find(|a| a.path == "/api/v1/namespaces/default/pods/web-1/exec")
+        .expect("the exec request");
+    assert_eq!(exec.verb, "get");
+    assert!(
+        exec.query.contains("command=echo&command=hi"),
+        "{}",
+        exec.query
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forwards_bytes_both_ways() {
+    let server = server().await;
+    let k = Kubectl::new(&server);
+    let (mut child, mut out, _err) = start(&k, &["port-forward", "pod/web-1", ":8080"]);
+    // `Forwarding from 127.0.0.1:PORT -> 8080`
+    let line = line_with(&mut out, "Forwarding from 127.0.0.1:").await;
+    let port: u16 = line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("a port in {line:?}"));
+    assert!(line.ends_with("-> 8080"), "{line}");
+
+    // Two connections, one after the other, each echoed, and their ends.
+    for payload in [
+        &b"ping through the tunnel\n"[..],
+        &[0u8, 255, 1, 254, 10][..],
+    ] {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        conn.write_all(payload).await.unwrap();
+        let mut back = vec![0u8; payload.len()];
+        tokio::time::timeout(PATIENCE, conn.read_exact(&mut back))
+            .await
+            .expect("the echo in time")
+            .unwrap();
+        assert_eq!(back, payload);
+        conn.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        tokio::time::timeout(PATIENCE, conn.read_to_end(&mut rest))
+            .await
+            .expect("the end in time")
+            .unwrap();
+        assert!(rest.is_empty());
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "kubectl still forwards"
+    );
+    child.kill().await.unwrap();
+
+    // A port nothing listens on: the kubelet's refusal reaches kubectl.
+    let (mut child, mut out, mut err) = start(&k, &["port-forward", "web-1", ":9999"]);
+    let line = line_with(&mut out, "Forwarding from 127.0.0.1:").await;
+    let port: u16 = line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, conn.read_to_end(&mut rest))
+        .await
+        .expect("closed in time");
+    assert!(rest.is_empty());
+    line_with(&mut err, "connect: connection refused").await;
+    let _ = child.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_follows_logs_as_lines_are_appended() {
+    let server = server().await;
+    let k = Kubectl::new(&server);
+    server
+        .sim()
+        .container_log("default", "web-1", "app", "first line");
+    server
+        .sim()
+        .container_log("default", "web-1", "app", "second line");
+
+    let (code, out, err) = kubectl(&k, &["logs", "web-1", "-c", "app", "--tail", "1"], "").await;
+    assert_eq!((code, out.as_str()), (0, "second line\n"), "{err}");
+
+    let (mut child, mut out, _err) = start(&k, &["logs", "-f", "web-1", "-c", "app"]);
+    line_with(&mut out, "first line").await;
+    line_with(&mut out, "second line").await;
+    // Printed: kubectl is following now; what is appended arrives as it is.
+    server
+        .sim()
+        .container_log("default", "web-1", "app", "third line");
+    assert_eq!(line_with(&mut out, "line").await, "third line");
+    server
+        .sim()
+        .container_log("default", "web-1", "app", "fourth line");
+    assert_eq!(line_with(&mut out, "line").await, "fourth line");
+    // The container's process ends: so does `logs -f`, successfully.
+    server.sim().end_container("default", "web-1", "app");
+    assert!(
+        tokio::time::timeout(PATIENCE, out.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+
+    // Deleting the Pod ends a follower too.
+    let (mut child, mut out, _err) = start(&k, &["logs", "-f", "web-1", "-c", "app"]);
+    line_with(&mut out, "fourth line").await;
+    server.delete("pods", "default", "web-1");
+    assert!(
+        tokio::time::timeout(PATIENCE, out.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        tokio::time::timeout(PATIENCE, child.wait())
+            .await
+            .unwrap()
+            .unwrap()
+            .success()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_attaches_to_the_main_process() {
+    let server = server().await;
+    let k = Kubectl::new(&server);
+    let (mut child, mut out, _err) = start(&k, &["attach", "-i", "web-1", "-c", "app"]);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"echo attached to $HOSTNAME\n")
+        .await
+        .unwrap();
+    assert_eq!(line_with(&mut out, "attached").await, "attached to web-1");
+    // Output of the container reaches attached clients as it is written.
+    server
+        .sim()
+        .container_log("default", "web-1", "app", "from elsewhere");
+    assert_eq!(line_with(&mut out, "elsewhere").await, "from elsewhere");
+    // `exit` ends the main process, and with it the attach.
+    stdin.write_all(b"exit 0\n").await.unwrap();
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    // What it wrote is the container's log.
+    let (code, out, err) = kubectl(&k, &["logs", "web-1", "-c", "app"], "").await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "attached to web-1\nfrom elsewhere\n"),
+        "{err}"
+    );
+}
+
+const RBAC: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: impersonator}
+rules:
+- {apiGroups: [""], resources: [users], verbs: [impersonate]}
+- {nonResourceURLs: ["*"], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: anonymous-impersonates}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: impersonator}
+subjects:
+- {kind: Group, apiGroup: rbac.authorization.k8s.io, name: "system:unauthenticated"}
+- {kind: Group, apiGroup: rbac.authorization.k8s.io, name: "system:authenticated"}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: shell, namespace: default}
+rules:
+- {apiGroups: [""], resources: [pods], verbs: [get]}
+- {apiGroups: [""], resources: [pods/exec, pods/log], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: reader, namespace: default}
+rules:
+- {apiGroups: [""], resources: [pods], verbs: [get]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-shell, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: shell}
+subjects: [{kind: User, apiGroup: rbac.authorization.k8s.io, name: alice}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: bob-reader, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}
+subjects: [{kind: User, apiGroup: rbac.authorization.k8s.io, name: bob}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_decides_each_subresource_for_the_impersonated_user() {
+    let server = server().await;
+    server.sim().load_seed(RBAC).unwrap();
+    server
+        .sim()
+        .container_log("default", "web-1", "app", "a log line");
+    server.sim().enforce_rbac(true);
+    let k = Kubectl::new(&server);
+
+    // alice may `get` pods/exec and pods/log: enough for kube-apiserver 1.32's
+    // WebSocket exec.
+    let (code, out, err) = kubectl(
+        &k,
+        &[
+            "--as", "alice", "exec", "web-1", "-c", "app", "--", "echo", "hi",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "hi\n"), "{err}");
+    let (code, out, err) = kubectl(&k, &["--as", "alice", "logs", "web-1", "-c", "app"], "").await;
+    assert_eq!((code, out.as_str()), (0, "a log line\n"), "{err}");
+
+    // bob may read the Pod only: the WebSocket upgrade is forbidden, kubectl
+    // falls back to SPDY, whose `create` is forbidden too.
+    let (code, _, err) = kubectl(
+        &k,
+        &[
+            "--as", "bob", "exec", "web-1", "-c", "app", "--", "echo", "hi",
+        ],
+        "",
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(r#"User "bob" cannot create resource "pods/exec" in API group "" in the namespace "default""#),
+        "{err}"
+    );
+    let verbs: Vec<(String, u16)> = server
+        .sim()
+        .audit()
+        .into_iter()
+        .filter(|a| a.path.ends_with("/pods/web-1/exec") && a.user.as_deref() == Some("bob"))
+        .map(|a| (a.verb, a.code))
+        .collect();
+    assert_eq!(verbs, [("get".to_owned(), 403), ("create".to_owned(), 403)]);
+    let (code, _, err) = kubectl(&k, &["--as", "bob", "logs", "web-1", "-c", "app"], "").await;
+    assert_ne!(code, 0);
+    assert!(err.contains(r#"cannot get resource "pods/log""#), "{err}");
+    let (code, _, err) = kubectl(&k, &["--as", "bob", "port-forward", "web-1", ":8080"], "").await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(r#"cannot create resource "pods/portforward""#),
+        "{err}"
+    );
+}
