@@ -71,6 +71,13 @@
 //!   `ProgressDeadlineExceeded`; every Service selecting an available Deployment
 //!   gets a small HTTP server per port on `127.0.0.1` and an `Endpoints` object
 //!   listing them (`backends`), torn down when it scales to 0 or goes;
+//! - Pods' streaming subresources (`streams`), as kubectl 1.32 uses them: `exec`
+//!   and `attach` over WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`)
+//!   running a built-in shell, `port-forward` as SPDY/3.1 tunnelled through a
+//!   WebSocket with declared container ports answering as echo servers (each
+//!   also over SPDY/3.1, kubectl's fallback), `logs`
+//!   with `tailLines` and `follow` ([`KubeSim::container_log`],
+//!   [`KubeSim::end_container`]);
 //! - users: a request is served as the user its `Impersonate-User` (with
 //!   `Impersonate-Group`, `-Uid`, `-Extra-*`) names, else as `system:anonymous`;
 //!   [`KubeSim::audit`] keeps the last 1,000 requests (verb, path, query, user,
@@ -109,7 +116,8 @@
 //! server-side apply; `store` the objects, resource versions and change history;
 //! `namespaces` namespace lifecycle; `faults` validation and refusals; `paging`
 //! lists, whole or in pages, and their snapshots; `watch` the watch streams;
-//! `http` the request dispatch; `access` impersonation, denials and the audit log;
+//! `http` the request dispatch; `streams` exec, attach, port-forward and logs;
+//! `access` impersonation, denials and the audit log;
 //! `generate` generated clusters; `churn` the steady changes; `controller`,
 //! `rollout`, `pods` and `backends` the controllers; `settings` their timings;
 //! `tests` the handle's tests (other modules keep theirs beside them).

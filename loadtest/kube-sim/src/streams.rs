@@ -2,30 +2,31 @@
 //! behind it) serves them to kubectl 1.32:
 //!
 //! - `pods/exec` and `pods/attach`: a WebSocket upgrade of a `GET`, subprotocol
-//!   `v5.channel.k8s.io` or `v4.channel.k8s.io` (`channels`), running the
-//!   built-in shell (`shell`) or attaching to the container's main process
-//!   (`containers`);
-//! - `pods/portforward`: a WebSocket upgrade tunnelling SPDY/3.1
-//!   (`portforward`, `spdy`);
+//!   `v5.channel.k8s.io` or `v4.channel.k8s.io` (`channels`), which kubectl
+//!   tries first, or its fallback, a SPDY/3.1 upgrade of a `POST`,
+//!   `v4.channel.k8s.io` (`spdy_channels`); running the built-in shell
+//!   (`shell`) or attaching to the container's main process (`containers`);
+//! - `pods/portforward`: a WebSocket upgrade tunnelling SPDY/3.1, which kubectl
+//!   tries first, or a SPDY/3.1 upgrade (`portforward`, `spdy`);
 //! - `pods/log`: the container's log as text, followed with `follow=true` until
 //!   the container's main process ends, the Pod is deleted or the client goes.
 //!
-//! kubectl falls back to SPDY (a `POST` with `Upgrade: SPDY/3.1`) only when the
-//! WebSocket upgrade fails; kube-sim answers that fallback with `400` and a
-//! message saying it serves WebSocket only (kube-apiserver would serve it).
-//!
+//! `pipe` makes either kind of upgraded connection two channels of bytes.
 //! Authorization is kube-apiserver 1.32's: the verb is the request's (`get` for
 //! the WebSocket `GET`, `create` for the SPDY `POST`) on the subresource
-//! (`pods/exec`); kube-apiserver 1.35 also asks for `create` on WebSocket
-//! upgrades (the `AuthorizePodWebsocketUpgradeCreatePermission` gate), which
-//! kube-sim, reporting 1.32, does not.
+//! (`pods/exec`), so a user with `create` alone gets the WebSocket refused and
+//! succeeds with the fallback; kube-apiserver 1.35 also asks for `create` on
+//! WebSocket upgrades (the `AuthorizePodWebsocketUpgradeCreatePermission` gate),
+//! which kube-sim, reporting 1.32, does not.
 
 mod channels;
 mod containers;
 mod dictionary;
+mod pipe;
 mod portforward;
 mod shell;
 mod spdy;
+mod spdy_channels;
 #[cfg(test)]
 mod tests;
 
@@ -57,9 +58,6 @@ pub(crate) enum Error {
     /// The client sent SPDY kube-sim cannot read.
     #[error("SPDY: {0}")]
     Spdy(String),
-    /// The WebSocket connection failed.
-    #[error("WebSocket: {0}")]
-    WebSocket(#[source] tokio_tungstenite::tungstenite::Error),
 }
 
 /// Results of streaming sessions.
@@ -121,41 +119,9 @@ impl Shared {
                 &format!("cannot {verb} a container in a completed pod; current phase is {phase}"),
             );
         }
-        let offered = protocols(req.headers());
-        let served: &[&str] = if sub == "portforward" {
-            &[portforward::PROTOCOL]
-        } else {
-            channels::PROTOCOLS
-        };
-        let key = req.headers().get("sec-websocket-key").cloned();
-        let websocket = req
-            .headers()
-            .get(header::UPGRADE)
-            .is_some_and(|u| u.as_bytes().eq_ignore_ascii_case(b"websocket"));
-        let (Some(key), true) = (key, websocket) else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                &format!(
-                    "kube-sim serves pods/{sub} over WebSocket only (subprotocols {}), not {}",
-                    served.join(", "),
-                    req.headers().get(header::UPGRADE).map_or(
-                        "a plain request".into(),
-                        |u| format!("an upgrade to {}", String::from_utf8_lossy(u.as_bytes()))
-                    )
-                ),
-            );
-        };
-        let Some(protocol) = served.iter().find(|p| offered.iter().any(|o| o == *p)) else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                &format!(
-                    "none of the requested subprotocols [{}] is served; kube-sim serves {}",
-                    offered.join(", "),
-                    served.join(", ")
-                ),
-            );
+        let upgrade = match negotiate(req.headers(), sub) {
+            Ok(u) => u,
+            Err(message) => return error(StatusCode::BAD_REQUEST, "BadRequest", &message),
         };
         let session: BoxFuture<'static, ()> = {
             let on_upgrade = hyper::upgrade::on(&mut req);
@@ -196,16 +162,21 @@ impl Shared {
             }
             let ports = declared_ports(&pod);
             let pod_name = name.to_owned();
+            let websocket = matches!(upgrade, Upgrade::WebSocket { .. });
             Box::pin(async move {
                 let Ok(upgraded) = on_upgrade.await else {
                     return;
                 };
-                let ws =
-                    WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None)
-                        .await;
-                match work {
-                    Some(work) => channels::serve(ws, streams, work).await,
-                    None => portforward::serve(ws, pod_name, ports).await,
+                let io = TokioIo::new(upgraded);
+                let pipe = if websocket {
+                    pipe::websocket(WebSocketStream::from_raw_socket(io, Role::Server, None).await)
+                } else {
+                    pipe::raw(io)
+                };
+                match (work, websocket) {
+                    (Some(work), true) => channels::serve(pipe, streams, work).await,
+                    (Some(work), false) => spdy_channels::serve(pipe, streams, work).await,
+                    (None, _) => portforward::serve(pipe, pod_name, ports).await,
                 }
             })
         };
@@ -221,11 +192,22 @@ impl Shared {
         *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         let h = r.headers_mut();
         h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) {
-            h.insert("sec-websocket-accept", accept);
+        match upgrade {
+            Upgrade::WebSocket { accept, protocol } => {
+                h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+                if let Ok(accept) = HeaderValue::from_str(&accept) {
+                    h.insert("sec-websocket-accept", accept);
+                }
+                h.insert("sec-websocket-protocol", HeaderValue::from_static(protocol));
+            }
+            Upgrade::Spdy { protocol } => {
+                h.insert(header::UPGRADE, HeaderValue::from_static("SPDY/3.1"));
+                h.insert(
+                    "x-stream-protocol-version",
+                    HeaderValue::from_static(protocol),
+                );
+            }
         }
-        h.insert("sec-websocket-protocol", HeaderValue::from_static(protocol));
         r
     }
 
@@ -303,11 +285,82 @@ fn query_pairs(uri: &http::Uri) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The subprotocols a WebSocket request offers (every `Sec-WebSocket-Protocol`
-/// header, comma-separated).
-fn protocols(headers: &http::HeaderMap) -> Vec<String> {
+/// How a streaming request upgrades its connection.
+enum Upgrade {
+    /// To a WebSocket: the `Sec-WebSocket-Accept` value and the subprotocol.
+    WebSocket {
+        accept: String,
+        protocol: &'static str,
+    },
+    /// To SPDY/3.1 on the socket, with this `X-Stream-Protocol-Version`.
+    Spdy { protocol: &'static str },
+}
+
+/// The upgrade a request for `pods/<sub>` asks for and kube-sim serves, or why
+/// none is: a WebSocket with a served subprotocol, or SPDY/3.1 with a served
+/// `X-Stream-Protocol-Version` (apimachinery's `httpstream.Handshake`).
+fn negotiate(headers: &http::HeaderMap, sub: &str) -> Result<Upgrade, String> {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .map(|u| String::from_utf8_lossy(u.as_bytes()).to_ascii_lowercase())
+        .unwrap_or_default();
+    let pick = |offered: Vec<String>, served: &[&'static str], what: &str| {
+        served
+            .iter()
+            .copied()
+            .find(|p| offered.iter().any(|o| o == p))
+            .ok_or_else(|| {
+                format!(
+                    "unable to upgrade: unable to negotiate {what}: client supports [{}], server supports [{}]",
+                    offered.join(" "),
+                    served.join(" ")
+                )
+            })
+    };
+    match upgrade.as_str() {
+        "websocket" => {
+            let key = headers
+                .get("sec-websocket-key")
+                .ok_or("a WebSocket upgrade needs Sec-WebSocket-Key")?;
+            let served: &[&'static str] = if sub == "portforward" {
+                &[portforward::PROTOCOL]
+            } else {
+                channels::PROTOCOLS
+            };
+            Ok(Upgrade::WebSocket {
+                accept: derive_accept_key(key.as_bytes()),
+                protocol: pick(
+                    protocols(headers, "sec-websocket-protocol"),
+                    served,
+                    "subprotocol",
+                )?,
+            })
+        }
+        "spdy/3.1" => {
+            let served: &[&'static str] = if sub == "portforward" {
+                &[portforward::SPDY_PROTOCOL]
+            } else {
+                spdy_channels::PROTOCOLS
+            };
+            Ok(Upgrade::Spdy {
+                protocol: pick(
+                    protocols(headers, "x-stream-protocol-version"),
+                    served,
+                    "protocol",
+                )?,
+            })
+        }
+        _ => Err(format!(
+            "pods/{sub} needs a connection upgrade to a WebSocket or to SPDY/3.1"
+        )),
+    }
+}
+
+/// The protocols a request offers in header `name` (every such header,
+/// comma-separated).
+fn protocols(headers: &http::HeaderMap, name: &str) -> Vec<String> {
     headers
-        .get_all("sec-websocket-protocol")
+        .get_all(name)
         .iter()
         .flat_map(|v| {
             String::from_utf8_lossy(v.as_bytes())

@@ -3,6 +3,8 @@
 //! both ways through the WebSocket-tunnelled SPDY) and `logs -f`, and RBAC on
 //! each subresource.
 
+mod rbac;
+
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -12,9 +14,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStderr, ChildStdout};
 
 /// How long any one expected output may take (kubectl starts in well under it).
-const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
-async fn server() -> KubeTestServer {
+pub(crate) async fn server() -> KubeTestServer {
     let server = KubeTestServer::start(1000).await.unwrap();
     server.put(
         "pods",
@@ -35,8 +37,27 @@ async fn server() -> KubeTestServer {
 }
 
 /// `kubectl ARGS` with `stdin` written and closed: (exit code, stdout, stderr).
-async fn kubectl(k: &Kubectl, args: &[&str], stdin: &str) -> (i32, String, String) {
-    let mut child = tokio::process::Command::from(k.command(args))
+pub(crate) async fn kubectl(k: &Kubectl, args: &[&str], stdin: &str) -> (i32, String, String) {
+    kubectl_env(k, args, stdin, &[]).await
+}
+
+/// kubectl's switches that turn its WebSocket use off: it speaks SPDY, its
+/// fallback, from the start.
+pub(crate) const SPDY_ONLY: &[(&str, &str)] = &[
+    ("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false"),
+    ("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false"),
+];
+
+/// [`kubectl`] with environment variables set.
+pub(crate) async fn kubectl_env(
+    k: &Kubectl,
+    args: &[&str],
+    stdin: &str,
+    env: &[(&str, &str)],
+) -> (i32, String, String) {
+    let mut command = k.command(args);
+    command.envs(env.iter().copied());
+    let mut child = tokio::process::Command::from(command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -58,15 +79,22 @@ async fn kubectl(k: &Kubectl, args: &[&str], stdin: &str) -> (i32, String, Strin
 }
 
 /// `kubectl ARGS` left running, its output read line by line.
-fn start(
-    k: &Kubectl,
-    args: &[&str],
-) -> (
+/// A running kubectl and its output, line by line.
+type Running = (
     Child,
     Lines<BufReader<ChildStdout>>,
     Lines<BufReader<ChildStderr>>,
-) {
-    let mut child = tokio::process::Command::from(k.command(args))
+);
+
+fn start(k: &Kubectl, args: &[&str]) -> Running {
+    start_env(k, args, &[])
+}
+
+/// [`start`] with environment variables set.
+fn start_env(k: &Kubectl, args: &[&str], env: &[(&str, &str)]) -> Running {
+    let mut command = k.command(args);
+    command.envs(env.iter().copied());
+    let mut child = tokio::process::Command::from(command)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -160,10 +188,75 @@ async fn kubectl_execs_commands_with_output_stdin_and_exit_codes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_port_forwards_bytes_both_ways() {
+async fn kubectl_execs_and_attaches_over_its_spdy_fallback() {
     let server = server().await;
     let k = Kubectl::new(&server);
-    let (mut child, mut out, _err) = start(&k, &["port-forward", "pod/web-1", ":8080"]);
+    let (code, out, err) = kubectl_env(
+        &k,
+        &[
+            "exec",
+            "-i",
+            "web-1",
+            "-c",
+            "app",
+            "--",
+            "sh",
+            "-c",
+            "cat; nope; exit 5",
+        ],
+        "over spdy\n",
+        SPDY_ONLY,
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (5, "over spdy\n"), "{err}");
+    assert!(err.contains("sh: nope: not found"), "{err}");
+    let (code, out, err) = kubectl_env(
+        &k,
+        &["exec", "web-1", "-c", "side", "--", "hostname"],
+        "",
+        SPDY_ONLY,
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "web-1\n"), "{err}");
+
+    let (mut child, mut out, _err) =
+        start_env(&k, &["attach", "-i", "web-1", "-c", "app"], SPDY_ONLY);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(b"echo attached over spdy\nexit\n")
+        .await
+        .unwrap();
+    assert_eq!(line_with(&mut out, "attached").await, "attached over spdy");
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+
+    let verbs: Vec<String> = server
+        .sim()
+        .audit()
+        .into_iter()
+        .filter(|a| a.path.ends_with("/exec") || a.path.ends_with("/attach"))
+        .map(|a| a.verb)
+        .collect();
+    assert_eq!(verbs, ["create", "create", "create"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forwards_bytes_both_ways() {
+    port_forward(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forwards_over_its_spdy_fallback() {
+    port_forward(SPDY_ONLY).await;
+}
+
+async fn port_forward(env: &[(&str, &str)]) {
+    let server = server().await;
+    let k = Kubectl::new(&server);
+    let (mut child, mut out, _err) = start_env(&k, &["port-forward", "pod/web-1", ":8080"], env);
     // `Forwarding from 127.0.0.1:PORT -> 8080`
     let line = line_with(&mut out, "Forwarding from 127.0.0.1:").await;
     let port: u16 = line
@@ -204,7 +297,7 @@ async fn kubectl_port_forwards_bytes_both_ways() {
     child.kill().await.unwrap();
 
     // A port nothing listens on: the kubelet's refusal reaches kubectl.
-    let (mut child, mut out, mut err) = start(&k, &["port-forward", "web-1", ":9999"]);
+    let (mut child, mut out, mut err) = start_env(&k, &["port-forward", "web-1", ":9999"], env);
     let line = line_with(&mut out, "Forwarding from 127.0.0.1:").await;
     let port: u16 = line
         .split("127.0.0.1:")
@@ -222,6 +315,17 @@ async fn kubectl_port_forwards_bytes_both_ways() {
     assert!(rest.is_empty());
     line_with(&mut err, "connect: connection refused").await;
     let _ = child.kill().await;
+
+    // The transport kubectl chose: a WebSocket `GET`, or SPDY's `POST`.
+    let verbs: Vec<String> = server
+        .sim()
+        .audit()
+        .into_iter()
+        .filter(|a| a.path.ends_with("/portforward"))
+        .map(|a| a.verb)
+        .collect();
+    let want = if env.is_empty() { "get" } else { "create" };
+    assert_eq!(verbs, [want, want]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,106 +417,6 @@ async fn kubectl_attaches_to_the_main_process() {
     assert_eq!(
         (code, out.as_str()),
         (0, "attached to web-1\nfrom elsewhere\n"),
-        "{err}"
-    );
-}
-
-const RBAC: &str = r#"
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: impersonator}
-rules:
-- {apiGroups: [""], resources: [users], verbs: [impersonate]}
-- {nonResourceURLs: ["*"], verbs: [get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: anonymous-impersonates}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: impersonator}
-subjects:
-- {kind: Group, apiGroup: rbac.authorization.k8s.io, name: "system:unauthenticated"}
-- {kind: Group, apiGroup: rbac.authorization.k8s.io, name: "system:authenticated"}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: shell, namespace: default}
-rules:
-- {apiGroups: [""], resources: [pods], verbs: [get]}
-- {apiGroups: [""], resources: [pods/exec, pods/log], verbs: [get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: reader, namespace: default}
-rules:
-- {apiGroups: [""], resources: [pods], verbs: [get]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: alice-shell, namespace: default}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: shell}
-subjects: [{kind: User, apiGroup: rbac.authorization.k8s.io, name: alice}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: bob-reader, namespace: default}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}
-subjects: [{kind: User, apiGroup: rbac.authorization.k8s.io, name: bob}]
-"#;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rbac_decides_each_subresource_for_the_impersonated_user() {
-    let server = server().await;
-    server.sim().load_seed(RBAC).unwrap();
-    server
-        .sim()
-        .container_log("default", "web-1", "app", "a log line");
-    server.sim().enforce_rbac(true);
-    let k = Kubectl::new(&server);
-
-    // alice may `get` pods/exec and pods/log: enough for kube-apiserver 1.32's
-    // WebSocket exec.
-    let (code, out, err) = kubectl(
-        &k,
-        &[
-            "--as", "alice", "exec", "web-1", "-c", "app", "--", "echo", "hi",
-        ],
-        "",
-    )
-    .await;
-    assert_eq!((code, out.as_str()), (0, "hi\n"), "{err}");
-    let (code, out, err) = kubectl(&k, &["--as", "alice", "logs", "web-1", "-c", "app"], "").await;
-    assert_eq!((code, out.as_str()), (0, "a log line\n"), "{err}");
-
-    // bob may read the Pod only: the WebSocket upgrade is forbidden, kubectl
-    // falls back to SPDY, whose `create` is forbidden too.
-    let (code, _, err) = kubectl(
-        &k,
-        &[
-            "--as", "bob", "exec", "web-1", "-c", "app", "--", "echo", "hi",
-        ],
-        "",
-    )
-    .await;
-    assert_ne!(code, 0);
-    assert!(
-        err.contains(r#"User "bob" cannot create resource "pods/exec" in API group "" in the namespace "default""#),
-        "{err}"
-    );
-    let verbs: Vec<(String, u16)> = server
-        .sim()
-        .audit()
-        .into_iter()
-        .filter(|a| a.path.ends_with("/pods/web-1/exec") && a.user.as_deref() == Some("bob"))
-        .map(|a| (a.verb, a.code))
-        .collect();
-    assert_eq!(verbs, [("get".to_owned(), 403), ("create".to_owned(), 403)]);
-    let (code, _, err) = kubectl(&k, &["--as", "bob", "logs", "web-1", "-c", "app"], "").await;
-    assert_ne!(code, 0);
-    assert!(err.contains(r#"cannot get resource "pods/log""#), "{err}");
-    let (code, _, err) = kubectl(&k, &["--as", "bob", "port-forward", "web-1", ":8080"], "").await;
-    assert_ne!(code, 0);
-    assert!(
-        err.contains(r#"cannot create resource "pods/portforward""#),
         "{err}"
     );
 }

@@ -14,24 +14,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::containers::{Container, Output};
+use super::pipe::Pipe;
 use super::shell::{self, Env, Io, Outcome};
 
 /// The subprotocols served, preferred first.
 pub(super) const PROTOCOLS: &[&str] = &["v5.channel.k8s.io", "v4.channel.k8s.io"];
 
 const STDIN: u8 = 0;
-const STDOUT: u8 = 1;
-const STDERR: u8 = 2;
+/// The stdout channel.
+pub(super) const STDOUT: u8 = 1;
+/// The stderr channel.
+pub(super) const STDERR: u8 = 2;
 const ERROR: u8 = 3;
 const CLOSE: u8 = 255;
 
@@ -52,68 +49,91 @@ pub(super) enum Work {
     Attach { container: Arc<Container>, env: Env },
 }
 
-/// Serve one session on an upgraded connection until the process ends (exec),
-/// the container's main process ends (attach), or the client goes.
-pub(super) async fn serve<S>(ws: WebSocketStream<S>, streams: Streams, work: Work)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sink, mut source) = ws.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<Message>(64);
-    let writer = tokio::spawn(async move {
-        while let Some(m) = out_rx.recv().await {
-            let close = matches!(m, Message::Close(_));
-            if sink.send(m).await.is_err() || close {
-                break;
-            }
-        }
-    });
-    // The reader feeds stdin and ends when the client closes or goes away.
+/// Serve one session over a WebSocket until the process ends (exec), the
+/// container's main process ends (attach), or the client goes: the status on
+/// the error channel, then a normal close.
+pub(super) async fn serve(mut pipe: Pipe, streams: Streams, work: Work) {
     let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(16);
-    let mut reader = tokio::spawn(async move {
+    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(64);
+    let (gone_tx, gone_rx) = oneshot::channel::<()>();
+    let frame = |channel: u8, data: &[u8]| {
+        let mut b = BytesMut::with_capacity(1 + data.len());
+        b.put_u8(channel);
+        b.extend_from_slice(data);
+        b.freeze()
+    };
+    // The client's messages: stdin, v5's close of stdin; resize (4) is ignored,
+    // as a simulated terminal has no size.
+    let mut from_client = pipe.rx;
+    tokio::spawn(async move {
         let mut stdin = Some(stdin_tx);
-        while let Some(Ok(m)) = source.next().await {
-            match m {
-                Message::Binary(b) if b.first() == Some(&STDIN) => {
+        while let Some(b) = from_client.recv().await {
+            match b.first() {
+                Some(&STDIN) if b.len() > 1 => {
                     if let Some(tx) = &stdin
-                        && b.len() > 1
                         && tx.send(b.slice(1..)).await.is_err()
                     {
                         stdin = None;
                     }
                 }
-                Message::Binary(b) if b[..] == [CLOSE, STDIN] => stdin = None,
-                // Resize (4) and anything else: a simulated terminal has no size.
-                Message::Close(_) => break,
+                Some(&CLOSE) if b[..] == [CLOSE, STDIN] => stdin = None,
                 _ => {}
             }
         }
+        let _ = gone_tx.send(());
     });
-    let frame = |channel: u8, data: &[u8]| {
-        let mut b = BytesMut::with_capacity(1 + data.len());
-        b.put_u8(channel);
-        b.extend_from_slice(data);
-        Message::Binary(b.freeze())
-    };
+    let to_client = pipe.tx.clone();
+    let writer = tokio::spawn(async move {
+        while let Some((channel, data)) = out_rx.recv().await {
+            if to_client.send(frame(channel, &data)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let status = run(streams, work, stdin_rx, out_tx, async {
+        let _ = gone_rx.await;
+    })
+    .await;
+    let _ = writer.await;
+    if let Some(status) = status {
+        let _ = pipe
+            .tx
+            .send(frame(ERROR, status.to_string().as_bytes()))
+            .await;
+    }
+    drop(pipe.tx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), &mut pipe.closed).await;
+}
+
+/// Run `work` with the client's `stdin`, writing `(channel, bytes)` to `out`
+/// (stdout 1, stderr 2): the status to report, or `None` when the client went
+/// away (`gone`) before an attached process ended.
+pub(super) async fn run(
+    streams: Streams,
+    work: Work,
+    stdin: mpsc::Receiver<Bytes>,
+    out: mpsc::Sender<(u8, Bytes)>,
+    gone: impl std::future::Future<Output = ()>,
+) -> Option<Value> {
     let stderr_channel = if streams.tty { STDOUT } else { STDERR };
     let forward = |channel: u8, wanted: bool| {
         let (tx, mut rx) = mpsc::channel::<Bytes>(64);
-        let out = out_tx.clone();
+        let out = out.clone();
         let task = tokio::spawn(async move {
             while let Some(chunk) = rx.recv().await {
-                if wanted && out.send(frame(channel, &chunk)).await.is_err() {
+                if wanted && out.send((channel, chunk)).await.is_err() {
                     break;
                 }
             }
         });
         (tx, task)
     };
-    let status = match work {
+    match work {
         Work::Exec { argv, env } => {
             let (stdout, out_task) = forward(STDOUT, streams.stdout);
             let (stderr, err_task) = forward(stderr_channel, streams.stderr || streams.tty);
             let mut io = Io {
-                stdin: streams.stdin.then_some(stdin_rx),
+                stdin: streams.stdin.then_some(stdin),
                 stdout,
                 stderr,
             };
@@ -121,56 +141,39 @@ where
             drop(io);
             let _ = out_task.await;
             let _ = err_task.await;
-            exec_status(&argv, outcome)
+            Some(exec_status(&argv, outcome))
         }
         Work::Attach { container, env } => {
             let mut output = container.subscribe();
             if streams.stdin {
                 let main = container.main_stdin(env);
-                let mut stdin_rx = stdin_rx;
+                let mut stdin = stdin;
                 tokio::spawn(async move {
-                    while let Some(chunk) = stdin_rx.recv().await {
+                    while let Some(chunk) = stdin.recv().await {
                         if main.send(chunk).await.is_err() {
                             break;
                         }
                     }
                 });
             }
+            tokio::pin!(gone);
             loop {
                 tokio::select! {
                     o = output.recv() => match o {
                         Ok(Output::Line(line)) => {
-                            if streams.stdout && out_tx.send(frame(STDOUT, &line)).await.is_err() {
-                                break;
+                            if streams.stdout && out.send((STDOUT, line)).await.is_err() {
+                                return None;
                             }
                         }
-                        Ok(Output::Exit) | Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Ok(Output::Exit) | Err(broadcast::error::RecvError::Closed) => break,
+                        Err(broadcast::error::RecvError::Lagged(_)) => {}
                     },
-                    _ = &mut reader => {
-                        // The client went away: nothing is left to write to.
-                        drop(out_tx);
-                        let _ = writer.await;
-                        return;
-                    }
+                    () = &mut gone => return None,
                 }
             }
-            json!({"metadata": {}, "status": "Success"})
+            Some(json!({"metadata": {}, "status": "Success"}))
         }
-    };
-    let _ = out_tx
-        .send(frame(ERROR, status.to_string().as_bytes()))
-        .await;
-    let _ = out_tx
-        .send(Message::Close(Some(CloseFrame {
-            code: CloseCode::Normal,
-            reason: "".into(),
-        })))
-        .await;
-    drop(out_tx);
-    let _ = writer.await;
-    // Let the client answer the close; it may also just go.
-    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    }
 }
 
 /// The kubelet's status for a finished exec.

@@ -1,7 +1,8 @@
 //! `port-forward` as kubectl (1.31 and later) speaks it by default: SPDY/3.1
 //! tunnelled through a WebSocket (subprotocol `SPDY/3.1+portforward.k8s.io`),
 //! each binary message carrying bytes of the SPDY connection (client-go
-//! `tools/portforward/tunneling_dialer.go`, `tunneling_connection.go`). Per
+//! `tools/portforward/tunneling_dialer.go`, `tunneling_connection.go`), or, its
+//! fallback, SPDY/3.1 on the upgraded socket itself (`portforward.k8s.io`). Per
 //! forwarded connection kubectl opens an error stream, then a data stream, both
 //! with the headers `streamtype`, `port` and `requestid` (client-go
 //! `tools/portforward/portforward.go`); the kubelet pairs them by request id
@@ -14,16 +15,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::Message;
-
+use super::Result;
+use super::pipe::Pipe;
 use super::spdy::{self, Frame, Reader, Writer};
-use super::{Error, Result};
 
 /// The WebSocket subprotocol served.
 pub(super) const PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+/// The `X-Stream-Protocol-Version` served on a plain SPDY upgrade.
+pub(super) const SPDY_PROTOCOL: &str = "portforward.k8s.io";
 
 /// One forwarded connection: its two streams, as far as they have arrived.
 #[derive(Default)]
@@ -37,31 +36,20 @@ struct Pair {
 
 /// Serve one port-forward session for the Pod `pod` whose containers declare
 /// `ports`, until the client closes the connection.
-pub(super) async fn serve<S>(mut ws: WebSocketStream<S>, pod: String, ports: BTreeSet<u16>)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    if let Err(e) = session(&mut ws, &pod, &ports).await {
+pub(super) async fn serve(mut pipe: Pipe, pod: String, ports: BTreeSet<u16>) {
+    if let Err(e) = session(&mut pipe, &pod, &ports).await {
         tracing::debug!(error = %e, pod, "kube-sim: port-forward session ended");
     }
-    let _ = ws.close(None).await;
 }
 
-async fn session<S>(ws: &mut WebSocketStream<S>, pod: &str, ports: &BTreeSet<u16>) -> Result<()>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+async fn session(pipe: &mut Pipe, pod: &str, ports: &BTreeSet<u16>) -> Result<()> {
     let mut reader = Reader::new();
     let mut writer = Writer::new()?;
     let mut pairs: HashMap<String, Pair> = HashMap::new();
     // Stream id → request id.
     let mut streams: HashMap<u32, String> = HashMap::new();
-    while let Some(m) = ws.next().await {
-        match m.map_err(Error::WebSocket)? {
-            Message::Binary(b) => reader.extend(&b),
-            Message::Close(_) => return Ok(()),
-            _ => continue,
-        }
+    while let Some(b) = pipe.rx.recv().await {
+        reader.extend(&b);
         let mut out = Vec::new();
         while let Some(frame) = reader.next()? {
             match frame {
@@ -139,9 +127,9 @@ where
             }
         }
         for frame in out {
-            ws.send(Message::Binary(frame))
-                .await
-                .map_err(Error::WebSocket)?;
+            if pipe.tx.send(frame).await.is_err() {
+                return Ok(());
+            }
         }
     }
     Ok(())

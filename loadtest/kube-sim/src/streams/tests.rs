@@ -165,7 +165,7 @@ fn repeated_query_keys_and_offered_protocols_are_all_kept() {
         "v3.channel.k8s.io".parse().unwrap(),
     );
     assert_eq!(
-        protocols(&h),
+        protocols(&h, "sec-websocket-protocol"),
         [
             "v5.channel.k8s.io",
             "v4.channel.k8s.io",
