@@ -12,6 +12,17 @@
 //!   the container's main process ends, the Pod is deleted or the client goes.
 //!
 //! `pipe` makes either kind of upgraded connection two channels of bytes.
+//!
+//! Read from Kubernetes' source (kubernetes/kubernetes; kubectl's side in
+//! client-go, the kubelet's in `k8s.io/kubelet`):
+//! <https://github.com/kubernetes/kubernetes/blob/030880a5dc5449403c6d1f0aa146a7dc21d6c6dc/staging/src/k8s.io/client-go/tools/remotecommand/websocket.go>,
+//! <https://github.com/kubernetes/kubernetes/blob/286d1a4bd7a10618ab423c62293b030a96170bfc/staging/src/k8s.io/client-go/tools/portforward/tunneling_dialer.go>,
+//! <https://github.com/kubernetes/kubernetes/blob/2bb08438fd2bb0f557e8f72431ddab0e4b4d9282/staging/src/k8s.io/client-go/tools/portforward/tunneling_connection.go>,
+//! <https://github.com/kubernetes/kubernetes/blob/0cd27302dbe406a417b3e4167105382bfde77aec/staging/src/k8s.io/kubelet/pkg/cri/streaming/remotecommand/httpstream.go>,
+//! <https://github.com/kubernetes/kubernetes/blob/cb07ae69a32f3bbde82cfc58a5e2041cb4093ab8/staging/src/k8s.io/kubelet/pkg/cri/streaming/remotecommand/exec.go>,
+//! <https://github.com/kubernetes/kubernetes/blob/551ef3cb68b5698d56a082358d824380cc26225c/staging/src/k8s.io/kubelet/pkg/cri/streaming/portforward/httpstream.go>;
+//! SPDY's framing from moby/spdystream,
+//! <https://github.com/moby/spdystream/blob/6f72e20417ac3a81b74b4243917248f911fa4523/spdy/types.go>.
 //! Authorization is kube-apiserver 1.32's: the verb is the request's (`get` for
 //! the WebSocket `GET`, `create` for the SPDY `POST`) on the subresource
 //! (`pods/exec`), so a user with `create` alone gets the WebSocket refused and
@@ -161,7 +172,10 @@ impl Shared {
                 );
             }
             let ports = declared_ports(&pod);
-            let pod_name = name.to_owned();
+            let pod_name = (
+                name.to_owned(),
+                pod["metadata"]["uid"].as_str().unwrap_or("").to_owned(),
+            );
             let websocket = matches!(upgrade, Upgrade::WebSocket { .. });
             Box::pin(async move {
                 let Ok(upgraded) = on_upgrade.await else {
@@ -304,11 +318,12 @@ fn negotiate(headers: &http::HeaderMap, sub: &str) -> Result<Upgrade, String> {
         .get(header::UPGRADE)
         .map(|u| String::from_utf8_lossy(u.as_bytes()).to_ascii_lowercase())
         .unwrap_or_default();
+    // The client's first choice that is served, as `httpstream.Handshake` and
+    // `wsstream`'s handshake choose.
     let pick = |offered: Vec<String>, served: &[&'static str], what: &str| {
-        served
+        offered
             .iter()
-            .copied()
-            .find(|p| offered.iter().any(|o| o == p))
+            .find_map(|o| served.iter().copied().find(|p| p == o))
             .ok_or_else(|| {
                 format!(
                     "unable to upgrade: unable to negotiate {what}: client supports [{}], server supports [{}]",

@@ -6,7 +6,7 @@
 //! The server writes the status and closes the connection normally, which ends
 //! every stream at the client (client-go `tools/remotecommand/websocket.go`,
 //! `v4.go`, `v5.go`; the apiserver's `wsstream/conn.go`). Statuses are the
-//! kubelet's (`pkg/kubelet/cri/streaming/remotecommand/exec.go`): `Success`, a
+//! kubelet's (`k8s.io/kubelet/pkg/cri/streaming/remotecommand/exec.go`): `Success`, a
 //! `NonZeroExitCode` failure whose `ExitCode` cause carries the status (kubectl
 //! exits with it), or an `InternalError` for a command that could not start.
 

@@ -6,12 +6,13 @@
 //! forwarded connection kubectl opens an error stream, then a data stream, both
 //! with the headers `streamtype`, `port` and `requestid` (client-go
 //! `tools/portforward/portforward.go`); the kubelet pairs them by request id
-//! (`pkg/kubelet/cri/streaming/portforward/httpstream.go`).
+//! (`k8s.io/kubelet/pkg/cri/streaming/portforward/httpstream.go`).
 //!
 //! kube-sim's Pods have no network: a port a container declares
 //! (`spec.containers[].ports[].containerPort`) answers as an echo server, every
 //! byte sent coming back; any other port is refused with the kubelet's words on
-//! the error stream.
+//! the error stream (as plain text, as kubelets wrote it before they wrapped it
+//! in a JSON `portForwardErrResponse`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -34,15 +35,16 @@ struct Pair {
     open: bool,
 }
 
-/// Serve one port-forward session for the Pod `pod` whose containers declare
-/// `ports`, until the client closes the connection.
-pub(super) async fn serve(mut pipe: Pipe, pod: String, ports: BTreeSet<u16>) {
+/// Serve one port-forward session for the Pod `pod` (`name`, `uid`) whose
+/// containers declare `ports`, until the client closes the connection.
+pub(super) async fn serve(mut pipe: Pipe, pod: (String, String), ports: BTreeSet<u16>) {
     if let Err(e) = session(&mut pipe, &pod, &ports).await {
-        tracing::debug!(error = %e, pod, "kube-sim: port-forward session ended");
+        tracing::debug!(error = %e, pod = pod.0, "kube-sim: port-forward session ended");
     }
 }
 
-async fn session(pipe: &mut Pipe, pod: &str, ports: &BTreeSet<u16>) -> Result<()> {
+async fn session(pipe: &mut Pipe, pod: &(String, String), ports: &BTreeSet<u16>) -> Result<()> {
+    let (pod, uid) = pod;
     let mut reader = Reader::new();
     let mut writer = Writer::new()?;
     let mut pairs: HashMap<String, Pair> = HashMap::new();
@@ -84,7 +86,7 @@ async fn session(pipe: &mut Pipe, pod: &str, ports: &BTreeSet<u16>) -> Result<()
                         pair.open = ports.contains(&port);
                         if !pair.open {
                             let message = format!(
-                                "error forwarding port {port} to pod {pod}, uid : failed to connect to localhost:{port} inside the pod: dial tcp4 127.0.0.1:{port}: connect: connection refused"
+                                "error forwarding port {port} to pod {pod}, uid {uid}: failed to connect to localhost:{port} inside the pod: dial tcp4 127.0.0.1:{port}: connect: connection refused"
                             );
                             out.push(spdy::data(error, false, message.as_bytes()));
                             out.push(spdy::data(error, true, &[]));

@@ -1,9 +1,10 @@
 //! `exec` and `attach` over SPDY/3.1, kubectl's fallback when the WebSocket
-//! upgrade fails: `v4.channel.k8s.io` (negotiated by `X-Stream-Protocol-Version`),
+//! upgrade fails: `v4.channel.k8s.io`, or `v5.channel.k8s.io`, which over SPDY
+//! is the same (negotiated by `X-Stream-Protocol-Version`),
 //! one SPDY stream per channel, each opened by the client and named by its
 //! `streamtype` header (`error`, `stdin`, `stdout`, `stderr`, `resize`; client-go
 //! `tools/remotecommand/v2.go`, `v3.go`, `v4.go`). As the kubelet does
-//! (`pkg/kubelet/cri/streaming/remotecommand/httpstream.go`), the session starts
+//! (`k8s.io/kubelet/pkg/cri/streaming/remotecommand/httpstream.go`), the session starts
 //! once the streams the request asked for are open; stdin ends when the client
 //! half-closes its stream; at the end the status is written on the error stream,
 //! every stream is finished and the connection closed.
@@ -20,7 +21,7 @@ use super::pipe::Pipe;
 use super::spdy::{self, Frame, Reader, Writer};
 
 /// The channel protocols served over SPDY.
-pub(super) const PROTOCOLS: &[&str] = &["v4.channel.k8s.io"];
+pub(super) const PROTOCOLS: &[&str] = &["v5.channel.k8s.io", "v4.channel.k8s.io"];
 
 /// Serve one session on a SPDY connection.
 pub(super) async fn serve(mut pipe: Pipe, streams: Streams, work: Work) {
