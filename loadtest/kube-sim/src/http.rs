@@ -197,7 +197,8 @@ impl Shared {
                 }
             }
             let response = match method {
-                Method::GET | Method::POST => self.pod_stream(req, ns, name, sub),
+                Method::GET => self.pod_stream(req, ns, name, sub),
+                Method::POST if *sub != "log" => self.pod_stream(req, ns, name, sub),
                 _ => error(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "MethodNotAllowed",

@@ -1,9 +1,11 @@
 //! Pods' streaming subresources with the installed `kubectl` pointed straight at
 //! kube-sim: `exec` (output, stdin, exit codes), `attach`, `port-forward` (bytes
-//! both ways through the WebSocket-tunnelled SPDY) and `logs -f`, and RBAC on
-//! each subresource.
+//! both ways through the WebSocket-tunnelled SPDY) and `logs -f`, each over
+//! kubectl's default WebSocket and over its SPDY fallback; RBAC on each
+//! subresource (`rbac`); requests kube-sim refuses (`refusals`).
 
 mod rbac;
+mod refusals;
 
 use std::process::Stdio;
 use std::time::Duration;
