@@ -422,3 +422,66 @@ async fn kubectl_attaches_to_the_main_process() {
         "{err}"
     );
 }
+
+/// `kubectl exec -it` needs a terminal: `script` gives it one (a pty), as a
+/// user's shell would. stdin is written through it, then closed.
+async fn kubectl_in_terminal(k: &Kubectl, args: &[&str], input: &str) -> (i32, String) {
+    let command = k.command(args);
+    let quoted: Vec<String> = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| format!("'{}'", a.to_string_lossy().replace('\'', r"'\''")))
+        .collect();
+    let mut script = std::process::Command::new("script");
+    script.args(["-qec", &quoted.join(" "), "/dev/null"]);
+    for (k, v) in command.get_envs() {
+        if let Some(v) = v {
+            script.env(k, v);
+        }
+    }
+    let mut child = tokio::process::Command::from(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("script (util-linux) is installed");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    // The input waits in the terminal until kubectl reads it.
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(PATIENCE, out.read_to_string(&mut text))
+        .await
+        .expect("kubectl in a terminal ends")
+        .unwrap();
+    drop(stdin);
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    (status.code().unwrap_or(-1), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_execs_a_shell_in_a_terminal() {
+    let server = server().await;
+    let k = Kubectl::new(&server);
+    // A TTY: kubectl asks for `tty=true` and sends the terminal's size on the
+    // resize channel (4), which the session takes and ignores.
+    let (code, out) = kubectl_in_terminal(
+        &k,
+        &["exec", "-it", "web-1", "-c", "app", "--", "sh"],
+        "echo in a terminal\nnope\nexit 4\n",
+    )
+    .await;
+    assert_eq!(code, 4, "{out}");
+    assert!(out.contains("in a terminal"), "{out}");
+    assert!(out.contains("sh: nope: not found"), "{out}");
+    let exec = server
+        .sim()
+        .audit()
+        .into_iter()
+        .find(|a| a.path.ends_with("/exec"))
+        .expect("the exec request");
+    assert!(exec.query.contains("tty=true"), "{}", exec.query);
+}
