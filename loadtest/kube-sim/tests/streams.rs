@@ -485,3 +485,49 @@ async fn kubectl_execs_a_shell_in_a_terminal() {
         .expect("the exec request");
     assert!(exec.query.contains("tty=true"), "{}", exec.query);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_writes_a_started_containers_first_log_line() {
+    let server = KubeTestServer::start(1000).await.unwrap();
+    let _controllers = server.sim().start_controllers();
+    let k = Kubectl::new(&server);
+    let deployment = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec:
+      containers:
+      - {name: app, image: "nginx:1.27"}
+      - {name: broken, image: "busybox:crashloop"}
+"#;
+    let (code, _, err) = kubectl(&k, &["apply", "-f", "-"], deployment).await;
+    assert_eq!(code, 0, "{err}");
+    // A watch tells when the kubelet has started the Pod.
+    let (code, _, err) = kubectl(
+        &k,
+        &[
+            "wait",
+            "--for=jsonpath={.status.phase}=Running",
+            "pod",
+            "-l",
+            "app=api",
+            "--timeout=30s",
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = kubectl(&k, &["logs", "deploy/api", "-c", "app"], "").await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "kube-sim: nginx:1.27 started\n"),
+        "{err}"
+    );
+    let (_, out, _) = kubectl(&k, &["logs", "deploy/api", "-c", "broken"], "").await;
+    assert_eq!(out, "kube-sim: busybox:crashloop exited with status 1\n");
+}
