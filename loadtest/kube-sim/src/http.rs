@@ -18,6 +18,7 @@ use super::patch::{PatchKind, decode_body};
 use super::rbac::{Attributes, Policy, UserInfo, bearer, requester};
 use super::resources::{NAMESPACES, discovery, key, kind_at};
 use super::store::{Shared, Write, as_version};
+use super::streams::SUBRESOURCES;
 
 /// A response body: whole, or a watch stream.
 pub(super) type Body = BoxBody<Bytes, Infallible>;
@@ -164,6 +165,48 @@ impl Shared {
             return not_found();
         };
         let parts: Vec<&str> = rest.split('/').collect();
+        if group.is_empty()
+            && let ["namespaces", ns, "pods", name, sub] = parts.as_slice()
+            && SUBRESOURCES.contains(sub)
+        {
+            // kube-apiserver's verb is the method's: `get` for the WebSocket
+            // `GET`, `create` for SPDY's `POST` (`endpoints/request/requestinfo.go`).
+            let verb = match method {
+                Method::GET => "get",
+                Method::POST => "create",
+                _ => plain_verb.as_str(),
+            }
+            .to_owned();
+            if let Some((policy, user)) = authz {
+                let a = Attributes {
+                    verb: &verb,
+                    resource: "pods",
+                    subresource: sub,
+                    namespace: ns,
+                    name,
+                    ..Attributes::default()
+                };
+                if !policy.allows(user, &a) {
+                    let message = format!(
+                        "pods {name:?} is forbidden: User {:?} cannot {verb} resource \"pods/{sub}\" in API group \"\" in the namespace {ns:?}",
+                        user.name
+                    );
+                    let mut s = status(StatusCode::FORBIDDEN, "Forbidden", &message);
+                    s["details"] = json!({"name": name, "kind": "pods"});
+                    return (verb, json_response(StatusCode::FORBIDDEN, &s));
+                }
+            }
+            let response = match method {
+                Method::GET => self.pod_stream(req, ns, name, sub),
+                Method::POST if *sub != "log" => self.pod_stream(req, ns, name, sub),
+                _ => error(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    "method not allowed",
+                ),
+            };
+            return (verb, response);
+        }
         let (namespace, plural, name) = match parts.as_slice() {
             ["namespaces", ns, plural] => (Some(*ns), *plural, None),
             ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),

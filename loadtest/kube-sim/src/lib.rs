@@ -71,6 +71,13 @@
 //!   `ProgressDeadlineExceeded`; every Service selecting an available Deployment
 //!   gets a small HTTP server per port on `127.0.0.1` and an `Endpoints` object
 //!   listing them (`backends`), torn down when it scales to 0 or goes;
+//! - Pods' streaming subresources (`streams`), as kubectl 1.32 uses them: `exec`
+//!   and `attach` over WebSocket (`v5.channel.k8s.io`, `v4.channel.k8s.io`)
+//!   running a built-in shell, `port-forward` as SPDY/3.1 tunnelled through a
+//!   WebSocket with declared container ports answering as echo servers (each
+//!   also over SPDY/3.1, kubectl's fallback), `logs`
+//!   with `tailLines` and `follow` ([`KubeSim::container_log`],
+//!   [`KubeSim::end_container`]);
 //! - users: a request is served as the user its `Impersonate-User` (with
 //!   `Impersonate-Group`, `-Uid`, `-Extra-*`) names, else as `system:anonymous`;
 //!   [`KubeSim::audit`] keeps the last 1,000 requests (verb, path, query, user,
@@ -109,7 +116,8 @@
 //! server-side apply; `store` the objects, resource versions and change history;
 //! `namespaces` namespace lifecycle; `faults` validation and refusals; `paging`
 //! lists, whole or in pages, and their snapshots; `watch` the watch streams;
-//! `http` the request dispatch; `access` impersonation, denials and the audit log;
+//! `http` the request dispatch; `streams` exec, attach, port-forward and logs;
+//! `access` impersonation, denials and the audit log;
 //! `generate` generated clusters; `churn` the steady changes; `controller`,
 //! `rollout`, `pods` and `backends` the controllers; `settings` their timings;
 //! `tests` the handle's tests (other modules keep theirs beside them).
@@ -134,6 +142,7 @@ mod selector;
 mod settings;
 mod ssa;
 mod store;
+mod streams;
 mod tls;
 mod watch;
 
@@ -311,6 +320,23 @@ impl KubeSim {
         kind_of(group, resource).is_some()
     }
 
+    /// Append `line` to the log of container `container` of Pod
+    /// `namespace`/`pod`, as if its main process had written it: `kubectl logs`
+    /// shows it, and followers (`logs -f`) and attached clients get it now.
+    pub fn container_log(&self, namespace: &str, pod: &str, container: &str, line: &str) {
+        self.shared
+            .containers
+            .get(namespace, pod, container)
+            .append(line.as_bytes());
+    }
+
+    /// End the main process of container `container` of Pod
+    /// `namespace`/`pod`: `kubectl logs -f` and `kubectl attach` sessions on it
+    /// end; the log is kept, and the next `attach -i` starts a fresh process.
+    pub fn end_container(&self, namespace: &str, pod: &str, container: &str) {
+        self.shared.containers.get(namespace, pod, container).exit();
+    }
+
     /// Keep the last `n` requests in [`KubeSim::audit`] (default 1,000) from now
     /// on, for a test that reads every request of a longer run.
     pub fn set_audit_limit(&self, n: usize) {
@@ -388,13 +414,18 @@ impl KubeSim {
             let s = self.shared.clone();
             let tls = tls.clone();
             connections.spawn(async move {
-                let svc = service_fn(move |req| {
+                // Upgraded sessions (exec, attach, port-forward) run on in this
+                // task once the HTTP connection has handed its socket over.
+                let (sessions, sessions_rx) = tokio::sync::mpsc::unbounded_channel();
+                let sessions = streams::Sessions(sessions);
+                let svc = service_fn(move |mut req: ::http::Request<hyper::body::Incoming>| {
                     let s = s.clone();
+                    req.extensions_mut().insert(sessions.clone());
                     async move { Ok::<_, Infallible>(s.handle(req).await) }
                 });
                 let http = http1::Builder::new();
                 let Some(tls) = tls else {
-                    let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                    serve_connection(&http, TokioIo::new(stream), svc, sessions_rx).await;
                     return;
                 };
                 let Ok(ssl) = openssl::ssl::Ssl::new(tls.acceptor.context()) else {
@@ -407,10 +438,32 @@ impl KubeSim {
                     tracing::debug!(error = %e, "kube-sim: TLS handshake failed");
                     return;
                 }
-                let _ = http.serve_connection(TokioIo::new(stream), svc).await;
+                serve_connection(&http, TokioIo::new(stream), svc, sessions_rx).await;
             });
         }
     }
+}
+
+/// Serve one HTTP/1.1 connection (upgrades allowed), then the sessions its
+/// upgrades started, until all end.
+async fn serve_connection<I, S>(
+    http: &http1::Builder,
+    io: I,
+    svc: S,
+    mut sessions: tokio::sync::mpsc::UnboundedReceiver<
+        futures_util::future::BoxFuture<'static, ()>,
+    >,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = http::Body>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let _ = http.serve_connection(io, svc).with_upgrades().await;
+    let mut running = Vec::new();
+    while let Some(session) = sessions.recv().await {
+        running.push(session);
+    }
+    futures_util::future::join_all(running).await;
 }
 
 /// A kubeconfig for a kube-sim at `server_url` (`http://127.0.0.1:<port>`): no

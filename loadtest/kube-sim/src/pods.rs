@@ -3,7 +3,8 @@
 //! `<replicaset>-<5 characters>` up to its `spec.replicas`; a Pod runs (phase
 //! `Running`, `Ready`) `pod_start_delay` after its creation, unless one of its
 //! containers' images is tagged `crashloop` (`busybox:crashloop`): then it runs but
-//! never becomes ready (its container `CrashLoopBackOff`, restarted). Extra Pods are
+//! never becomes ready (its container `CrashLoopBackOff`, restarted); each started
+//! container's log gets a first line saying so. Extra Pods are
 //! marked for deletion (`deletionTimestamp`) and gone `pod_stop_delay` later.
 //!
 //! A ReplicaSet's status counts its Pods until they are gone: unlike
@@ -95,6 +96,24 @@ fn running_status(pod: &Value) -> Value {
 }
 
 impl Controller {
+    /// The first line of each started container's log (`kubectl logs`), as its
+    /// process would write it: that it started, or, for a `crashloop` image, that
+    /// it failed.
+    fn log_start(&self, ns: &str, name: &str, pod: &Value) {
+        for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
+            let image = c["image"].as_str().unwrap_or("");
+            let line = if crashloops(c) {
+                format!("kube-sim: {image} exited with status 1")
+            } else {
+                format!("kube-sim: {image} started")
+            };
+            self.shared
+                .containers
+                .get(ns, name, c["name"].as_str().unwrap_or(""))
+                .append(line.as_bytes());
+        }
+    }
+
     /// Bring ReplicaSet `rs`'s Pods to its replicas and move them on; its status
     /// follows. When it wants another look by time.
     pub(super) fn sync_pods(&mut self, rs: &Value) -> Option<Instant> {
@@ -182,6 +201,8 @@ impl Controller {
             } else if p["status"]["phase"] == "Pending" {
                 let born = *self.born.entry(key.clone()).or_insert(now);
                 if now >= born + settings.pod_start_delay {
+                    // The log first, so whoever sees the Pod running finds it.
+                    self.log_start(&ns, &name, p);
                     let status = running_status(p);
                     self.write_status("kubelet", pods(), &ns, &name, &p["status"], &status);
                     changed = true;

@@ -57,6 +57,16 @@ pub(super) struct Index {
 }
 
 impl Index {
+    /// `metadata.name`.
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `metadata.namespace`.
+    pub(super) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     fn of(o: &Value) -> Self {
         let s = |v: &Value| v.as_str().unwrap_or("").into();
         let m = &o["metadata"];
@@ -185,6 +195,8 @@ pub(super) struct Shared {
     pub(super) settings: Mutex<Settings>,
     /// Woken when the settings change (timers waiting on them look again).
     pub(super) settings_changed: tokio::sync::Notify,
+    /// Containers' logs and main processes (`streams`).
+    pub(super) containers: super::streams::Containers,
 }
 
 impl Shared {
@@ -203,6 +215,7 @@ impl Shared {
             faults: Faults::default(),
             settings: Mutex::new(Settings::default()),
             settings_changed: tokio::sync::Notify::new(),
+            containers: Default::default(),
         }
     }
 

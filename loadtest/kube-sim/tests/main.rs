@@ -3,4 +3,5 @@
 #![allow(unreachable_pub)]
 
 mod kubectl;
+mod streams;
 mod workspaces;

@@ -7,12 +7,15 @@ use serde_json::{Value, json};
 use super::{EXAMPLE_GROUP, HELM_GROUP, KINDS, KUSTOMIZE_GROUP, SOURCE_GROUP};
 
 /// Subresources listed in discovery as kube-apiserver lists them (`pods/status`):
-/// (group, resource, subresource, verbs). Discovery clients must skip them; requests
-/// to them are not served.
+/// (group, resource, subresource, verbs). Discovery clients must skip them; of
+/// requests to them only Pods' streaming ones (`log`, `exec`, `attach`,
+/// `portforward`: the `streams` module) are served.
 const SUBRESOURCES: &[(&str, &str, &str, &[&str])] = &[
     ("", "pods", "status", &["get", "patch", "update"]),
     ("", "pods", "log", &["get"]),
     ("", "pods", "exec", &["create", "get"]),
+    ("", "pods", "attach", &["create", "get"]),
+    ("", "pods", "portforward", &["create", "get"]),
     ("", "services", "status", &["get", "patch", "update"]),
     ("", "nodes", "status", &["get", "patch", "update"]),
     (
