@@ -1,0 +1,390 @@
+//! A GitLab-shaped kas for the tests, on the tests' own protobuf types: the part of
+//! GitLab 16.5's kas an agentk talks to, written from its Go source, sharing no code
+//! with podgate's kas.
+//!
+//! - Authentication: `authorization: Bearer <token>` (scheme case-insensitive, as
+//!   `grpc_auth.AuthFromMD(ctx, "bearer")`), `UNAUTHENTICATED` otherwise; GitLab asks
+//!   Rails about the token, this kas knows one.
+//! - `AgentConfiguration/GetConfiguration`
+//!   (`internal/module/agent_configuration/server/server.go`): sends the
+//!   configuration only when its commit differs from the request's `commit_id`, then
+//!   keeps the stream open and sends each new commit ([`GitlabKas::set_configuration`]).
+//! - `AgentRegistrar/Register` (`internal/module/agent_registrar/server/server.go`):
+//!   recorded as an event.
+//! - `ReverseTunnel/Connect` (`internal/module/reverse_tunnel/tunnel/registry_stripe.go`,
+//!   `impl.go`): the first message must be a `Descriptor` (else `INVALID_ARGUMENT`
+//!   "Invalid oneof value type"); the tunnel waits until a call needs a method its
+//!   descriptor lists; the call is `RequestInfo{method_name, meta}`, `Message`* (raw
+//!   gRPC message bytes), `CloseSend`; the agent answers `Header`, `Message`*,
+//!   `Trailer`, or `Error`; the `Connect` then ends with OK.
+//!
+//! <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/module/reverse_tunnel/tunnel/impl.go>
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use prost::Message as _;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::codec::CompressionEncoding::Gzip;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::proto::gitlab::agent::agent_configuration::rpc::{
+    ConfigurationRequest, ConfigurationResponse,
+    agent_configuration_server::{AgentConfiguration, AgentConfigurationServer},
+};
+use super::proto::gitlab::agent::agent_registrar::rpc::{
+    RegisterRequest, RegisterResponse,
+    agent_registrar_server::{AgentRegistrar, AgentRegistrarServer},
+};
+use super::proto::gitlab::agent::agentcfg;
+use super::proto::gitlab::agent::grpctool::{HttpRequest, HttpResponse};
+use super::proto::gitlab::agent::prototool::Values;
+use super::proto::gitlab::agent::reverse_tunnel::info::AgentDescriptor;
+use super::proto::gitlab::agent::reverse_tunnel::rpc::{
+    self as tunnel, ConnectRequest, ConnectResponse, connect_request, connect_response,
+    reverse_tunnel_server::{ReverseTunnel, ReverseTunnelServer},
+};
+
+/// Why the kas could not start. Not retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Binding its listener failed.
+    #[error("binding kas's listener: {0}")]
+    Bind(#[source] std::io::Error),
+}
+
+/// What the kas saw, for the tests to wait on.
+#[derive(Debug)]
+pub enum Event {
+    /// A `GetConfiguration` call arrived.
+    ConfigurationRequested(ConfigurationRequest),
+    /// A `Register` call arrived.
+    Registered(RegisterRequest),
+    /// A tunnel was registered with this descriptor.
+    Tunnel(AgentDescriptor),
+}
+
+/// What an agent answered to a call through a tunnel.
+#[derive(Debug, Default)]
+pub struct Reply {
+    /// The `Header` frame's metadata.
+    pub header: HashMap<String, Values>,
+    /// The `Message` frames' data, each a gRPC message.
+    pub messages: Vec<Vec<u8>>,
+    /// The `Trailer` frame's metadata.
+    pub trailer: HashMap<String, Values>,
+    /// The `Error` frame's status.
+    pub error: Option<super::proto::google::rpc::Status>,
+}
+
+struct Tunnel {
+    descriptor: AgentDescriptor,
+    to_agent: mpsc::Sender<Result<ConnectResponse, Status>>,
+    from_agent: Streaming<ConnectRequest>,
+}
+
+struct State {
+    token: String,
+    config: watch::Sender<(String, agentcfg::AgentConfiguration)>,
+    tunnels: Mutex<Vec<Tunnel>>,
+    tunnel_count: watch::Sender<u64>,
+    events: mpsc::UnboundedSender<Event>,
+    encodings: Mutex<Vec<String>>,
+}
+
+impl State {
+    fn authenticate<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let encoding = req
+            .metadata()
+            .get("grpc-encoding")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("identity");
+        self.encodings.lock().unwrap().push(encoding.to_owned());
+        let value = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let (scheme, token) = value.split_once(' ').unwrap_or(("", ""));
+        if scheme.eq_ignore_ascii_case("bearer") && token == self.token {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated("invalid agent token"))
+        }
+    }
+}
+
+/// A running GitLab-shaped kas; dropping it stops it.
+pub struct GitlabKas {
+    /// Its agent listener.
+    pub addr: SocketAddr,
+    /// What it saw.
+    pub events: mpsc::UnboundedReceiver<Event>,
+    state: Arc<State>,
+    _stop: oneshot::Sender<()>,
+}
+
+#[derive(Clone)]
+struct Svc(Arc<State>);
+
+impl GitlabKas {
+    /// Starts a kas on `127.0.0.1:0` that accepts `token` and serves `config` at
+    /// `commit_id`.
+    pub async fn start(
+        token: &str,
+        commit_id: &str,
+        config: agentcfg::AgentConfiguration,
+    ) -> Result<Self, Error> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(Error::Bind)?;
+        let addr = listener.local_addr().map_err(Error::Bind)?;
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let state = Arc::new(State {
+            token: token.to_owned(),
+            config: watch::Sender::new((commit_id.to_owned(), config)),
+            tunnels: Mutex::new(Vec::new()),
+            tunnel_count: watch::Sender::new(0),
+            events: events_tx,
+            encodings: Mutex::new(Vec::new()),
+        });
+        let svc = Svc(state.clone());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tonic::transport::Server::builder()
+            .add_service(
+                AgentConfigurationServer::new(svc.clone())
+                    .accept_compressed(Gzip)
+                    .send_compressed(Gzip),
+            )
+            .add_service(
+                AgentRegistrarServer::new(svc.clone())
+                    .accept_compressed(Gzip)
+                    .send_compressed(Gzip),
+            )
+            .add_service(
+                ReverseTunnelServer::new(svc)
+                    .accept_compressed(Gzip)
+                    .send_compressed(Gzip),
+            )
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                let _ = stopped.await;
+            });
+        tokio::spawn(server);
+        Ok(Self {
+            addr,
+            events,
+            state,
+            _stop: stop,
+        })
+    }
+
+    /// The next event; panics if the kas stopped.
+    pub async fn next(&mut self) -> Event {
+        self.events.recv().await.expect("the kas runs")
+    }
+
+    /// Waits for an event `pick` accepts, skipping others.
+    pub async fn wait_for<T>(&mut self, mut pick: impl FnMut(Event) -> Option<T>) -> T {
+        loop {
+            if let Some(t) = pick(self.next().await) {
+                return t;
+            }
+        }
+    }
+
+    /// The `grpc-encoding` of every call so far (`identity` when absent).
+    pub fn encodings(&self) -> Vec<String> {
+        self.state.encodings.lock().unwrap().clone()
+    }
+
+    /// A new commit of the agent's configuration, sent on every open
+    /// `GetConfiguration` stream.
+    pub fn set_configuration(&self, commit_id: &str, config: agentcfg::AgentConfiguration) {
+        self.state
+            .config
+            .send_replace((commit_id.to_owned(), config));
+    }
+
+    /// Carries one call of `method` (`/package.Service/Method`) through a tunnel whose
+    /// descriptor lists it, waiting for one if none is idle.
+    pub async fn call(
+        &self,
+        method: &str,
+        meta: HashMap<String, Values>,
+        messages: Vec<Vec<u8>>,
+    ) -> Result<Reply, Status> {
+        let (service, name) = method
+            .trim_start_matches('/')
+            .split_once('/')
+            .ok_or_else(|| Status::invalid_argument(format!("method {method:?}")))?;
+        let mut count = self.state.tunnel_count.subscribe();
+        let mut t = loop {
+            if let Some(t) = self.take_tunnel(service, name) {
+                break t;
+            }
+            count
+                .changed()
+                .await
+                .map_err(|_| Status::unavailable("kas stopped"))?;
+        };
+        let send = |msg| ConnectResponse { msg: Some(msg) };
+        let info = tunnel::RequestInfo {
+            method_name: method.to_owned(),
+            meta,
+        };
+        let mut out = vec![Ok(send(connect_response::Msg::RequestInfo(info)))];
+        out.extend(messages.into_iter().map(|data| {
+            Ok(send(connect_response::Msg::Message(tunnel::Message {
+                data,
+            })))
+        }));
+        out.push(Ok(send(connect_response::Msg::CloseSend(
+            tunnel::CloseSend {},
+        ))));
+        for m in out {
+            t.to_agent
+                .send(m)
+                .await
+                .map_err(|_| Status::unavailable("the tunnel closed"))?;
+        }
+        let mut reply = Reply::default();
+        while let Some(frame) = t.from_agent.message().await? {
+            match frame.msg {
+                Some(connect_request::Msg::Header(h)) => reply.header = h.meta,
+                Some(connect_request::Msg::Message(m)) => reply.messages.push(m.data),
+                Some(connect_request::Msg::Trailer(tr)) => reply.trailer = tr.meta,
+                Some(connect_request::Msg::Error(e)) => reply.error = e.status,
+                other => {
+                    return Err(Status::internal(format!(
+                        "unexpected frame from the agent: {other:?}"
+                    )));
+                }
+            }
+        }
+        // Dropping `to_agent` ends the agent's `Connect` with OK.
+        Ok(reply)
+    }
+
+    /// `KubernetesApi/MakeRequest` through a tunnel: `frames` in, the response frames
+    /// out, or the agent's `Error` as a status.
+    pub async fn make_request(&self, frames: &[HttpRequest]) -> Result<Vec<HttpResponse>, Status> {
+        let meta = super::grpctool::values_map([("content-type", "application/grpc")]);
+        let messages = frames.iter().map(prost::Message::encode_to_vec).collect();
+        let reply = self
+            .call(super::agentk::MAKE_REQUEST, meta, messages)
+            .await?;
+        if let Some(e) = reply.error {
+            return Err(Status::new(tonic::Code::from(e.code), e.message));
+        }
+        reply
+            .messages
+            .iter()
+            .map(|m| {
+                HttpResponse::decode(m.as_slice())
+                    .map_err(|e| Status::internal(format!("HttpResponse: {e}")))
+            })
+            .collect()
+    }
+
+    fn take_tunnel(&self, service: &str, method: &str) -> Option<Tunnel> {
+        let mut tunnels = self.state.tunnels.lock().unwrap();
+        let i = tunnels
+            .iter()
+            .position(|t| supports(&t.descriptor, service, method))?;
+        Some(tunnels.swap_remove(i))
+    }
+}
+
+/// GitLab's `AgentDescriptor.SupportsServiceAndMethod`
+/// (`internal/module/reverse_tunnel/info/info_extra.go`).
+pub fn supports(d: &AgentDescriptor, service: &str, method: &str) -> bool {
+    d.services
+        .iter()
+        .any(|s| s.name == service && s.methods.iter().any(|m| m.name == method))
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentConfiguration for Svc {
+    type GetConfigurationStream = BoxStream<ConfigurationResponse>;
+
+    async fn get_configuration(
+        &self,
+        req: Request<ConfigurationRequest>,
+    ) -> Result<Response<Self::GetConfigurationStream>, Status> {
+        self.0.authenticate(&req)?;
+        let req = req.into_inner();
+        let req_commit = req.commit_id.clone();
+        let _ = self.0.events.send(Event::ConfigurationRequested(req));
+        // Each change of the configuration; the first look sees the current one.
+        let stream = futures_util::stream::unfold(
+            (self.0.config.subscribe(), req_commit),
+            |(mut rx, mut last)| async move {
+                loop {
+                    let (commit, config) = rx.borrow_and_update().clone();
+                    if commit != last {
+                        last.clone_from(&commit);
+                        let resp = ConfigurationResponse {
+                            configuration: Some(config),
+                            commit_id: commit,
+                        };
+                        return Some((Ok(resp), (rx, last)));
+                    }
+                    rx.changed().await.ok()?;
+                }
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[tonic::async_trait]
+impl AgentRegistrar for Svc {
+    async fn register(
+        &self,
+        req: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        self.0.authenticate(&req)?;
+        let _ = self.0.events.send(Event::Registered(req.into_inner()));
+        Ok(Response::new(RegisterResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl ReverseTunnel for Svc {
+    type ConnectStream = ReceiverStream<Result<ConnectResponse, Status>>;
+
+    async fn connect(
+        &self,
+        req: Request<Streaming<ConnectRequest>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        self.0.authenticate(&req)?;
+        let mut from_agent = req.into_inner();
+        let descriptor = match from_agent.message().await? {
+            Some(ConnectRequest {
+                msg: Some(connect_request::Msg::Descriptor(d)),
+            }) => d.agent_descriptor.unwrap_or_default(),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "Invalid oneof value type: {:?}",
+                    other.and_then(|o| o.msg)
+                )));
+            }
+        };
+        let (to_agent, rx) = mpsc::channel(16);
+        let _ = self.0.events.send(Event::Tunnel(descriptor.clone()));
+        self.0.tunnels.lock().unwrap().push(Tunnel {
+            descriptor,
+            to_agent,
+            from_agent,
+        });
+        self.0.tunnel_count.send_modify(|n| *n += 1);
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
