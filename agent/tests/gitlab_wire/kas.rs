@@ -2,6 +2,8 @@
 //! GitLab 16.5's kas an agentk talks to, written from its Go source, sharing no code
 //! with podgate's kas.
 //!
+//! - Transport: h2c, or HTTP/2 inside WebSockets (`internal/tool/wstunnel/server.go`:
+//!   subprotocol `ws-tunnel` selected, a socket without it closed).
 //! - Authentication: `authorization: Bearer <token>` (scheme case-insensitive, as
 //!   `grpc_auth.AuthFromMD(ctx, "bearer")`), `UNAUTHENTICATED` otherwise; GitLab asks
 //!   Rails about the token, this kas knows one.
@@ -28,11 +30,12 @@ use std::sync::{Arc, Mutex};
 use prost::Message as _;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::Stream;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::{Stream, StreamExt as _};
 use tonic::codec::CompressionEncoding::Gzip;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::agentk::Transport;
 use super::proto::gitlab::agent::agent_configuration::rpc::{
     ConfigurationRequest, ConfigurationResponse,
     agent_configuration_server::{AgentConfiguration, AgentConfigurationServer},
@@ -140,6 +143,17 @@ impl GitlabKas {
         commit_id: &str,
         config: agentcfg::AgentConfiguration,
     ) -> Result<Self, Error> {
+        Self::start_on(Transport::H2c, token, commit_id, config).await
+    }
+
+    /// As [`Self::start`], over `transport` (a WebSocket kas accepts gRPC only inside
+    /// `ws-tunnel` WebSockets).
+    pub async fn start_on(
+        transport: Transport,
+        token: &str,
+        commit_id: &str,
+        config: agentcfg::AgentConfiguration,
+    ) -> Result<Self, Error> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(Error::Bind)?;
@@ -155,7 +169,7 @@ impl GitlabKas {
         });
         let svc = Svc(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = tonic::transport::Server::builder()
+        let router = tonic::transport::Server::builder()
             .add_service(
                 AgentConfigurationServer::new(svc.clone())
                     .accept_compressed(Gzip)
@@ -170,11 +184,28 @@ impl GitlabKas {
                 ReverseTunnelServer::new(svc)
                     .accept_compressed(Gzip)
                     .send_compressed(Gzip),
-            )
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stopped.await;
-            });
-        tokio::spawn(server);
+            );
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        match transport {
+            Transport::H2c => {
+                tokio::spawn(
+                    router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown),
+                );
+            }
+            Transport::WebSocket => {
+                let (tx, rx) = mpsc::channel(16);
+                let acceptor = tokio::spawn(super::peers::accept_ws(listener, tx));
+                let incoming = ReceiverStream::new(rx).map(Ok::<_, std::io::Error>);
+                tokio::spawn(async move {
+                    let _ = router
+                        .serve_with_incoming_shutdown(incoming, shutdown)
+                        .await;
+                    acceptor.abort();
+                });
+            }
+        }
         Ok(Self {
             addr,
             events,
@@ -186,15 +217,6 @@ impl GitlabKas {
     /// The next event; panics if the kas stopped.
     pub async fn next(&mut self) -> Event {
         self.events.recv().await.expect("the kas runs")
-    }
-
-    /// Waits for an event `pick` accepts, skipping others.
-    pub async fn wait_for<T>(&mut self, mut pick: impl FnMut(Event) -> Option<T>) -> T {
-        loop {
-            if let Some(t) = pick(self.next().await) {
-                return t;
-            }
-        }
     }
 
     /// The `grpc-encoding` of every call so far (`identity` when absent).

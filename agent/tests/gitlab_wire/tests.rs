@@ -12,7 +12,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use super::agentk::{self, Config, Event};
+use super::agentk::{self, Config, Event, Transport};
 use super::grpctool::{collect_response, request_frames};
 use super::kas::{Event as KasEvent, GitlabKas};
 use super::proto::gitlab::agent::agent_tracker::ConnectedAgentInfo;
@@ -22,6 +22,10 @@ use super::proto::gitlab::agent::agent_tracker::rpc::{
     get_connected_agents_request::Request,
 };
 use super::proto::gitlab::agent::agentcfg::{AgentConfiguration, FluxCf};
+use super::proto::gitlab::agent::notifications::rpc::{
+    GitPushEventRequest, GitPushEventResponse,
+    notifications_server::{Notifications, NotificationsServer},
+};
 use super::rails::RailsClient;
 
 const TOKEN: &str = "glagent-test-token-0123456789";
@@ -167,6 +171,54 @@ async fn agentk_gets_configuration_registers_and_serves_make_request() {
 }
 
 #[tokio::test]
+async fn agentk_over_websocket_serves_make_request() {
+    let kube = kube_api().await;
+    let kas = GitlabKas::start_on(Transport::WebSocket, TOKEN, "commit-ws", config(""))
+        .await
+        .expect("kas");
+    let mut cfg = Config::new(&kas.addr.to_string(), TOKEN, &format!("http://{kube}"));
+    cfg.transport = Transport::WebSocket;
+    cfg.tunnels = 1;
+    let mut agent = agentk::start(cfg).expect("agentk");
+    let commit = agent
+        .wait_for(|e| {
+            if let Event::Configuration { commit_id, .. } = e {
+                Some(commit_id)
+            } else {
+                None
+            }
+        })
+        .await;
+    assert_eq!(commit, "commit-ws");
+    let frames = request_frames("GET", "/api/v1/pods", &[], None, b"");
+    let resp =
+        collect_response(&kas.make_request(&frames).await.expect("MakeRequest")).expect("frames");
+    assert_eq!(resp.status, 200);
+    let body: serde_json::Value = serde_json::from_slice(&resp.body).expect("json");
+    assert_eq!(body["uri"], "/api/v1/pods");
+    assert!(kas.encodings().iter().all(|e| e == "gzip"));
+}
+
+#[tokio::test]
+async fn websocket_kas_closes_a_socket_without_ws_tunnel() {
+    let kas = GitlabKas::start_on(Transport::WebSocket, TOKEN, "c", config(""))
+        .await
+        .expect("kas");
+    let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{}", kas.addr))
+        .await
+        .expect("handshake");
+    assert!(resp.headers().get("sec-websocket-protocol").is_none());
+    let next = futures_util::StreamExt::next(&mut ws).await;
+    assert!(
+        matches!(
+            next,
+            None | Some(Ok(tokio_tungstenite::tungstenite::Message::Close(_))) | Some(Err(_))
+        ),
+        "{next:?}"
+    );
+}
+
+#[tokio::test]
 async fn agentk_reports_an_http_failure_as_a_tunnel_error() {
     // A port nothing listens on: bind, note, drop.
     let closed = TcpListener::bind("127.0.0.1:0")
@@ -207,15 +259,16 @@ async fn kas_refuses_a_wrong_token() {
     let mut cfg = Config::new(&kas.addr.to_string(), "not-the-token", "http://127.0.0.1:1");
     cfg.tunnels = 0;
     let mut agent = agentk::start(cfg).expect("agentk");
-    let status = agent
+    let (call, status) = agent
         .wait_for(|e| {
-            if let Event::Failed { status, .. } = e {
-                Some(status)
+            if let Event::Failed { call, status } = e {
+                Some((call, status))
             } else {
                 None
             }
         })
         .await;
+    assert!(["GetConfiguration", "Register"].contains(&call), "{call}");
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
 }
 
@@ -273,13 +326,40 @@ impl AgentTracker for Tracker {
     }
 }
 
+/// Rails' `Notifications/GitPushEvent`, checked as [`Tracker`] checks.
+struct Pushes(tokio::sync::mpsc::UnboundedSender<(i64, String)>);
+
+#[tonic::async_trait]
+impl Notifications for Pushes {
+    async fn git_push_event(
+        &self,
+        req: tonic::Request<GitPushEventRequest>,
+    ) -> Result<tonic::Response<GitPushEventResponse>, tonic::Status> {
+        let value = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        assert!(value.starts_with("bearer "), "{value:.10}");
+        let project = req
+            .into_inner()
+            .event
+            .and_then(|e| e.project)
+            .expect("a project");
+        let _ = self.0.send((project.id, project.full_path));
+        Ok(tonic::Response::new(GitPushEventResponse {}))
+    }
+}
+
 #[tokio::test]
 async fn rails_client_lists_agents_with_rails_jwt() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let (pushes_tx, mut pushes) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(AgentTrackerServer::new(Tracker))
+            .add_service(NotificationsServer::new(Pushes(pushes_tx)))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     let rails =
@@ -304,6 +384,11 @@ async fn rails_client_lists_agents_with_rails_jwt() {
             .expect("none")
             .is_empty()
     );
+    rails
+        .git_push_event(7, "group/agents")
+        .await
+        .expect("GitPushEvent");
+    assert_eq!(pushes.recv().await, Some((7, "group/agents".to_owned())));
     // Signed with another secret, kas refuses it.
     let wrong = RailsClient::new(
         &addr.to_string(),
