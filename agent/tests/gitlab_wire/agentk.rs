@@ -438,9 +438,14 @@ impl Agentk {
     }
 
     /// Waits for an event `pick` accepts, skipping others; returns what it returned.
+    /// Failures it skips are printed, so a test that times out says why.
     pub async fn wait_for<T>(&mut self, mut pick: impl FnMut(Event) -> Option<T>) -> T {
         loop {
-            if let Some(t) = pick(self.next().await) {
+            let event = self.next().await;
+            if let Event::Failed { call, status } = &event {
+                eprintln!("GitLab agentk: {call} failed: {:?} {}", status.code(), status.message());
+            }
+            if let Some(t) = pick(event) {
                 return t;
             }
         }

@@ -15,6 +15,8 @@
 //! - [`grpctool`]: GitLab's HTTP-over-gRPC framing and token credentials, shared by
 //!   the peers above; [`peers`]: dialling kas as agentk does (h2c, WebSocket).
 //! - `tests`: the GitLab-shaped peers against each other.
+//! - `podgate_e2e.rs` (not compiled until `mod podgate_e2e;` is added here): the
+//!   GitLab-shaped peers against podgate's kas and agentk.
 //!
 //! Source: GitLab's agent, github.com/pluralsh/kubernetes-agent at
 //! `e02ad05f88598c93c414c52dd4a89e58a75adb4a` (GitLab 16.5, MIT licence);
