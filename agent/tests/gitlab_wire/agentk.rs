@@ -362,7 +362,7 @@ async fn serve_one(
         .await;
     let (req_tx, req_rx) = mpsc::channel(16);
     let (resp_tx, mut resp_rx) = mpsc::channel(16);
-    let http = tokio::spawn(grpctool::serve_http(
+    let http = tokio::spawn(super::grpc2http::serve_http(
         cfg.kube_api_url.clone(),
         req_rx,
         resp_tx,
@@ -443,7 +443,11 @@ impl Agentk {
         loop {
             let event = self.next().await;
             if let Event::Failed { call, status } = &event {
-                eprintln!("GitLab agentk: {call} failed: {:?} {}", status.code(), status.message());
+                eprintln!(
+                    "GitLab agentk: {call} failed: {:?} {}",
+                    status.code(),
+                    status.message()
+                );
             }
             if let Some(t) = pick(event) {
                 return t;

@@ -233,19 +233,47 @@ impl GitlabKas {
     }
 
     /// Carries one call of `method` (`/package.Service/Method`) through a tunnel whose
-    /// descriptor lists it, waiting for one if none is idle.
+    /// descriptor lists it, waiting for one if none is idle: sends `messages` and
+    /// `CloseSend`, and collects the agent's answer.
     pub async fn call(
         &self,
         method: &str,
         meta: HashMap<String, Values>,
         messages: Vec<Vec<u8>>,
     ) -> Result<Reply, Status> {
+        let mut call = self.open_call(method, meta).await?;
+        for m in messages {
+            call.send(m).await?;
+        }
+        call.close_send().await?;
+        let mut reply = Reply::default();
+        while let Some(frame) = call.next().await? {
+            match frame {
+                connect_request::Msg::Header(h) => reply.header = h.meta,
+                connect_request::Msg::Message(m) => reply.messages.push(m.data),
+                connect_request::Msg::Trailer(tr) => reply.trailer = tr.meta,
+                connect_request::Msg::Error(e) => reply.error = e.status,
+                connect_request::Msg::Descriptor(_) => {
+                    return Err(Status::internal("a second Descriptor from the agent"));
+                }
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Starts a call of `method` through a tunnel that supports it (waiting for one)
+    /// and returns it open, for calls that stream both ways.
+    pub async fn open_call(
+        &self,
+        method: &str,
+        meta: HashMap<String, Values>,
+    ) -> Result<OpenCall, Status> {
         let (service, name) = method
             .trim_start_matches('/')
             .split_once('/')
             .ok_or_else(|| Status::invalid_argument(format!("method {method:?}")))?;
         let mut count = self.state.tunnel_count.subscribe();
-        let mut t = loop {
+        let t = loop {
             if let Some(t) = self.take_tunnel(service, name) {
                 break t;
             }
@@ -254,42 +282,13 @@ impl GitlabKas {
                 .await
                 .map_err(|_| Status::unavailable("kas stopped"))?;
         };
-        let send = |msg| ConnectResponse { msg: Some(msg) };
+        let call = OpenCall { tunnel: t };
         let info = tunnel::RequestInfo {
             method_name: method.to_owned(),
             meta,
         };
-        let mut out = vec![Ok(send(connect_response::Msg::RequestInfo(info)))];
-        out.extend(messages.into_iter().map(|data| {
-            Ok(send(connect_response::Msg::Message(tunnel::Message {
-                data,
-            })))
-        }));
-        out.push(Ok(send(connect_response::Msg::CloseSend(
-            tunnel::CloseSend {},
-        ))));
-        for m in out {
-            t.to_agent
-                .send(m)
-                .await
-                .map_err(|_| Status::unavailable("the tunnel closed"))?;
-        }
-        let mut reply = Reply::default();
-        while let Some(frame) = t.from_agent.message().await? {
-            match frame.msg {
-                Some(connect_request::Msg::Header(h)) => reply.header = h.meta,
-                Some(connect_request::Msg::Message(m)) => reply.messages.push(m.data),
-                Some(connect_request::Msg::Trailer(tr)) => reply.trailer = tr.meta,
-                Some(connect_request::Msg::Error(e)) => reply.error = e.status,
-                other => {
-                    return Err(Status::internal(format!(
-                        "unexpected frame from the agent: {other:?}"
-                    )));
-                }
-            }
-        }
-        // Dropping `to_agent` ends the agent's `Connect` with OK.
-        Ok(reply)
+        call.push(connect_response::Msg::RequestInfo(info)).await?;
+        Ok(call)
     }
 
     /// `KubernetesApi/MakeRequest` through a tunnel: `frames` in, the response frames
@@ -319,6 +318,40 @@ impl GitlabKas {
             .iter()
             .position(|t| supports(&t.descriptor, service, method))?;
         Some(tunnels.swap_remove(i))
+    }
+}
+
+/// One call through a tunnel, open both ways. Dropping it ends the agent's
+/// `Connect` with OK.
+pub struct OpenCall {
+    tunnel: Tunnel,
+}
+
+impl OpenCall {
+    async fn push(&self, msg: connect_response::Msg) -> Result<(), Status> {
+        let frame = ConnectResponse { msg: Some(msg) };
+        self.tunnel
+            .to_agent
+            .send(Ok(frame))
+            .await
+            .map_err(|_| Status::unavailable("the tunnel closed"))
+    }
+
+    /// Sends one gRPC message (`Message`).
+    pub async fn send(&self, data: Vec<u8>) -> Result<(), Status> {
+        self.push(connect_response::Msg::Message(tunnel::Message { data }))
+            .await
+    }
+
+    /// Half-closes the call (`CloseSend`).
+    pub async fn close_send(&self) -> Result<(), Status> {
+        self.push(connect_response::Msg::CloseSend(tunnel::CloseSend {}))
+            .await
+    }
+
+    /// The agent's next frame; `None` once it closed its side.
+    pub async fn next(&mut self) -> Result<Option<connect_request::Msg>, Status> {
+        Ok(self.tunnel.from_agent.message().await?.and_then(|f| f.msg))
     }
 }
 

@@ -13,8 +13,10 @@
 //!   descriptor, a `MakeRequest` through a tunnel).
 //! - [`rails`]: Rails' `AgentTracker/GetConnectedAgents` client and its JWT.
 //! - [`grpctool`]: GitLab's HTTP-over-gRPC framing and token credentials, shared by
-//!   the peers above; [`peers`]: dialling kas as agentk does (h2c, WebSocket).
-//! - `tests`: the GitLab-shaped peers against each other.
+//!   the peers above; [`grpc2http`]: the agent's side of `MakeRequest` (HTTP and
+//!   upgrades); [`peers`]: dialling kas as agentk does (h2c, WebSocket).
+//! - `tests`, `rails_tests`: the GitLab-shaped peers against each other, and the
+//!   Rails client against a kas stand-in that checks its JWT.
 //! - `podgate_e2e.rs` (not compiled until `mod podgate_e2e;` is added here): the
 //!   GitLab-shaped peers against podgate's kas and agentk.
 //!
@@ -25,10 +27,12 @@
 pub mod agentk;
 mod fixtures;
 mod golden;
+pub mod grpc2http;
 pub mod grpctool;
 pub mod kas;
 mod peers;
 pub mod rails;
+mod rails_tests;
 mod tests;
 
 /// The tests' transcription of GitLab's protobufs, one module per package.

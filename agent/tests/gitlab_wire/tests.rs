@@ -1,6 +1,6 @@
 //! The GitLab-shaped peers against each other: GitLab's agentk and kas as written
 //! from GitLab's source agree on the wire (configuration, registration, tunnels,
-//! `MakeRequest`, gzip, tokens), and the Rails client's JWT is what Rails signs.
+//! `MakeRequest`, upgrades, gzip, tokens, WebSocket).
 //! This proves the test pieces before they are pointed at podgate's kas and agentk.
 
 use std::convert::Infallible;
@@ -15,18 +15,7 @@ use tokio::net::TcpListener;
 use super::agentk::{self, Config, Event, Transport};
 use super::grpctool::{collect_response, request_frames};
 use super::kas::{Event as KasEvent, GitlabKas};
-use super::proto::gitlab::agent::agent_tracker::ConnectedAgentInfo;
-use super::proto::gitlab::agent::agent_tracker::rpc::{
-    GetConnectedAgentsRequest, GetConnectedAgentsResponse,
-    agent_tracker_server::{AgentTracker, AgentTrackerServer},
-    get_connected_agents_request::Request,
-};
 use super::proto::gitlab::agent::agentcfg::{AgentConfiguration, FluxCf};
-use super::proto::gitlab::agent::notifications::rpc::{
-    GitPushEventRequest, GitPushEventResponse,
-    notifications_server::{Notifications, NotificationsServer},
-};
-use super::rails::RailsClient;
 
 const TOKEN: &str = "glagent-test-token-0123456789";
 
@@ -218,6 +207,114 @@ async fn websocket_kas_closes_a_socket_without_ws_tunnel() {
     );
 }
 
+/// A stand-in for `kubectl exec`'s upgrade: `101` to `Upgrade: echo`, then echoes
+/// the first 4 bytes and closes.
+async fn echo_upgrade_api() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.expect("accept");
+        let svc = service_fn(
+            |mut req: hyper::Request<hyper::body::Incoming>| async move {
+                assert_eq!(req.headers()["upgrade"], "echo");
+                tokio::spawn(async move {
+                    let upgraded = hyper::upgrade::on(&mut req).await.expect("upgraded");
+                    let mut io = TokioIo::new(upgraded);
+                    let mut buf = [0u8; 4];
+                    tokio::io::AsyncReadExt::read_exact(&mut io, &mut buf)
+                        .await
+                        .expect("4 bytes");
+                    tokio::io::AsyncWriteExt::write_all(&mut io, &buf)
+                        .await
+                        .expect("echo");
+                    tokio::io::AsyncWriteExt::shutdown(&mut io)
+                        .await
+                        .expect("close");
+                });
+                let resp = hyper::Response::builder()
+                    .status(101)
+                    .header("connection", "upgrade")
+                    .header("upgrade", "echo")
+                    .body(Full::new(Bytes::new()))
+                    .expect("response");
+                Ok::<_, Infallible>(resp)
+            },
+        );
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), svc)
+            .with_upgrades()
+            .await;
+    });
+    addr
+}
+
+#[tokio::test]
+async fn agentk_carries_an_upgraded_connection_both_ways() {
+    use super::proto::gitlab::agent::grpctool::{
+        HttpRequest, HttpResponse, http_request, http_response,
+    };
+    use super::proto::gitlab::agent::reverse_tunnel::rpc::connect_request::Msg;
+    use prost::Message as _;
+
+    let kube = echo_upgrade_api().await;
+    let kas = GitlabKas::start(TOKEN, "c", config("")).await.expect("kas");
+    let mut cfg = Config::new(&kas.addr.to_string(), TOKEN, &format!("http://{kube}"));
+    cfg.tunnels = 1;
+    let _agent = agentk::start(cfg).expect("agentk");
+
+    let meta = super::grpctool::values_map([("content-type", "application/grpc")]);
+    let mut call = kas
+        .open_call(agentk::MAKE_REQUEST, meta)
+        .await
+        .expect("a tunnel");
+    // Go's canonical header names: GitLab's agentk looks for the key `Upgrade`.
+    let mut frames = request_frames(
+        "POST",
+        "/exec",
+        &[("Upgrade", "echo"), ("Connection", "Upgrade")],
+        None,
+        b"",
+    );
+    frames.push(HttpRequest {
+        message: Some(http_request::Message::UpgradeData(
+            http_request::UpgradeData {
+                data: b"ping".to_vec(),
+            },
+        )),
+    });
+    for f in &frames {
+        call.send(f.encode_to_vec()).await.expect("send");
+    }
+    let mut responses = Vec::new();
+    let mut error = None;
+    while let Some(frame) = call.next().await.expect("frames") {
+        match frame {
+            Msg::Message(m) => {
+                responses.push(HttpResponse::decode(m.data.as_slice()).expect("HttpResponse"))
+            }
+            Msg::Error(e) => error = e.status,
+            Msg::Header(_) | Msg::Trailer(_) => {}
+            Msg::Descriptor(_) => panic!("a second descriptor"),
+        }
+        // The agent ends its side once the Kubernetes API closed the connection.
+    }
+    assert_eq!(error, None);
+    let kinds: Vec<_> = responses
+        .iter()
+        .map(|r| match r.message.as_ref().expect("a frame") {
+            http_response::Message::Header(h) => {
+                format!("header {}", h.response.as_ref().unwrap().status_code)
+            }
+            http_response::Message::Data(d) => format!("data {}", d.data.len()),
+            http_response::Message::Trailer(_) => "trailer".to_owned(),
+            http_response::Message::UpgradeData(u) => {
+                format!("upgrade {}", String::from_utf8_lossy(&u.data))
+            }
+        })
+        .collect();
+    assert_eq!(kinds, ["header 101", "trailer", "upgrade ping"]);
+}
+
 #[tokio::test]
 async fn agentk_reports_an_http_failure_as_a_tunnel_error() {
     // A port nothing listens on: bind, note, drop.
@@ -270,138 +367,4 @@ async fn kas_refuses_a_wrong_token() {
         .await;
     assert!(["GetConfiguration", "Register"].contains(&call), "{call}");
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
-}
-
-const KAS_SECRET: &[u8] = b"kas-secret-32-bytes-long-enough!";
-
-/// An `AgentTracker` that checks the JWT as GitLab's kas checks Rails'
-/// (`cmd/kas/kasapp/app_api_server.go`: HS256 with the shared secret, audience
-/// `gitlab-kas`, any issuer) and answers one agent for project 7 and agent 42.
-struct Tracker;
-
-#[tonic::async_trait]
-impl AgentTracker for Tracker {
-    async fn get_connected_agents(
-        &self,
-        req: tonic::Request<GetConnectedAgentsRequest>,
-    ) -> Result<tonic::Response<GetConnectedAgentsResponse>, tonic::Status> {
-        let value = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let token = value.strip_prefix("bearer ").ok_or_else(|| {
-            tonic::Status::unauthenticated(format!("not a lowercase bearer: {value:.10}"))
-        })?;
-        let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
-        validation.set_audience(&["gitlab-kas"]);
-        let claims = jsonwebtoken::decode::<serde_json::Value>(
-            token,
-            &jsonwebtoken::DecodingKey::from_secret(KAS_SECRET),
-            &validation,
-        )
-        .map_err(|e| tonic::Status::unauthenticated(e.to_string()))?
-        .claims;
-        assert_eq!(claims["iss"], "gitlab.example.com");
-        assert_eq!(
-            claims["exp"].as_u64().unwrap() - claims["iat"].as_u64().unwrap(),
-            60
-        );
-        assert_eq!(
-            claims["iat"].as_u64().unwrap() - claims["nbf"].as_u64().unwrap(),
-            5
-        );
-        assert_eq!(claims["jti"].as_str().unwrap().len(), 36);
-        let agent = ConnectedAgentInfo {
-            agent_id: 42,
-            project_id: 7,
-            connection_id: 5,
-            ..Default::default()
-        };
-        let agents = match req.into_inner().request {
-            Some(Request::ProjectId(7) | Request::AgentId(42)) => vec![agent],
-            _ => vec![],
-        };
-        Ok(tonic::Response::new(GetConnectedAgentsResponse { agents }))
-    }
-}
-
-/// Rails' `Notifications/GitPushEvent`, checked as [`Tracker`] checks.
-struct Pushes(tokio::sync::mpsc::UnboundedSender<(i64, String)>);
-
-#[tonic::async_trait]
-impl Notifications for Pushes {
-    async fn git_push_event(
-        &self,
-        req: tonic::Request<GitPushEventRequest>,
-    ) -> Result<tonic::Response<GitPushEventResponse>, tonic::Status> {
-        let value = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        assert!(value.starts_with("bearer "), "{value:.10}");
-        let project = req
-            .into_inner()
-            .event
-            .and_then(|e| e.project)
-            .expect("a project");
-        let _ = self.0.send((project.id, project.full_path));
-        Ok(tonic::Response::new(GitPushEventResponse {}))
-    }
-}
-
-#[tokio::test]
-async fn rails_client_lists_agents_with_rails_jwt() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (pushes_tx, mut pushes) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentTrackerServer::new(Tracker))
-            .add_service(NotificationsServer::new(Pushes(pushes_tx)))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    let rails =
-        RailsClient::new(&addr.to_string(), KAS_SECRET, "gitlab.example.com").expect("client");
-    let by_project = rails
-        .connected_agents_by_project(7)
-        .await
-        .expect("by project");
-    assert_eq!(
-        by_project.iter().map(|a| a.agent_id).collect::<Vec<_>>(),
-        [42]
-    );
-    let by_agent = rails.connected_agents_by_agent(42).await.expect("by agent");
-    assert_eq!(
-        by_agent.iter().map(|a| a.connection_id).collect::<Vec<_>>(),
-        [5]
-    );
-    assert!(
-        rails
-            .connected_agents_by_agent(43)
-            .await
-            .expect("none")
-            .is_empty()
-    );
-    rails
-        .git_push_event(7, "group/agents")
-        .await
-        .expect("GitPushEvent");
-    assert_eq!(pushes.recv().await, Some((7, "group/agents".to_owned())));
-    // Signed with another secret, kas refuses it.
-    let wrong = RailsClient::new(
-        &addr.to_string(),
-        b"another-secret-32-bytes-long-xx!",
-        "gitlab.example.com",
-    )
-    .expect("client");
-    let err = wrong
-        .connected_agents_by_project(7)
-        .await
-        .expect_err("wrong secret");
-    assert!(
-        matches!(&err, super::rails::Error::Status(s) if s.code() == tonic::Code::Unauthenticated),
-        "{err:?}"
-    );
 }
