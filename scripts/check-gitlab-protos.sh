@@ -5,7 +5,13 @@
 # oneof, json name and proto3 `optional`; per enum its values; per service each
 # method's name, input, output and streaming. Prints the differences; exits 1 if any.
 #
-#   scripts/check-gitlab-protos.sh <gitlab-agent checkout, or a git mirror of it>
+#   scripts/check-gitlab-protos.sh <gitlab-agent checkout, or a git mirror of it> [--product]
+#
+# With --product it also compares podgate's own protobufs (agent/proto/) with GitLab's,
+# message by message: every field, enum value and method of GitLab's must be there
+# alike (a difference fails the run); what podgate adds (methods such as
+# `KubernetesApi/WatchGraph`, fields, messages) is listed as an addition.
+# PODGATE_PROTO names another directory of podgate protobufs to compare.
 #
 # A mirror (bare repository) is read at GITLAB_AGENT_COMMIT (default: GitLab 16.5's
 # agent, e02ad05f88598c93c414c52dd4a89e58a75adb4a, of github.com/pluralsh/kubernetes-agent).
@@ -17,7 +23,8 @@
 # python3.
 set -euo pipefail
 
-src=${1:?usage: $0 <gitlab-agent checkout or git mirror>}
+src=${1:?usage: $0 <gitlab-agent checkout or git mirror> [--product]}
+product=${2:-}
 commit=${GITLAB_AGENT_COMMIT:-e02ad05f88598c93c414c52dd4a89e58a75adb4a}
 here=$(cd "$(dirname "$0")/.." && pwd)
 ours=$here/agent/tests/gitlab_wire/proto
@@ -129,19 +136,28 @@ PY
 (cd "$tmp/gitlab" && protoc -I. -I/usr/include --include_imports --descriptor_set_out="$tmp/out/gitlab.pb" "${files[@]}")
 (cd "$ours" && protoc -I. -I/usr/include --include_imports --descriptor_set_out="$tmp/out/ours.pb" "${files[@]}")
 
+sides=(gitlab ours)
+if [ "$product" = --product ]; then
+  (cd "${PODGATE_PROTO:-$here/agent/proto}" && protoc -I. -I/usr/include --include_imports \
+    --descriptor_set_out="$tmp/out/product.pb" $(find . -name '*.proto' ! -name kas.proto | sed 's|^\./||' | sort))
+  sides+=(product)
+fi
 wkt=/usr/include/google/protobuf/descriptor.proto
-for side in gitlab ours; do
+for side in "${sides[@]}"; do
   protoc -I/usr/include --decode=google.protobuf.FileDescriptorSet "$wkt" \
     <"$tmp/out/$side.pb" >"$tmp/out/$side.txt"
 done
 
-python3 - "$tmp/out/gitlab.txt" "$tmp/out/ours.txt" "${files[@]}" <<'PY'
+FILES="${files[*]}" python3 - "$tmp/out/gitlab.txt" "$tmp/out/ours.txt" "$product" "$tmp/out/product.txt" <<'PY'
 """Flatten two decoded FileDescriptorSets into comparable lines and diff them."""
 import difflib
 import re
 import sys
 
-gitlab_txt, ours_txt, files = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+import os
+
+gitlab_txt, ours_txt, mode, product_txt = sys.argv[1:5]
+files = set(os.environ["FILES"].split())
 TOKEN = re.compile(r'\s*(?:(\w+)\s*\{|(\})|(\w+):\s*("(?:[^"\\]|\\.)*"|\S+))')
 
 
@@ -196,15 +212,16 @@ def enum_lines(prefix, enum, out):
         out.append(f"enum {name} value {get(v, 'number')} {get(v, 'name')}")
 
 
-def flatten(path):
+def flatten(path, keep=lambda fd: get(fd, "name") in files, file_lines=True):
     with open(path) as fh:
         tree = parse(fh.read())
     out = []
     for fd in all_of(tree, "file"):
-        if get(fd, "name") not in files:
+        if not keep(fd):
             continue
         pkg = get(fd, "package")
-        out.append(f"file {get(fd, 'name')} package {pkg} syntax={get(fd, 'syntax')}")
+        if file_lines:
+            out.append(f"file {get(fd, 'name')} package {pkg} syntax={get(fd, 'syntax')}")
         for msg in all_of(fd, "message_type"):
             message_lines(pkg, msg, out)
         for e in all_of(fd, "enum_type"):
@@ -223,9 +240,42 @@ def flatten(path):
 gitlab, ours = flatten(gitlab_txt), flatten(ours_txt)
 diff = list(difflib.unified_diff(gitlab, ours, "gitlab", "transcription", lineterm="", n=0))
 print(f"{len(gitlab)} descriptor lines from GitLab's files, {len(ours)} from the transcription")
+failed = False
 if diff:
     print("\n".join(diff))
     print(f"{sum(1 for d in diff if d[:1] in '+-' and d[:3] not in ('+++', '---'))} differences")
-    sys.exit(1)
-print("0 differences")
+    failed = True
+else:
+    print("0 differences")
+
+if mode == "--product":
+    # By package and message, not by file: podgate's files are laid out differently.
+    # JSON names do not travel in binary protobuf; they are compared apart.
+    reference_json = set(flatten(gitlab_txt, file_lines=False))
+    packages = {line.split()[1].rsplit(".", 1)[0] for line in reference_json}
+    in_package = lambda fd: get(fd, "package") in packages or get(fd, "package").startswith("gitlab.agent.")
+    podgate_json = set(flatten(product_txt, keep=in_package, file_lines=False))
+    wire = lambda lines: {re.sub(r" json=\S+", "", line) for line in lines}
+    reference, podgate = wire(reference_json), wire(podgate_json)
+    ident = lambda line: tuple(line.split()[:4])
+    known = {ident(line) for line in reference}
+    missing = sorted(reference - podgate)
+    changed_or_added = sorted(podgate - reference)
+    added = [line for line in changed_or_added if ident(line) not in known]
+    print(f"\npodgate's agent/proto against GitLab's: {len(missing)} of GitLab's lines missing or different on the wire")
+    for line in missing:
+        print(f"- {line}")
+        for p in changed_or_added:
+            if ident(p) == ident(line):
+                print(f"+ {p}")
+    json_only = sorted((reference_json - podgate_json) - {l for l in reference_json if re.sub(r" json=\S+", "", l) in missing})
+    print(f"{len(json_only)} fields with another JSON name than GitLab's (not on the binary wire):")
+    for line in json_only:
+        print(f"  {line}")
+    print(f"{len(added)} podgate additions:")
+    for line in added:
+        print(f"  {line}")
+    failed = failed or bool(missing)
+
+sys.exit(1 if failed else 0)
 PY
