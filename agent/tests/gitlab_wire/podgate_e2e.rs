@@ -1,8 +1,8 @@
 //! The GitLab-shaped peers against podgate's own kas and agentk: GitLab's agentk
 //! (h2c and WebSocket, gzip) gets its configuration from podgate's kas, registers,
-//! opens tunnels and serves a `MakeRequest`; Rails lists it through podgate's kas;
-//! podgate's agentk connects to GitLab's kas, advertises `MakeRequest`, `WatchGraph`
-//! and `WorkspaceRequest`, and serves a `MakeRequest` from it.
+//! opens tunnels and serves a `MakeRequest`; Rails lists it through the kas holding
+//! it and through another; podgate's agentk connects to GitLab's kas, advertises
+//! `MakeRequest`, `WatchGraph` and `WorkspaceRequest`, and serves a `MakeRequest`.
 //!
 //! Enabled by `mod podgate_e2e;` in `mod.rs` once podgate's kas and agentk speak
 //! GitLab's wire (they pass only then).
@@ -12,6 +12,7 @@ use std::time::Duration;
 use podgate_agentk::{Agentk, AgentkConfig};
 use podgate_kas::Kas;
 use podgate_kas::agent_config::AgentConfigSource;
+use podgate_registry::{MemoryBackend, Registry, RegistryConfig, Topology};
 use podgate_testkit::fixtures::{EXTERNAL_SECRET, agent_tokens, kas_config, memory_registry};
 use podgate_testkit::kube::KubeTestServer;
 use serde_json::json;
@@ -131,6 +132,32 @@ async fn gitlab_agentk_over_h2c_against_podgate_kas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gitlab_agentk_over_websocket_against_podgate_kas() {
     within(gitlab_agentk_against_podgate_kas(Transport::WebSocket)).await;
+}
+
+/// Rails asks a kas that does not hold the agent: presence is shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rails_lists_a_gitlab_agentk_through_another_kas() {
+    within(async {
+        let (keys, mint) = agent_tokens();
+        let backend = MemoryBackend::new(Topology::default());
+        let mut kases = Vec::new();
+        for _ in 0..2 {
+            let registry = Registry::with_memory(backend.clone(), RegistryConfig::default()).await.unwrap();
+            kases.push(Kas::start(kas_config(keys.clone(), Duration::from_secs(10)), registry).await.unwrap());
+        }
+        let (holder, other) = (&kases[0], &kases[1]);
+        let mut cfg = Config::new(&holder.agent_addr().to_string(), &mint(Some(3)), "http://127.0.0.1:1");
+        cfg.tunnels = 1;
+        let pod_id = cfg.pod_id;
+        let mut agent = agentk::start(cfg).unwrap();
+        agent.wait_for(|e| matches!(e, Event::Registered).then_some(())).await;
+        let rails = RailsClient::new(&other.external_addr().to_string(), &EXTERNAL_SECRET, "gitlab.example.com").unwrap();
+        let by_project = rails.connected_agents_by_project(42).await.unwrap();
+        assert_eq!(by_project.iter().map(|a| (a.agent_id, a.connection_id)).collect::<Vec<_>>(), [(3, pod_id)]);
+        let by_agent = rails.connected_agents_by_agent(3).await.unwrap();
+        assert_eq!(by_agent.iter().map(|a| a.project_id).collect::<Vec<_>>(), [42]);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
