@@ -91,13 +91,16 @@ pub struct Config {
     pub token: String,
     /// Where `MakeRequest`s go (`http://host:port`).
     pub kube_api_url: String,
-    /// How many reverse tunnels to keep open.
+    /// How many reverse tunnels to keep open, each reconnecting after its call.
+    /// GitLab's agentk keeps 2 idle (`minIdleConnections`) and opens more as they get
+    /// busy, up to 500 (`reverse_tunnel/agent/factory.go`); a fixed number is enough
+    /// for the tests and makes their counts exact.
     pub tunnels: usize,
     /// The random id of this Pod (`Register.pod_id`).
     pub pod_id: i64,
     /// What the agent says about itself.
     pub agent_meta: AgentMeta,
-    /// How often to register again.
+    /// How often to register again (GitLab: 5 minutes, `registerAttemptInterval`).
     pub register_interval: Duration,
     /// How long to wait before retrying a failed call.
     pub backoff: Duration,
