@@ -142,20 +142,46 @@ async fn rails_lists_a_gitlab_agentk_through_another_kas() {
         let backend = MemoryBackend::new(Topology::default());
         let mut kases = Vec::new();
         for _ in 0..2 {
-            let registry = Registry::with_memory(backend.clone(), RegistryConfig::default()).await.unwrap();
-            kases.push(Kas::start(kas_config(keys.clone(), Duration::from_secs(10)), registry).await.unwrap());
+            let registry = Registry::with_memory(backend.clone(), RegistryConfig::default())
+                .await
+                .unwrap();
+            kases.push(
+                Kas::start(kas_config(keys.clone(), Duration::from_secs(10)), registry)
+                    .await
+                    .unwrap(),
+            );
         }
         let (holder, other) = (&kases[0], &kases[1]);
-        let mut cfg = Config::new(&holder.agent_addr().to_string(), &mint(Some(3)), "http://127.0.0.1:1");
+        let mut cfg = Config::new(
+            &holder.agent_addr().to_string(),
+            &mint(Some(3)),
+            "http://127.0.0.1:1",
+        );
         cfg.tunnels = 1;
         let pod_id = cfg.pod_id;
         let mut agent = agentk::start(cfg).unwrap();
-        agent.wait_for(|e| matches!(e, Event::Registered).then_some(())).await;
-        let rails = RailsClient::new(&other.external_addr().to_string(), &EXTERNAL_SECRET, "gitlab.example.com").unwrap();
+        agent
+            .wait_for(|e| matches!(e, Event::Registered).then_some(()))
+            .await;
+        let rails = RailsClient::new(
+            &other.external_addr().to_string(),
+            &EXTERNAL_SECRET,
+            "gitlab.example.com",
+        )
+        .unwrap();
         let by_project = rails.connected_agents_by_project(42).await.unwrap();
-        assert_eq!(by_project.iter().map(|a| (a.agent_id, a.connection_id)).collect::<Vec<_>>(), [(3, pod_id)]);
+        assert_eq!(
+            by_project
+                .iter()
+                .map(|a| (a.agent_id, a.connection_id))
+                .collect::<Vec<_>>(),
+            [(3, pod_id)]
+        );
         let by_agent = rails.connected_agents_by_agent(3).await.unwrap();
-        assert_eq!(by_agent.iter().map(|a| a.project_id).collect::<Vec<_>>(), [42]);
+        assert_eq!(
+            by_agent.iter().map(|a| a.project_id).collect::<Vec<_>>(),
+            [42]
+        );
     })
     .await;
 }
