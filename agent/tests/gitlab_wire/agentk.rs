@@ -338,6 +338,14 @@ async fn serve_one(
             message: format!("unknown method {}", info.method_name),
             details: vec![],
         };
+        // grpc-go's answer to an unknown method has no headers: `Header()` gives empty
+        // metadata, `RecvMsg` the status, so connection.go sends Header, Trailer, Error.
+        let header = tunnel::Header {
+            meta: HashMap::new(),
+        };
+        let _ = to_kas
+            .send(send_msg(connect_request::Msg::Header(header)))
+            .await;
         let trailer = tunnel::Trailer {
             meta: HashMap::new(),
         };

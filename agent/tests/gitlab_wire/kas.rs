@@ -18,7 +18,8 @@
 //!   "Invalid oneof value type"); the tunnel waits until a call needs a method its
 //!   descriptor lists; the call is `RequestInfo{method_name, meta}`, `Message`* (raw
 //!   gRPC message bytes), `CloseSend`; the agent answers `Header`, `Message`*,
-//!   `Trailer`, or `Error`; the `Connect` then ends with OK.
+//!   `Trailer`, or `Error`, in the order GitLab's automata allows (checked); the
+//!   `Connect` then ends with OK.
 //!
 //! <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/module/reverse_tunnel/tunnel/impl.go>
 
@@ -272,9 +273,30 @@ impl GitlabKas {
             .trim_start_matches('/')
             .split_once('/')
             .ok_or_else(|| Status::invalid_argument(format!("method {method:?}")))?;
+        self.open_call_where(method, meta, |d| supports(d, service, name))
+            .await
+    }
+
+    /// Starts a call of `method` on any tunnel, whatever its descriptor lists: what
+    /// a kas that ignored descriptors would do (GitLab's never does), to see the
+    /// agent's answer.
+    pub async fn open_call_ignoring_descriptor(
+        &self,
+        method: &str,
+        meta: HashMap<String, Values>,
+    ) -> Result<OpenCall, Status> {
+        self.open_call_where(method, meta, |_| true).await
+    }
+
+    async fn open_call_where(
+        &self,
+        method: &str,
+        meta: HashMap<String, Values>,
+        usable: impl Fn(&AgentDescriptor) -> bool,
+    ) -> Result<OpenCall, Status> {
         let mut count = self.state.tunnel_count.subscribe();
         let t = loop {
-            if let Some(t) = self.take_tunnel(service, name) {
+            if let Some(t) = self.take_tunnel(&usable) {
                 break t;
             }
             count
@@ -282,7 +304,7 @@ impl GitlabKas {
                 .await
                 .map_err(|_| Status::unavailable("kas stopped"))?;
         };
-        let call = OpenCall { tunnel: t };
+        let call = OpenCall { tunnel: t, last: 1 };
         let info = tunnel::RequestInfo {
             method_name: method.to_owned(),
             meta,
@@ -312,11 +334,9 @@ impl GitlabKas {
             .collect()
     }
 
-    fn take_tunnel(&self, service: &str, method: &str) -> Option<Tunnel> {
+    fn take_tunnel(&self, usable: impl Fn(&AgentDescriptor) -> bool) -> Option<Tunnel> {
         let mut tunnels = self.state.tunnels.lock().unwrap();
-        let i = tunnels
-            .iter()
-            .position(|t| supports(&t.descriptor, service, method))?;
+        let i = tunnels.iter().position(|t| usable(&t.descriptor))?;
         Some(tunnels.swap_remove(i))
     }
 }
@@ -325,6 +345,11 @@ impl GitlabKas {
 /// `Connect` with OK.
 pub struct OpenCall {
     tunnel: Tunnel,
+    /// The field number of the agent's last frame (1: the `Descriptor`), for
+    /// GitLab's automata (`rpc.proto`'s `next_allowed_field`, checked by kas's
+    /// stream visitor): Descriptor → Header | Error; Header, Message → Message |
+    /// Trailer; Trailer → Error | end; Error → end.
+    last: i32,
 }
 
 impl OpenCall {
@@ -349,9 +374,32 @@ impl OpenCall {
             .await
     }
 
-    /// The agent's next frame; `None` once it closed its side.
+    /// The agent's next frame; `None` once it closed its side. A frame (or end)
+    /// GitLab's automata does not allow next is an `INTERNAL` error.
     pub async fn next(&mut self) -> Result<Option<connect_request::Msg>, Status> {
-        Ok(self.tunnel.from_agent.message().await?.and_then(|f| f.msg))
+        let msg = self.tunnel.from_agent.message().await?.and_then(|f| f.msg);
+        let field = match &msg {
+            None => -1,
+            Some(connect_request::Msg::Descriptor(_)) => 1,
+            Some(connect_request::Msg::Header(_)) => 2,
+            Some(connect_request::Msg::Message(_)) => 3,
+            Some(connect_request::Msg::Trailer(_)) => 4,
+            Some(connect_request::Msg::Error(_)) => 5,
+        };
+        let allowed: &[i32] = match self.last {
+            1 => &[2, 5],
+            2 | 3 => &[3, 4],
+            4 => &[5, -1],
+            _ => &[-1],
+        };
+        if !allowed.contains(&field) {
+            return Err(Status::internal(format!(
+                "agent frame {field} after {} (allowed: {allowed:?})",
+                self.last
+            )));
+        }
+        self.last = field;
+        Ok(msg)
     }
 }
 

@@ -351,6 +351,38 @@ async fn agentk_reports_an_http_failure_as_a_tunnel_error() {
 }
 
 #[tokio::test]
+async fn agentk_answers_unimplemented_for_a_method_it_did_not_advertise() {
+    use super::proto::gitlab::agent::reverse_tunnel::rpc::connect_request::Msg;
+
+    let kas = GitlabKas::start(TOKEN, "c", config("")).await.expect("kas");
+    let mut cfg = Config::new(&kas.addr.to_string(), TOKEN, "http://127.0.0.1:1");
+    cfg.tunnels = 1;
+    let _agent = agentk::start(cfg).expect("agentk");
+    let method = "/gitlab.agent.kubernetes_api.rpc.KubernetesApi/WatchGraph";
+    let mut call = kas
+        .open_call_ignoring_descriptor(method, Default::default())
+        .await
+        .expect("a tunnel");
+    call.close_send().await.expect("CloseSend");
+    let mut frames = Vec::new();
+    while let Some(frame) = call.next().await.expect("frames") {
+        frames.push(frame);
+    }
+    // As agentk's connection.go answers grpc-go's unknown method: Header, Trailer,
+    // Error (the kas checks GitLab's order).
+    assert!(matches!(frames.first(), Some(Msg::Header(_))), "{frames:?}");
+    assert!(matches!(frames.get(1), Some(Msg::Trailer(_))), "{frames:?}");
+    match frames.get(2) {
+        Some(Msg::Error(e)) => assert_eq!(
+            e.status.as_ref().unwrap().code,
+            tonic::Code::Unimplemented as i32
+        ),
+        other => panic!("expected an Error, got {other:?}"),
+    }
+    assert_eq!(frames.len(), 3);
+}
+
+#[tokio::test]
 async fn kas_refuses_a_wrong_token() {
     let kas = GitlabKas::start(TOKEN, "c", config("")).await.expect("kas");
     let mut cfg = Config::new(&kas.addr.to_string(), "not-the-token", "http://127.0.0.1:1");
