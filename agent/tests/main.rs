@@ -11,6 +11,7 @@
 mod agentk;
 mod agentk_rbac;
 mod gitlab_access;
+mod gitlab_wire;
 mod graph_ws;
 mod k8s_proxy_auth;
 mod kas_api;
