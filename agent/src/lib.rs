@@ -8,6 +8,8 @@
 //! - [`proto`]: GitLab's `KasApi` and kas's `KasInternal` protobufs and podgate's agentk
 //!   services (`agent/proto/kas.proto`), GitLab's `KubernetesApi` and
 //!   `GitlabAccess` messages.
+//! - [`any`]: `google.protobuf.Any` packed and unpacked as Go's `anypb` does
+//!   (`Header.extra` of HTTP over gRPC).
 //! - [`auth`]: JWT authentication of the external (GitLab) and internal (kas ↔ kas)
 //!   listeners, each with its own secret.
 //! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port.
@@ -22,6 +24,7 @@
 //! and agentk together over real sockets, with kube-sim and the test kit from the
 //! simulated world (`loadtest/kube-sim`, `loadtest/testkit`) as dev-dependencies.
 
+pub mod any;
 pub mod auth;
 pub mod graph;
 pub mod httpz;

@@ -16,6 +16,7 @@ mod k8s_proxy_auth;
 mod kas_api;
 mod layout;
 mod leader;
+mod rails;
 mod remote_development;
 mod routing;
 mod watch_graph;
