@@ -12,7 +12,9 @@
 //!   (`Header.extra` of HTTP over gRPC).
 //! - [`auth`]: JWT authentication of the external (GitLab) and internal (kas ↔ kas)
 //!   listeners, each with its own secret.
-//! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port.
+//! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port;
+//!   [`ws_authority`]: the `:authority` grpc-go writes inside a WebSocket, made one
+//!   h2 accepts.
 //! - [`httpz`] and [`task`]: HTTP headers and queries over gRPC, hop-by-hop headers;
 //!   a task aborted with its scope.
 //! - [`obs`]: the `/metrics`, `/healthz`, `/readyz` listener of kas and agentk.
@@ -33,3 +35,4 @@ pub mod proto;
 pub mod selector;
 pub mod task;
 pub mod transport;
+pub mod ws_authority;

@@ -16,7 +16,9 @@
 //!   with `grpc.UseCompressor(gzip)` (`cmd/agentk/agentkapp/app.go`);
 //! - the WebSocket speaks subprotocol [`WS_TUNNEL_PROTOCOL`]: the client asks for it,
 //!   the server selects it, and a client that did not ask gets the WebSocket closed
-//!   with 1002 (protocol error), `Expecting "ws-tunnel" subprotocol, got ""`
+//!   with 1002 (protocol error), `Expecting "ws-tunnel" subprotocol, got ""`;
+//! - inside the WebSocket, the `:authority` grpc-go sets (the kas URL, `ws://host:port`)
+//!   is accepted ([`crate::ws_authority`])
 //!   (`internal/tool/wstunnel/{api,client,server}.go` in GitLab's agent,
 //!   <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/tool/wstunnel/server.go>).
 
@@ -37,6 +39,8 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::ws_authority::AuthorityFix;
 
 /// The WebSocket subprotocol of gRPC tunnelled in a WebSocket (GitLab's
 /// `wstunnel.TunnelWebSocketProtocol`).
@@ -156,8 +160,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsIo<S> {
 pub enum AgentIo {
     /// gRPC over h2c.
     Plain(TcpStream),
-    /// gRPC inside a WebSocket.
-    Ws(Box<WsIo<TcpStream>>),
+    /// gRPC inside a WebSocket, its `:authority` headers made authorities
+    /// ([`crate::ws_authority`]).
+    Ws(Box<AuthorityFix<WsIo<TcpStream>>>),
 }
 
 impl Connected for AgentIo {
@@ -166,7 +171,7 @@ impl Connected for AgentIo {
     fn connect_info(&self) -> Self::ConnectInfo {
         match self {
             AgentIo::Plain(s) => s.connect_info(),
-            AgentIo::Ws(w) => w.ws.get_ref().connect_info(),
+            AgentIo::Ws(w) => w.get_ref().ws.get_ref().connect_info(),
         }
     }
 }
@@ -264,7 +269,7 @@ async fn classify(stream: TcpStream) -> io::Result<AgentIo> {
         return Ok(AgentIo::Plain(stream));
     }
     let ws = accept_ws_tunnel(stream).await?;
-    Ok(AgentIo::Ws(Box::new(WsIo::new(ws))))
+    Ok(AgentIo::Ws(Box::new(AuthorityFix::new(WsIo::new(ws)))))
 }
 
 /// Whether a `Sec-WebSocket-Protocol` header value offers `ws-tunnel`.

@@ -22,3 +22,4 @@ mod routing;
 mod watch_graph;
 mod workspace_traffic;
 mod ws_apply;
+mod wstunnel;
