@@ -286,6 +286,8 @@ where
 {
     use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
     let mut offered = false;
+    // tungstenite's callback type: its error is a whole HTTP response.
+    #[allow(clippy::result_large_err)]
     let callback = |req: &Request, mut resp: Response| {
         offered = req
             .headers()

@@ -376,7 +376,9 @@ async fn kas_and_agent_authentication_and_the_empty_full_reconcile() {
         &[r#"status="201""#, r#"update_type="full""#],
     )
     .await;
-    assert_eq!(n, 4, "{text}");
+    // Four with the agent token in `Authorization: Bearer`, one in
+    // `Gitlab-Agentk-Api-Request`.
+    assert_eq!(n, 5, "{text}");
 }
 
 /// §8.7 and §8.8: the JSON schema, worded as Rails words it.
