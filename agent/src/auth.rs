@@ -323,6 +323,32 @@ mod tests {
     }
 
     #[test]
+    fn the_external_listener_takes_any_issuer_unless_one_is_set_and_bearer_in_any_case() {
+        let secret = [7u8; 32];
+        let any = JwtAuth::external(&secret, "").unwrap();
+        let only = JwtAuth::external(&secret, "gitlab.example.com").unwrap();
+        let rails = mint_external(&secret, "gitlab.example.com", 60).unwrap();
+        let other = mint_external(&secret, "elsewhere", 60).unwrap();
+        for scheme in ["bearer", "Bearer", "BEARER"] {
+            let mut m = MetadataMap::new();
+            m.insert(
+                "authorization",
+                format!("{scheme} {rails}").parse().unwrap(),
+            );
+            assert!(any.check(&m).is_ok(), "{scheme}");
+            assert!(only.check(&m).is_ok(), "{scheme}");
+        }
+        assert!(any.check(&md(&other)).is_ok());
+        assert_eq!(only.verify(&md(&other)), Err(Refusal::Claims));
+        let mut m = MetadataMap::new();
+        m.insert("authorization", format!("Basic {rails}").parse().unwrap());
+        assert_eq!(any.verify(&m), Err(Refusal::Missing));
+        // The audience is always checked.
+        let wrong_audience = mint(&secret, "gitlab.example.com", "gitlab", 60).unwrap();
+        assert_eq!(any.verify(&md(&wrong_audience)), Err(Refusal::Claims));
+    }
+
+    #[test]
     fn each_listener_takes_only_its_own_tokens() {
         let (ext, int) = ([7u8; 32], [9u8; 32]);
         let external = JwtAuth::external(&ext, "gitlab").unwrap();
