@@ -42,7 +42,8 @@ const MAX_FRAME: usize = 16_384;
 /// The HPACK dynamic table h2 allows a client (its default
 /// `SETTINGS_HEADER_TABLE_SIZE`).
 const TABLE_SIZE: usize = 4_096;
-/// The largest frame or header block buffered; h2 refuses larger ones anyway.
+/// The largest frame, header block or decoded header list (RFC 7541 sizes) kept;
+/// gRPC's are far smaller.
 const MAX_BUFFERED: usize = 1 << 20;
 
 /// Why the client's HTTP/2 stream cannot be read: the connection ends, as h2 would
@@ -55,8 +56,9 @@ pub enum Error {
     /// A header block was interrupted by another frame.
     #[error("expected CONTINUATION of stream {0}")]
     Interrupted(u32),
-    /// A frame or a header block is larger than kas buffers.
-    #[error("frame or header block larger than {MAX_BUFFERED} bytes")]
+    /// A frame, a header block or the header list it decodes to is larger than kas
+    /// keeps.
+    #[error("frame or header list larger than {MAX_BUFFERED} bytes")]
     TooLarge,
     /// The header block does not decode (HPACK `COMPRESSION_ERROR`).
     #[error("header block of stream {stream}: {why}")]
@@ -211,8 +213,15 @@ impl<S> AuthorityFix<S> {
             return Ok(());
         }
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        // Indexed fields expand: a small block can name a large list. Past the
+        // bound nothing more is kept, and the connection ends below.
+        let mut size = 0usize;
         self.decoder
             .decode_with_cb(&p.block, |name, value| {
+                size += name.len() + value.len() + 32;
+                if size > MAX_BUFFERED {
+                    return;
+                }
                 let value = match &*name {
                     b":authority" => authority(&value).unwrap_or_else(|| value.into_owned()),
                     _ => value.into_owned(),
@@ -223,6 +232,9 @@ impl<S> AuthorityFix<S> {
                 stream: p.stream,
                 why: format!("{e:?}"),
             })?;
+        if size > MAX_BUFFERED {
+            return Err(Error::TooLarge);
+        }
         let block = self
             .encoder
             .encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));

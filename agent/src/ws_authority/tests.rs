@@ -156,6 +156,21 @@ async fn other_streams_and_broken_blocks() {
     bad.extend(frame(HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff, 0x7f]));
     let e = through(bad).await.unwrap_err();
     assert!(e.to_string().contains("header block of stream 1"), "{e}");
+    // A small block naming a large list (one 4000-byte field, then 300 references
+    // to it): refused, not expanded.
+    let mut bomb = PREFACE.to_vec();
+    let mut block = vec![0x40, 0x01, b'x', 0x7f];
+    let mut n = 4000 - 127;
+    while n >= 128 {
+        block.push((n % 128) as u8 | 0x80);
+        n /= 128;
+    }
+    block.push(n as u8);
+    block.extend(std::iter::repeat_n(b'y', 4000));
+    block.extend(std::iter::repeat_n(0xbe, 300));
+    bomb.extend(frame(HEADERS, END_HEADERS, 1, &block));
+    let e = through(bomb).await.unwrap_err();
+    assert!(e.to_string().contains("larger than"), "{e}");
     // Padding longer than the frame.
     let mut padded = PREFACE.to_vec();
     padded.extend(frame(HEADERS, END_HEADERS | PADDED, 1, &[9, 0x83]));
