@@ -47,9 +47,11 @@ use crate::ws_authority::AuthorityFix;
 pub const WS_TUNNEL_PROTOCOL: &str = "ws-tunnel";
 
 /// A generated tonic server that takes gzip-compressed requests and compresses its
-/// answers when the client accepts gzip (`grpc-accept-encoding`), as grpc-go's
-/// servers do once the gzip codec is registered (GitLab's agentk compresses every
-/// call). Every service on kas's agent listener goes through it.
+/// answers when the client accepts gzip (`grpc-accept-encoding`): GitLab's kas
+/// installs grpc-go's gzip codec (`cmd/kas/kasapp/configured_app.go`,
+/// <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/cmd/kas/kasapp/configured_app.go>)
+/// and its agentk compresses every call. Every service on kas's agent listener goes
+/// through it.
 #[macro_export]
 macro_rules! gzip_server {
     ($server:expr) => {
