@@ -1,7 +1,14 @@
 //! JWT authentication of kas's gRPC endpoints.
 //!
-//! - *External* (GitLab → kas): HS256 with the shared GitLab ↔ kas secret, issuer
-//!   `gitlab`, audience `gitlab-kas`, as GitLab's kas expects.
+//! - *External* (GitLab → kas): HMAC (HS256, HS384 or HS512) with the shared GitLab ↔
+//!   kas secret, audience `gitlab-kas`, any issuer unless one is configured, `exp` and
+//!   `nbf` checked when present, the token in `authorization: bearer …` with the
+//!   scheme in any case: as GitLab's kas checks Rails' tokens
+//!   (`internal/tool/grpctool/jwt_server_auth.go`, built with an empty issuer in
+//!   `cmd/kas/kasapp/app_api_server.go`,
+//!   <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/tool/grpctool/jwt_server_auth.go>).
+//!   Rails signs with `iss` = its host name and sends `bearer` in lower case
+//!   (`lib/gitlab/kas/client.rb` in gitlabhq/gitlabhq).
 //! - *Internal* (kas → kas): HS256 with a secret only kas instances hold, issuer and
 //!   audience `kas-internal`, and a lifetime of at most [`INTERNAL_MAX_TTL_SECS`]. A
 //!   token signed with the external secret never opens it.
@@ -59,6 +66,16 @@ struct Claims {
     nbf: Option<u64>,
 }
 
+/// The claims [`JwtAuth::verify`] reads itself (the rest are jsonwebtoken's checks):
+/// both optional, as GitLab's tokens need neither.
+#[derive(Debug, Deserialize)]
+struct Lifetime {
+    #[serde(default)]
+    iat: Option<u64>,
+    #[serde(default)]
+    exp: Option<u64>,
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -80,10 +97,18 @@ impl std::fmt::Debug for JwtAuth {
 }
 
 impl JwtAuth {
-    /// The external endpoint: issuer `issuer` (GitLab's is `gitlab`), audience
-    /// `gitlab-kas`.
+    /// The external endpoint: audience `gitlab-kas`, issuer `issuer` (empty: any
+    /// issuer, as GitLab's kas), HS256/384/512, `exp` checked when present.
     pub fn external(secret: &[u8], issuer: &str) -> Result<Self, Error> {
-        Self::new(secret, issuer, "gitlab-kas", None, "external secret")
+        let mut auth = Self::new(secret, issuer, "gitlab-kas", None, "external secret")?;
+        auth.validation.algorithms = vec![Algorithm::HS256, Algorithm::HS384, Algorithm::HS512];
+        if issuer.is_empty() {
+            auth.validation.iss = None;
+            auth.validation.set_required_spec_claims(&["aud"]);
+        } else {
+            auth.validation.set_required_spec_claims(&["iss", "aud"]);
+        }
+        Ok(auth)
     }
 
     /// The internal endpoint.
@@ -131,19 +156,25 @@ impl JwtAuth {
     pub fn verify(&self, metadata: &MetadataMap) -> Result<(), Refusal> {
         use jsonwebtoken::errors::ErrorKind;
         let token = bearer(metadata).ok_or(Refusal::Missing)?;
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
-            |e| match e.kind() {
-                ErrorKind::InvalidSignature => Refusal::Signature,
-                ErrorKind::ExpiredSignature | ErrorKind::ImmatureSignature => Refusal::Expired,
-                ErrorKind::InvalidIssuer
-                | ErrorKind::InvalidAudience
-                | ErrorKind::MissingRequiredClaim(_)
-                | ErrorKind::InvalidAlgorithm => Refusal::Claims,
-                _ => Refusal::Malformed,
-            },
-        )?;
+        let data =
+            jsonwebtoken::decode::<Lifetime>(token, &self.key, &self.validation).map_err(|e| {
+                match e.kind() {
+                    ErrorKind::InvalidSignature => Refusal::Signature,
+                    ErrorKind::ExpiredSignature | ErrorKind::ImmatureSignature => Refusal::Expired,
+                    ErrorKind::InvalidIssuer
+                    | ErrorKind::InvalidAudience
+                    | ErrorKind::MissingRequiredClaim(_)
+                    | ErrorKind::InvalidAlgorithm => Refusal::Claims,
+                    _ => Refusal::Malformed,
+                }
+            })?;
         if let Some(max) = self.max_ttl
-            && data.claims.exp.saturating_sub(data.claims.iat) > max
+            && data
+                .claims
+                .exp
+                .unwrap_or(u64::MAX)
+                .saturating_sub(data.claims.iat.unwrap_or(0))
+                > max
         {
             return Err(Refusal::Lifetime);
         }
@@ -185,12 +216,15 @@ impl Refusal {
     }
 }
 
-/// The token of `authorization: Bearer <token>`, if there is one.
+/// The token of `authorization: Bearer <token>`, if there is one; the scheme in any
+/// case, as grpc-go middleware's `AuthFromMD` reads it.
 pub fn bearer(metadata: &MetadataMap) -> Option<&str> {
     let v = metadata.get("authorization")?.to_str().ok()?;
-    v.strip_prefix("Bearer ")
-        .or_else(|| v.strip_prefix("bearer "))
-        .map(str::trim)
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
 }
 
 /// A token for kas → kas calls, valid for `ttl_secs` (at most
@@ -286,6 +320,32 @@ mod tests {
         .claims;
         assert_eq!(c.exp - c.iat, 30);
         assert_eq!(c.nbf, Some(c.iat - 5));
+    }
+
+    #[test]
+    fn the_external_listener_takes_any_issuer_unless_one_is_set_and_bearer_in_any_case() {
+        let secret = [7u8; 32];
+        let any = JwtAuth::external(&secret, "").unwrap();
+        let only = JwtAuth::external(&secret, "gitlab.example.com").unwrap();
+        let rails = mint_external(&secret, "gitlab.example.com", 60).unwrap();
+        let other = mint_external(&secret, "elsewhere", 60).unwrap();
+        for scheme in ["bearer", "Bearer", "BEARER"] {
+            let mut m = MetadataMap::new();
+            m.insert(
+                "authorization",
+                format!("{scheme} {rails}").parse().unwrap(),
+            );
+            assert!(any.check(&m).is_ok(), "{scheme}");
+            assert!(only.check(&m).is_ok(), "{scheme}");
+        }
+        assert!(any.check(&md(&other)).is_ok());
+        assert_eq!(only.verify(&md(&other)), Err(Refusal::Claims));
+        let mut m = MetadataMap::new();
+        m.insert("authorization", format!("Basic {rails}").parse().unwrap());
+        assert_eq!(any.verify(&m), Err(Refusal::Missing));
+        // The audience is always checked.
+        let wrong_audience = mint(&secret, "gitlab.example.com", "gitlab", 60).unwrap();
+        assert_eq!(any.verify(&md(&wrong_audience)), Err(Refusal::Claims));
     }
 
     #[test]

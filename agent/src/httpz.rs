@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::proto::gitlab_access::Values;
+use crate::proto::gitlab::agent::prototool::Values;
 
 /// Headers that only concern one connection (RFC 9110 §7.6.1), never forwarded.
 const HOP_BY_HOP: [&str; 9] = [

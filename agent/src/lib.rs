@@ -8,9 +8,13 @@
 //! - [`proto`]: GitLab's `KasApi` and kas's `KasInternal` protobufs and podgate's agentk
 //!   services (`agent/proto/kas.proto`), GitLab's `KubernetesApi` and
 //!   `GitlabAccess` messages.
+//! - [`any`]: `google.protobuf.Any` packed and unpacked as Go's `anypb` does
+//!   (`Header.extra` of HTTP over gRPC).
 //! - [`auth`]: JWT authentication of the external (GitLab) and internal (kas ↔ kas)
 //!   listeners, each with its own secret.
-//! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port.
+//! - [`transport`]: gRPC over h2c or inside a WebSocket, on one agent port;
+//!   [`ws_authority`]: the `:authority` grpc-go writes inside a WebSocket, made one
+//!   h2 accepts.
 //! - [`httpz`] and [`task`]: HTTP headers and queries over gRPC, hop-by-hop headers;
 //!   a task aborted with its scope.
 //! - [`obs`]: the `/metrics`, `/healthz`, `/readyz` listener of kas and agentk.
@@ -22,6 +26,7 @@
 //! and agentk together over real sockets, with kube-sim and the test kit from the
 //! simulated world (`loadtest/kube-sim`, `loadtest/testkit`) as dev-dependencies.
 
+pub mod any;
 pub mod auth;
 pub mod graph;
 pub mod httpz;
@@ -30,3 +35,4 @@ pub mod proto;
 pub mod selector;
 pub mod task;
 pub mod transport;
+pub mod ws_authority;

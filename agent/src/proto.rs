@@ -21,5 +21,7 @@ pub use podgate::kas::v1::*;
 pub use gitlab::agent::kubernetes_api::rpc as kubernetes_api;
 
 /// `gitlab.agent.gitlab_access.rpc`: `GitlabAccess.MakeRequest`, HTTP over a gRPC
-/// stream (GitLab's `internal/module/gitlab_access/rpc/rpc.proto`).
+/// stream (`grpctool.HttpRequest` / `HttpResponse`) with [`gitlab_access::HeaderExtra`]
+/// packed in the header's `Any` (GitLab's
+/// `internal/module/gitlab_access/rpc/rpc.proto`).
 pub use gitlab::agent::gitlab_access::rpc as gitlab_access;

@@ -9,6 +9,18 @@
 //! podgate proxy's TLS listener in front of kas). All work through the podgate
 //! proxy, which routes them by the agent token (`Authorization: Bearer`, sent on the
 //! WebSocket handshake too).
+//!
+//! As GitLab's agentk and kas do:
+//! - every call is gzip-compressed ([`gzip_server!`] on each server kas runs for
+//!   agentk, [`gzip_client!`] on each of agentk's clients): GitLab's agentk dials
+//!   with `grpc.UseCompressor(gzip)` (`cmd/agentk/agentkapp/app.go`);
+//! - the WebSocket speaks subprotocol [`WS_TUNNEL_PROTOCOL`]: the client asks for it,
+//!   the server selects it, and a client that did not ask gets the WebSocket closed
+//!   with 1002 (protocol error), `Expecting "ws-tunnel" subprotocol, got ""`;
+//! - inside the WebSocket, the `:authority` grpc-go sets (the kas URL, `ws://host:port`)
+//!   is accepted ([`crate::ws_authority`])
+//!   (`internal/tool/wstunnel/{api,client,server}.go` in GitLab's agent,
+//!   <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/tool/wstunnel/server.go>).
 
 use std::io;
 use std::path::PathBuf;
@@ -27,6 +39,40 @@ use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::ws_authority::AuthorityFix;
+
+/// The WebSocket subprotocol of gRPC tunnelled in a WebSocket (GitLab's
+/// `wstunnel.TunnelWebSocketProtocol`).
+pub const WS_TUNNEL_PROTOCOL: &str = "ws-tunnel";
+
+/// A generated tonic server that takes gzip-compressed requests and compresses its
+/// answers when the client accepts gzip (`grpc-accept-encoding`): GitLab's kas
+/// installs grpc-go's gzip codec (`cmd/kas/kasapp/configured_app.go`,
+/// <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/cmd/kas/kasapp/configured_app.go>)
+/// and its agentk compresses every call. Every service on kas's agent listener goes
+/// through it.
+#[macro_export]
+macro_rules! gzip_server {
+    ($server:expr) => {
+        $server
+            .accept_compressed(::tonic::codec::CompressionEncoding::Gzip)
+            .send_compressed(::tonic::codec::CompressionEncoding::Gzip)
+    };
+}
+
+/// A generated tonic client that compresses its requests with gzip and accepts
+/// gzip-compressed answers, as GitLab's agentk dials kas
+/// (`grpc.WithDefaultCallOptions(grpc.UseCompressor(gzip.Name))`,
+/// <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/cmd/agentk/agentkapp/app.go>).
+#[macro_export]
+macro_rules! gzip_client {
+    ($client:expr) => {
+        $client
+            .send_compressed(::tonic::codec::CompressionEncoding::Gzip)
+            .accept_compressed(::tonic::codec::CompressionEncoding::Gzip)
+    };
+}
 
 /// Transport errors.
 #[derive(Debug, Error)]
@@ -116,8 +162,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for WsIo<S> {
 pub enum AgentIo {
     /// gRPC over h2c.
     Plain(TcpStream),
-    /// gRPC inside a WebSocket.
-    Ws(Box<WsIo<TcpStream>>),
+    /// gRPC inside a WebSocket, its `:authority` headers made authorities
+    /// ([`crate::ws_authority`]).
+    Ws(Box<AuthorityFix<WsIo<TcpStream>>>),
 }
 
 impl Connected for AgentIo {
@@ -126,7 +173,7 @@ impl Connected for AgentIo {
     fn connect_info(&self) -> Self::ConnectInfo {
         match self {
             AgentIo::Plain(s) => s.connect_info(),
-            AgentIo::Ws(w) => w.ws.get_ref().connect_info(),
+            AgentIo::Ws(w) => w.get_ref().ws.get_ref().connect_info(),
         }
     }
 }
@@ -223,10 +270,57 @@ async fn classify(stream: TcpStream) -> io::Result<AgentIo> {
     if first[0] == b'P' {
         return Ok(AgentIo::Plain(stream));
     }
-    let ws = tokio_tungstenite::accept_async(stream)
+    let ws = accept_ws_tunnel(stream).await?;
+    Ok(AgentIo::Ws(Box::new(AuthorityFix::new(WsIo::new(ws)))))
+}
+
+/// Whether a `Sec-WebSocket-Protocol` header value offers `ws-tunnel`.
+fn offers_ws_tunnel(value: &str) -> bool {
+    value.split(',').any(|p| p.trim() == WS_TUNNEL_PROTOCOL)
+}
+
+/// Accept a WebSocket, selecting subprotocol `ws-tunnel`. A client that did not offer
+/// it gets the WebSocket closed with 1002 as GitLab's `wstunnel.HttpHandler` closes
+/// it, and an error here.
+pub async fn accept_ws_tunnel<S>(stream: S) -> io::Result<WebSocketStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+    let mut offered = false;
+    // tungstenite's callback type: its error is a whole HTTP response.
+    #[allow(clippy::result_large_err)]
+    let callback = |req: &Request, mut resp: Response| {
+        offered = req
+            .headers()
+            .get_all(http::header::SEC_WEBSOCKET_PROTOCOL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(offers_ws_tunnel);
+        if offered {
+            resp.headers_mut().insert(
+                http::header::SEC_WEBSOCKET_PROTOCOL,
+                http::HeaderValue::from_static(WS_TUNNEL_PROTOCOL),
+            );
+        }
+        Ok(resp)
+    };
+    let mut ws = tokio_tungstenite::accept_hdr_async(stream, callback)
         .await
         .map_err(io::Error::other)?;
-    Ok(AgentIo::Ws(Box::new(WsIo::new(ws))))
+    if !offered {
+        use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+        let reason = format!("Expecting {WS_TUNNEL_PROTOCOL:?} subprotocol, got \"\"");
+        let _ = ws
+            .close(Some(CloseFrame {
+                code: CloseCode::Protocol,
+                reason: reason.clone().into(),
+            }))
+            .await;
+        return Err(io::Error::new(io::ErrorKind::InvalidData, reason));
+    }
+    Ok(ws)
 }
 
 /// How agentk dials kas, beyond the URL.
@@ -341,6 +435,10 @@ pub fn kas_channel(url: &str, token: &str, dial: &Dial) -> Result<Channel, Error
                     request.headers_mut().insert(
                         http::header::AUTHORIZATION,
                         bearer.parse().map_err(io::Error::other)?,
+                    );
+                    request.headers_mut().insert(
+                        http::header::SEC_WEBSOCKET_PROTOCOL,
+                        http::HeaderValue::from_static(WS_TUNNEL_PROTOCOL),
                     );
                     let (ws, _) = tokio_tungstenite::client_async(request, stream)
                         .await

@@ -14,10 +14,12 @@ use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
 use podgate_agent::proto::GetConfigurationRequest;
 use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
-use podgate_agent::proto::gitlab_access::gitlab_access_client::GitlabAccessClient;
-use podgate_agent::proto::gitlab_access::{
-    HeaderExtra, HttpRequest, Request, Values, request, response,
+use podgate_agent::proto::gitlab::agent::grpctool::{
+    HttpRequest as Request, http_request as request, http_response as response,
 };
+use podgate_agent::proto::gitlab::agent::prototool::{HttpRequest, Values};
+use podgate_agent::proto::gitlab_access::HeaderExtra;
+use podgate_agent::proto::gitlab_access::gitlab_access_client::GitlabAccessClient;
 use podgate_agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
 use podgate_kas::agent_config::AgentConfigSource;
 use podgate_kas::{Kas, KasConfig};
@@ -26,6 +28,7 @@ use podgate_testkit::fixtures::{
     memory_registry,
 };
 use podgate_testkit::workspaces::agentk_config;
+use prost::Message as _;
 use tokio::sync::mpsc;
 use tonic::Code;
 
@@ -215,6 +218,9 @@ fn assert_kas_jwt(headers: &http::HeaderMap) {
     assert_eq!(claims["aud"], "gitlab");
 }
 
+/// What `Header.extra` holds, packed as GitLab's agentk packs it (`anypb.New`).
+const HEADER_EXTRA: &str = "gitlab.agent.gitlab_access.rpc.HeaderExtra";
+
 fn values(v: &[&str]) -> Values {
     Values {
         value: v.iter().map(|s| (*s).to_owned()).collect(),
@@ -241,9 +247,12 @@ fn raw_request(
                 url_path: path.into(),
                 query: HashMap::new(),
             }),
-            extra: Some(HeaderExtra {
-                module_name: module.into(),
-            }),
+            extra: Some(podgate_agent::any::pack(
+                HEADER_EXTRA,
+                &HeaderExtra {
+                    module_name: module.into(),
+                },
+            )),
             content_length: Some(body.len() as i64),
         })),
     }];
@@ -325,9 +334,12 @@ async fn module_requests_reach_gitlab_and_come_back_unchanged() {
         "/api/v4/internal/kubernetes/modules/remote_development/reconcile"
     );
     assert_eq!(seen.query.as_deref(), Some("a=x+y&b=2&b=1"));
-    assert_eq!(seen.headers["gitlab-agent-api-request"], token.as_str());
+    // GitLab 16.5's kas: the agent token as `Authorization: Bearer`, beside its JWT.
+    assert_eq!(
+        seen.headers["authorization"],
+        format!("Bearer {token}").as_str()
+    );
     assert_kas_jwt(&seen.headers);
-    assert!(seen.headers.get("authorization").is_none());
     assert_eq!(seen.headers["content-type"], "application/json");
     assert_eq!(seen.body, body);
 
@@ -519,6 +531,33 @@ async fn upgrades_bad_tokens_and_bad_requests_are_refused_before_gitlab() {
     .await
     .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // `Header.extra` holding another message, or nothing: refused, naming the type
+    // URL sent and the one wanted (GitLab's `UnmarshalTo`).
+    for (type_url, shown) in [
+        (
+            "type.googleapis.com/gitlab.agent.kubernetes_api.rpc.HeaderExtra",
+            "\"type.googleapis.com/gitlab.agent.kubernetes_api.rpc.HeaderExtra\"",
+        ),
+        ("", "\"\""),
+    ] {
+        let mut messages = raw_request("remote_development", "/x", &[], b"", 10);
+        let Some(request::Message::Header(h)) = &mut messages[0].message else {
+            unreachable!("raw_request starts with the header")
+        };
+        h.extra = (!type_url.is_empty()).then(|| prost_types::Any {
+            type_url: type_url.into(),
+            value: HeaderExtra {
+                module_name: "remote_development".into(),
+            }
+            .encode_to_vec(),
+        });
+        let e = raw_call(&kas, &token, messages).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert_eq!(
+            e.message(),
+            format!("Header.extra: mismatched message type: got {shown}, want \"{HEADER_EXTRA}\"")
+        );
+    }
 
     // Nothing refused reached GitLab; a good request still does.
     let agentk = start_agentk(&kas, token).await;
@@ -830,4 +869,55 @@ async fn against_the_pod_simulator() {
         .await
         .unwrap();
     assert_eq!(answer.status, 401);
+}
+
+/// GitLab's agentk compresses every call with gzip (`grpc.UseCompressor(gzip)`):
+/// kas takes a gzip-compressed `MakeRequest`, and compresses its answer exactly when
+/// the caller accepts gzip (`grpc-encoding: gzip` on the response).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_compressed_calls_are_served_and_answered_compressed_when_accepted() {
+    use tonic::codec::CompressionEncoding::Gzip;
+    let mut gitlab = FakeGitlab::start().await;
+    let (keys, mint) = agent_tokens();
+    let kas = start_kas(keys, Some(gitlab.url()), None).await;
+    let token = mint(Some(7));
+    let body = pattern(200_000, 5);
+    for accept in [true, false] {
+        let mut client =
+            GitlabAccessClient::new(channel(kas.agent_addr()).await).send_compressed(Gzip);
+        if accept {
+            client = client.accept_compressed(Gzip);
+        }
+        let response = client
+            .make_request(bearer(
+                tonic::Request::new(tokio_stream::iter(raw_request(
+                    "remote_development",
+                    "/gz",
+                    &[("X-Answer-Size", "100000")],
+                    &body,
+                    32 << 10,
+                ))),
+                &token,
+            ))
+            .await
+            .unwrap();
+        let encoding = response
+            .metadata()
+            .get("grpc-encoding")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(
+            encoding.as_deref(),
+            accept.then_some("gzip"),
+            "accept {accept}"
+        );
+        let mut stream = response.into_inner();
+        let mut answer = Vec::new();
+        while let Some(m) = stream.next().await {
+            if let Some(response::Message::Data(d)) = m.unwrap().message {
+                answer.extend_from_slice(&d.data);
+            }
+        }
+        assert!(answer == pattern(100_000, 7), "the answer differs");
+        assert!(gitlab.next_module().await.body == body, "the body differs");
+    }
 }

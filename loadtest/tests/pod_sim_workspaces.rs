@@ -1,5 +1,6 @@
 //! GitLab's Workspaces side of the Pod simulator, driven over real HTTP as kas would
-//! call it (`Gitlab-Kas-Api-Request` JWT + `Gitlab-Agent-Api-Request` agent token)
+//! call it (`Gitlab-Kas-Api-Request` JWT + the agent token in `Authorization: Bearer`
+//! or `Gitlab-Agentk-Api-Request`)
 //! and through the control API: the behaviours of `workspaces.md` §8 that concern
 //! Rails — 401 without the agent token (1), the exact empty full reconcile (3),
 //! parameter validation (7, 8), actual states from agent infos (9–11),
@@ -68,7 +69,7 @@ fn kas_header() -> String {
 /// A reconcile request as kas forwards it for the agent holding `token`.
 async fn reconcile_as(addr: SocketAddr, token: &str, body: Value) -> Reply {
     let kas = kas_header();
-    let agent = format!("gitlab-agent-api-request: {token}");
+    let agent = format!("authorization: Bearer {token}");
     send(addr, "POST", RECONCILE, &[&kas, &agent], body).await
 }
 
@@ -252,7 +253,7 @@ fn replicas(objects: &[Value]) -> u64 {
 async fn kas_and_agent_authentication_and_the_empty_full_reconcile() {
     let sim = sim().await;
     let a = sim.addr();
-    let agent = format!("gitlab-agent-api-request: {AGENT_TOKEN}");
+    let agent = format!("authorization: Bearer {AGENT_TOKEN}");
 
     // No kas JWT, or one signed with another secret.
     let r = send(a, "POST", RECONCILE, &[&agent], full()).await;
@@ -313,6 +314,15 @@ async fn kas_and_agent_authentication_and_the_empty_full_reconcile() {
     let r = call(a, "GET", PREREQUISITES, &[&kas], b"").await;
     assert_eq!(r.status, 401);
 
+    // The agent token in the newer kas's header is taken too; a podgate-only
+    // header is not.
+    let newer = format!("gitlab-agentk-api-request: {AGENT_TOKEN}");
+    let r = send(a, "POST", RECONCILE, &[&kas, &newer], full()).await;
+    assert_eq!(r.status, 201);
+    let unknown = format!("gitlab-agent-api-request: {AGENT_TOKEN}");
+    let r = send(a, "POST", RECONCILE, &[&kas, &unknown], full()).await;
+    assert_eq!(r.status, 401);
+
     // §8.3: nothing to return.
     let r = reconcile_as(a, AGENT_TOKEN, full()).await;
     assert_eq!(r.status, 201);
@@ -366,7 +376,9 @@ async fn kas_and_agent_authentication_and_the_empty_full_reconcile() {
         &[r#"status="201""#, r#"update_type="full""#],
     )
     .await;
-    assert_eq!(n, 4, "{text}");
+    // Four with the agent token in `Authorization: Bearer`, one in
+    // `Gitlab-Agentk-Api-Request`.
+    assert_eq!(n, 5, "{text}");
 }
 
 /// §8.7 and §8.8: the JSON schema, worded as Rails words it.
@@ -795,7 +807,7 @@ async fn agent_configuration_from_kas_and_prerequisites() {
     let sim = sim().await;
     let a = sim.addr();
     let kas = kas_header();
-    let agent = format!("gitlab-agent-api-request: {AGENT_TOKEN}");
+    let agent = format!("gitlab-agentk-api-request: {AGENT_TOKEN}");
     let r = call(a, "GET", PREREQUISITES, &[&kas, &agent], b"").await;
     assert_eq!(r.status, 406);
     assert_eq!(

@@ -95,7 +95,7 @@ pub(crate) struct PodSimArgs {
     #[arg(long = "agent", value_name = "ID")]
     agents: Vec<i64>,
     /// An opaque agent token of a `--agent`, as `ID=TOKEN`: it authenticates the
-    /// module requests kas forwards for that agent (`Gitlab-Agent-Api-Request`);
+    /// module requests kas forwards for that agent (`Authorization: Bearer`);
     /// repeat for more. JWT agent tokens the `--key`s verify need no flag.
     #[arg(long = "agent-token", value_name = "ID=TOKEN")]
     agent_tokens: Vec<String>,

@@ -142,7 +142,7 @@ async fn lifecycle() {
     );
     let auth: HashMap<_, _> = first.headers.iter().cloned().collect();
     assert!(auth.contains_key("gitlab-kas-api-request"), "{auth:?}");
-    assert!(auth.contains_key("gitlab-agent-api-request"), "{auth:?}");
+    assert!(auth.contains_key("authorization"), "{auth:?}");
 
     // Create → Starting → Running.
     let ws = c.create(json!({})).await;

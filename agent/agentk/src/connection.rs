@@ -165,10 +165,11 @@ async fn connect(
             .parse()
             .map_err(|_| tonic::Status::internal("token is not a header value"))?,
     );
-    let mut stream = AgentConfigurationServiceClient::new(channel.clone())
-        .get_configuration(request)
-        .await?
-        .into_inner();
+    let mut stream =
+        podgate_agent::gzip_client!(AgentConfigurationServiceClient::new(channel.clone()))
+            .get_configuration(request)
+            .await?
+            .into_inner();
     match stream.message().await? {
         Some(first) => Ok((first, stream)),
         None => Err(tonic::Status::unavailable(

@@ -2,9 +2,11 @@
 //! `GitlabAccess.MakeRequest` (GitLab's `internal/module/gitlab_access/rpc/rpc.proto`;
 //! agentk's `modagent.Api.MakeGitLabRequest`, `internal/module/modagent/api.go`).
 //!
-//! One request is one gRPC stream on the agent's kas channel, authenticated by the
-//! agent token: a header (method, path, query, headers, module name), the body in
-//! chunks, a trailer; kas answers with a header (status, headers), the body in chunks
+//! One request is one gRPC stream (gzip-compressed, as GitLab's agentk) on the
+//! agent's kas channel, authenticated by the agent token, in GitLab's messages
+//! (`grpctool.HttpRequest`): a header (method, path, query, headers, and the module
+//! name as `gitlab_access.rpc.HeaderExtra` packed in a `google.protobuf.Any`), the
+//! body in chunks, a trailer; kas answers with a header (status, headers), the body in chunks
 //! and a trailer. kas sends the request on to
 //! `/api/v4/internal/kubernetes/modules/<module><path>` on the agent's GitLab and
 //! streams the answer back unchanged (`podgate-kas`, `agent/kas/src/gitlab_access/`).
@@ -15,8 +17,15 @@ use http::{HeaderMap, HeaderValue, Method};
 use tonic::transport::Channel;
 
 use podgate_agent::httpz::{from_values, parse_query, to_values};
+use podgate_agent::proto::gitlab::agent::grpctool::{
+    HttpRequest, http_request as request, http_response as response,
+};
+use podgate_agent::proto::gitlab::agent::prototool;
+use podgate_agent::proto::gitlab_access::HeaderExtra;
 use podgate_agent::proto::gitlab_access::gitlab_access_client::GitlabAccessClient;
-use podgate_agent::proto::gitlab_access::{HeaderExtra, HttpRequest, Request, request, response};
+
+/// The protobuf full name of [`HeaderExtra`], packed in `Header.extra`.
+const HEADER_EXTRA: &str = "gitlab.agent.gitlab_access.rpc.HeaderExtra";
 
 /// Largest answer [`ModuleClient::request`] reads.
 pub const MAX_ANSWER: usize = 64 << 20;
@@ -132,30 +141,33 @@ impl ModuleClient {
         }
         let body = body.unwrap_or_default();
         let header = request::Header {
-            request: Some(HttpRequest {
+            request: Some(prototool::HttpRequest {
                 method: method.as_str().to_owned(),
                 header: to_values(&headers),
                 url_path: url_path.to_owned(),
                 query,
             }),
-            extra: Some(HeaderExtra {
-                module_name: module.to_owned(),
-            }),
+            extra: Some(podgate_agent::any::pack(
+                HEADER_EXTRA,
+                &HeaderExtra {
+                    module_name: module.to_owned(),
+                },
+            )),
             content_length: Some(body.len() as i64),
         };
-        let mut messages = vec![Request {
+        let mut messages = vec![HttpRequest {
             message: Some(request::Message::Header(header)),
         }];
         let mut rest = body;
         while !rest.is_empty() {
             let chunk = rest.split_to(rest.len().min(CHUNK));
-            messages.push(Request {
+            messages.push(HttpRequest {
                 message: Some(request::Message::Data(request::Data {
                     data: chunk.to_vec(),
                 })),
             });
         }
-        messages.push(Request {
+        messages.push(HttpRequest {
             message: Some(request::Message::Trailer(request::Trailer {})),
         });
         let mut call = tonic::Request::new(tokio_stream::iter(messages));
@@ -165,7 +177,7 @@ impl ModuleClient {
                 .parse()
                 .map_err(|_| ModuleError::BadRequest("the token is not a header value".into()))?,
         );
-        let mut stream = GitlabAccessClient::new(self.channel.clone())
+        let mut stream = podgate_agent::gzip_client!(GitlabAccessClient::new(self.channel.clone()))
             .max_decoding_message_size(8 << 20)
             .make_request(call)
             .await?

@@ -169,7 +169,7 @@ async fn wait_for_request(
             .parse()
             .map_err(|_| Status::internal("token is not a header value"))?,
     );
-    let mut down = ReverseTunnelClient::new(channel)
+    let mut down = podgate_agent::gzip_client!(ReverseTunnelClient::new(channel))
         .open(request)
         .await?
         .into_inner();

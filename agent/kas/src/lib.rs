@@ -5,7 +5,9 @@
 //!   [`agent_config`]), reverse tunnels ([`tunnel`]) and modules' requests to GitLab
 //!   ([`gitlab_access`]), over h2c or WebSocket ([`podgate_agent::transport`]); agents
 //!   authenticated by [`agent_auth`].
-//! - *external*: GitLab's `KasApi`, with GitLab's JWT ([`podgate_agent::auth`]).
+//! - *external*: Rails' `AgentTracker` (GitLab's kas API, `tracker.rs`) and the
+//!   seed's `KasApi`, with GitLab's JWT ([`podgate_agent::auth`]); the rest of
+//!   GitLab's kas API answers `Unimplemented` naming it ([`external`]).
 //! - *internal*: `KasInternal` for other kas instances, with their own secret.
 //! - *observability*: `/metrics` ([`metrics`]), `/healthz`, `/readyz`.
 //! - optional: the Kubernetes API proxy ([`k8s_proxy`]) and the Workspaces HTTP
@@ -27,6 +29,7 @@
 pub mod agent_auth;
 pub mod agent_config;
 pub mod config;
+pub mod external;
 pub mod gitlab;
 pub mod gitlab_access;
 pub mod k8s_proxy;
@@ -40,6 +43,7 @@ mod answer_cache;
 mod api;
 mod internal;
 mod lifecycle;
+mod tracker;
 
 use std::net::SocketAddr;
 
@@ -85,7 +89,8 @@ pub struct KasConfig {
     pub external_secret: Vec<u8>,
     /// The kas ↔ kas secret (≥ 32 bytes).
     pub internal_secret: Vec<u8>,
-    /// The issuer GitLab puts in its tokens (`gitlab`).
+    /// The only issuer accepted in GitLab's tokens on the external listener; empty:
+    /// any issuer, as GitLab's kas.
     pub issuer: String,
     /// agentk-facing listener.
     pub agent_listen: SocketAddr,

@@ -8,6 +8,8 @@ use podgate_registry::{KasInstance, Registry};
 use podgate_tokens::Classifier;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 
 use super::api::Api;
@@ -15,11 +17,13 @@ use super::internal::Internal;
 use super::metrics::KasMetrics;
 use super::routing::{self, AgentRouter};
 use super::{
-    Error, KasConfig, agent_auth, agent_config, gitlab, gitlab_access, k8s_proxy, presence, tunnel,
-    workspaces,
+    Error, KasConfig, agent_auth, agent_config, external, gitlab, gitlab_access, k8s_proxy,
+    presence, tracker, tunnel, workspaces,
 };
 use podgate_agent::auth::JwtAuth;
+use podgate_agent::gzip_server;
 use podgate_agent::proto::agent_configuration_service_server::AgentConfigurationServiceServer;
+use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::agent_tracker_server::AgentTrackerServer;
 use podgate_agent::proto::gitlab_access::gitlab_access_server::GitlabAccessServer;
 use podgate_agent::proto::kas_api_server::KasApiServer;
 use podgate_agent::proto::kas_internal_server::KasInternalServer;
@@ -51,7 +55,7 @@ async fn drain_signal(mut draining: tokio::sync::watch::Receiver<bool>) {
 impl Kas {
     /// Bind both listeners and serve.
     pub async fn start(config: KasConfig, registry: Registry) -> Result<Kas, Error> {
-        let external_auth = Arc::new(JwtAuth::external(&config.external_secret, &config.issuer)?);
+        let external_auth = JwtAuth::external(&config.external_secret, &config.issuer)?;
         let internal_auth = Arc::new(JwtAuth::internal(&config.internal_secret)?);
         let bind = |what, addr| async move {
             TcpListener::bind(addr)
@@ -175,14 +179,23 @@ impl Kas {
                 max_wait: config.max_wait,
             },
         };
-        let (ext_metrics, int_metrics) = (metrics.clone(), metrics.clone());
-        let ext_service = KasApiServer::with_interceptor(api, move |req: Request<()>| {
-            if let Err(why) = external_auth.verify(req.metadata()) {
-                ext_metrics.auth_failure("external", why, req.metadata());
-                return Err(Status::unauthenticated("unauthenticated"));
-            }
-            Ok(req)
-        });
+        let int_metrics = metrics.clone();
+        let ext_auth = external::ExternalAuth::new(external_auth, metrics.clone());
+        let tracker = tracker::Tracker {
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+        };
+        let ext_routes = external::routes(
+            Routes::new(InterceptedService::new(
+                gzip_server!(KasApiServer::new(api)),
+                ext_auth.clone(),
+            ))
+            .add_service(InterceptedService::new(
+                gzip_server!(AgentTrackerServer::new(tracker)),
+                ext_auth.clone(),
+            )),
+            ext_auth,
+        );
         let int_service =
             KasInternalServer::with_interceptor(internal_api, move |req: Request<()>| {
                 if let Err(why) = internal_auth.verify(req.metadata()) {
@@ -195,7 +208,7 @@ impl Kas {
         let mut drained = vec![
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
-                    .add_service(ext_service)
+                    .add_routes(ext_routes)
                     .serve_with_incoming_shutdown(
                         TcpListenerStream::new(ext),
                         drain_signal(ext_drain),
@@ -222,9 +235,9 @@ impl Kas {
             if let Err(e) = tonic::transport::Server::builder()
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-                .add_service(AgentConfigurationServiceServer::new(presence))
-                .add_service(ReverseTunnelServer::new(tunnel_service))
-                .add_service(GitlabAccessServer::new(gitlab_access))
+                .add_service(gzip_server!(AgentConfigurationServiceServer::new(presence)))
+                .add_service(gzip_server!(ReverseTunnelServer::new(tunnel_service)))
+                .add_service(gzip_server!(GitlabAccessServer::new(gitlab_access)))
                 .serve_with_incoming(podgate_agent::transport::agent_incoming(agt))
                 .await
             {

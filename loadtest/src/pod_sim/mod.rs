@@ -40,7 +40,8 @@
 //! - GitLab's side of Workspaces ([`workspaces`], `http/workspaces.rs`): a
 //!   workspace store per Pod; `POST
 //!   /api/v4/internal/kubernetes/modules/remote_development/reconcile` (kas's JWT,
-//!   then the agent token kas passes in `Gitlab-Agent-Api-Request`: 401 without
+//!   then the agent token kas passes in `Authorization: Bearer` or
+//!   `Gitlab-Agentk-Api-Request`: 401 without
 //!   one; 400 with Rails' message on bad parameters; 201 with the workspaces to
 //!   apply, their `config_to_apply` and the `settings` of
 //!   [`WorkspacesSimConfig::settings`]), `GET …/modules/remote_development/prerequisites`,

@@ -7,7 +7,8 @@
 //! advertise_internal = "10.0.0.2:8155" # how other kas reach this one
 //! external_secret_file = "/etc/kas/.gitlab_kas_secret"   # base64, >= 32 bytes
 //! internal_secret_file = "/etc/kas/.kas_internal_secret" # base64, >= 32 bytes
-//! issuer = "gitlab"
+//! issuer = "gitlab.example.com"       # optional: the only JWT issuer GitLab may use
+//!                                      # (default: any, as GitLab's kas)
 //! agent_keys = ["/etc/kas/agent-keys"] # verify agent JWTs
 //! observability_listen = "0.0.0.0:8151" # /metrics, /healthz, /readyz ("off": none)
 //! metrics_token_file = "/etc/kas/metrics-token" # /metrics wants `Bearer <token>`
@@ -91,10 +92,6 @@ pub enum Error {
     },
 }
 
-fn default_issuer() -> String {
-    "gitlab".into()
-}
-
 /// The file's contents.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -112,9 +109,11 @@ pub struct KasFileConfig {
     pub external_secret_file: PathBuf,
     /// The kas ↔ kas secret file (base64, ≥ 32 bytes).
     pub internal_secret_file: PathBuf,
-    /// The JWT issuer GitLab uses.
-    #[serde(default = "default_issuer")]
-    pub issuer: String,
+    /// The only JWT issuer accepted on the external listener (Rails signs with its
+    /// host name). Default: any issuer, as GitLab's kas, which checks only the
+    /// audience (`gitlab-kas`) and the signature.
+    #[serde(default)]
+    pub issuer: Option<String>,
     /// Files or directories of keys verifying agent tokens.
     #[serde(default)]
     pub agent_keys: Vec<PathBuf>,

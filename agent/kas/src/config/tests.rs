@@ -188,3 +188,14 @@ fn gitlab_and_agent_configuration_sections() {
     let err = no_url.validate("kas.toml").unwrap_err().to_string();
     assert!(err.contains("agent_info.url: required"), "{err}");
 }
+
+#[test]
+fn any_issuer_unless_one_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _) = with_secrets(dir.path(), "").validate("kas.toml").unwrap();
+    assert_eq!(config.issuer, "", "no issuer: any, as GitLab's kas");
+    let (config, _) = with_secrets(dir.path(), r#"issuer = "gitlab.example.com""#)
+        .validate("kas.toml")
+        .unwrap();
+    assert_eq!(config.issuer, "gitlab.example.com");
+}

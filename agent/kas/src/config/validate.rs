@@ -64,8 +64,8 @@ impl KasFileConfig {
         if ext_secret.is_some() && ext_secret == int_secret {
             bad.push("internal_secret_file: must differ from external_secret_file".into());
         }
-        if self.issuer.is_empty() {
-            bad.push("issuer: must not be empty".into());
+        if self.issuer.as_deref() == Some("") {
+            bad.push("issuer: must not be empty (leave it out to accept any issuer)".into());
         }
         let keys = if self.agent_keys.is_empty() {
             Some(KeySet::new())
@@ -174,7 +174,7 @@ impl KasFileConfig {
                         internal_listen: internal,
                         external_secret: es,
                         internal_secret: is,
-                        issuer: self.issuer.clone(),
+                        issuer: self.issuer.clone().unwrap_or_default(),
                         agent_listen: agent,
                         agent_keys: keys,
                         advertise_internal: self.advertise_internal.clone(),

@@ -13,7 +13,10 @@ use tonic::{Status, Streaming};
 use super::super::gitlab::{GitlabClient, StreamBody};
 use super::outbound::Outbound;
 use super::{CHUNK, MakeRequestStream};
-use podgate_agent::proto::gitlab_access::{HttpResponse, Request, Response, request, response};
+use podgate_agent::proto::gitlab::agent::grpctool::{
+    HttpRequest, HttpResponse, http_request, http_response,
+};
+use podgate_agent::proto::gitlab::agent::prototool;
 use podgate_agent::task::AbortOnDrop;
 
 type BodyChunk = Result<Frame<Bytes>, io::Error>;
@@ -23,7 +26,7 @@ type BodyChunk = Result<Frame<Bytes>, io::Error>;
 pub(super) async fn forward(
     gitlab: Arc<GitlabClient>,
     outbound: Outbound,
-    inbound: Streaming<Request>,
+    inbound: Streaming<HttpRequest>,
 ) -> Result<(u16, MakeRequestStream), Status> {
     // Why the caller's stream failed, recorded before GitLab's request is aborted, so
     // the caller hears about its own mistake rather than "GitLab unavailable".
@@ -64,9 +67,9 @@ pub(super) async fn forward(
     let status = parts.status.as_u16();
     let mut headers = parts.headers;
     podgate_agent::httpz::drop_hop_by_hop(&mut headers);
-    let head = Response {
-        message: Some(response::Message::Header(response::Header {
-            response: Some(HttpResponse {
+    let head = HttpResponse {
+        message: Some(http_response::Message::Header(http_response::Header {
+            response: Some(prototool::HttpResponse {
                 status_code: i32::from(status),
                 status: match parts.status.canonical_reason() {
                     Some(reason) => format!("{status} {reason}"),
@@ -76,7 +79,7 @@ pub(super) async fn forward(
             }),
         })),
     };
-    let (tx, rx) = mpsc::channel::<Result<Response, Status>>(4);
+    let (tx, rx) = mpsc::channel::<Result<HttpResponse, Status>>(4);
     tokio::spawn(async move {
         // The caller's body is no longer needed once GitLab's answer is complete.
         let _pump = pump;
@@ -99,8 +102,8 @@ pub(super) async fn forward(
             };
             while !data.is_empty() {
                 let chunk = data.split_to(data.len().min(CHUNK));
-                let message = Response {
-                    message: Some(response::Message::Data(response::Data {
+                let message = HttpResponse {
+                    message: Some(http_response::Message::Data(http_response::Data {
                         data: chunk.to_vec(),
                     })),
                 };
@@ -112,8 +115,8 @@ pub(super) async fn forward(
         // A caller that broke protocol meanwhile hears so instead of a trailer.
         let end = match failed.get() {
             Some(status) => Err(status.clone()),
-            None => Ok(Response {
-                message: Some(response::Message::Trailer(response::Trailer {})),
+            None => Ok(HttpResponse {
+                message: Some(http_response::Message::Trailer(http_response::Trailer {})),
             }),
         };
         let _ = tx.send(end).await;
@@ -129,7 +132,7 @@ pub(super) async fn forward(
 /// is recorded in `failed` and then aborts the body, so GitLab never sees a
 /// truncated body as complete.
 async fn pump(
-    mut inbound: Streaming<Request>,
+    mut inbound: Streaming<HttpRequest>,
     mut body: Option<mpsc::Sender<BodyChunk>>,
     failed: Arc<OnceLock<Status>>,
 ) {
@@ -144,8 +147,8 @@ async fn pump(
     let announced_none = body.is_none();
     loop {
         match inbound.message().await {
-            Ok(Some(Request {
-                message: Some(request::Message::Data(d)),
+            Ok(Some(HttpRequest {
+                message: Some(http_request::Message::Data(d)),
             })) => {
                 if announced_none {
                     return fail(
@@ -162,8 +165,8 @@ async fn pump(
                 }
             }
             // The end of the body: the sender dropped ends it cleanly.
-            Ok(Some(Request {
-                message: Some(request::Message::Trailer(_)),
+            Ok(Some(HttpRequest {
+                message: Some(http_request::Message::Trailer(_)),
             }))
             | Ok(None) => return,
             Ok(Some(_)) => {

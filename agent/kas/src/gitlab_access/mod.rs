@@ -1,26 +1,32 @@
 //! `GitlabAccess.MakeRequest` on the agent listener: agentk modules' HTTP requests to
 //! GitLab's internal module API, carried over one gRPC stream each (GitLab's
-//! `internal/module/gitlab_access/server/server.go`, piped as
+//! `internal/module/gitlab_access/server/server.go`,
+//! <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/module/gitlab_access/server/server.go>, piped as
 //! `internal/tool/grpctool/inbound_grpc_to_outbound_http.go` does, and sent as
 //! `internal/gitlab/api/module_request.go` sends it).
 //!
 //! - The caller is authenticated by its agent token ([`AgentAuth`]); every refusal is
 //!   `Unauthenticated`. Without a GitLab URL (`[gitlab] url`) the call is
 //!   `FailedPrecondition`.
-//! - The first message is the header: method, path, query, headers and the module
-//!   name (`InvalidArgument` when the module name or method is empty, the path is
-//!   not `/…`, or it has `.`/`..` segments — the last one is podgate's: the path must
+//! - The messages are GitLab's `grpctool.HttpRequest` / `HttpResponse`. The first
+//!   is the header: method, path, query, headers, and in `extra` a
+//!   `google.protobuf.Any` holding `gitlab_access.rpc.HeaderExtra{module_name}`,
+//!   unpacked as GitLab's server does (`header.Extra.UnmarshalTo`; another type URL
+//!   is `InvalidArgument` naming both types, [`podgate_agent::any`]).
+//!   `InvalidArgument` too when the module name or method is empty, the path is
+//!   not `/…`, or it has `.`/`..` segments (the last one is podgate's: the path must
 //!   stay under the module's prefix). A request asking for a connection upgrade
 //!   (`Upgrade`, or `Connection: upgrade`) is refused with `InvalidArgument`
 //!   ("connection upgrade is not supported"; GitLab's words).
 //! - kas sends `METHOD {gitlab}/api/v4/internal/kubernetes/modules/<PathEscape(module)><url_path>?<query>`,
 //!   the path written as Go's `url.URL.String()` writes it (so an escaped module
 //!   name is escaped again, as GitLab's kas does), the query as `url.Values.Encode`
-//!   (keys sorted). Headers: the caller's, minus hop-by-hop ones, `Host`,
-//!   `Authorization` and `Content-Length` (the body is streamed, chunked, as Go's
-//!   client streams a pipe); plus `Gitlab-Kas-Api-Request` (kas's JWT) and
-//!   `Gitlab-Agent-Api-Request: <agent token>` (GitLab's current header; the 2023 kas
-//!   sent `Authorization: Bearer`).
+//!   (keys sorted). Headers: the caller's, minus hop-by-hop ones, `Host` and
+//!   `Content-Length` (the body is streamed, chunked, as Go's client streams a
+//!   pipe); plus `Gitlab-Kas-Api-Request` (kas's JWT) and `Authorization: Bearer
+//!   <agent token>`, as GitLab 16.5's kas sends them (`internal/gitlab/client.go`,
+//!   `internal/gitlab/do_options.go` `WithAgentToken`). Newer Rails also reads the
+//!   token from `Gitlab-Agentk-Api-Request`; podgate's GitLab stand-ins accept both.
 //! - The body goes to GitLab as it arrives; GitLab's status, headers (hop-by-hop ones
 //!   dropped) and body come back unchanged, streamed in chunks of 32 KiB, then a
 //!   trailer.
@@ -56,15 +62,16 @@ use self::forward::forward;
 use self::outbound::Outbound;
 use super::agent_auth::AgentAuth;
 use super::gitlab::GitlabClient;
+use podgate_agent::proto::gitlab::agent::grpctool::{HttpRequest, HttpResponse, http_request};
+use podgate_agent::proto::gitlab_access::HeaderExtra;
 use podgate_agent::proto::gitlab_access::gitlab_access_server::GitlabAccess;
-use podgate_agent::proto::gitlab_access::{Request, Response, request};
 
 /// Where module requests go below GitLab's base URL (GitLab's
 /// `ModuleRequestApiPath`).
 pub const MODULE_REQUEST_API_PATH: &str = "/api/v4/internal/kubernetes/modules/";
 
-/// The header carrying the agent token to GitLab.
-pub const AGENT_API_REQUEST_HEADER: &str = "Gitlab-Agent-Api-Request";
+/// The protobuf full name of the message in `Header.extra`.
+pub const HEADER_EXTRA: &str = "gitlab.agent.gitlab_access.rpc.HeaderExtra";
 
 /// Response body chunks sent to agentk (GitLab's 32 KiB buffers).
 const CHUNK: usize = 32 << 10;
@@ -116,7 +123,7 @@ impl GitlabAccessService {
 }
 
 /// The response stream of one `MakeRequest`.
-pub type MakeRequestStream = Pin<Box<dyn Stream<Item = Result<Response, Status>> + Send>>;
+pub type MakeRequestStream = Pin<Box<dyn Stream<Item = Result<HttpResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl GitlabAccess for GitlabAccessService {
@@ -124,7 +131,7 @@ impl GitlabAccess for GitlabAccessService {
 
     async fn make_request(
         &self,
-        request: tonic::Request<Streaming<Request>>,
+        request: tonic::Request<Streaming<HttpRequest>>,
     ) -> Result<tonic::Response<MakeRequestStream>, Status> {
         let identity = self.auth.authenticate(request.metadata()).await?;
         let token = podgate_agent::auth::bearer(request.metadata())
@@ -137,8 +144,8 @@ impl GitlabAccess for GitlabAccessService {
             })?;
             let mut inbound = request.into_inner();
             let header = match inbound.message().await? {
-                Some(Request {
-                    message: Some(request::Message::Header(h)),
+                Some(HttpRequest {
+                    message: Some(http_request::Message::Header(h)),
                 }) => h,
                 _ => {
                     return Err(Status::invalid_argument(
@@ -146,11 +153,12 @@ impl GitlabAccess for GitlabAccessService {
                     ));
                 }
             };
-            let module_name = header
-                .extra
-                .as_ref()
-                .map(|e| e.module_name.clone())
-                .unwrap_or_default();
+            let module_name = podgate_agent::any::unpack::<HeaderExtra>(
+                &header.extra.clone().unwrap_or_default(),
+                HEADER_EXTRA,
+            )
+            .map_err(|e| Status::invalid_argument(format!("Header.extra: {e}")))?
+            .module_name;
             if let Some(known) = KNOWN_MODULES.iter().find(|m| **m == module_name) {
                 module = known;
             }

@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderMap, HeaderValue, Method};
 use tonic::Status;
 
 use super::url::{Mode, encode_query, escape, path_escape};
 use super::{MODULE_REQUEST_API_PATH, USER_AGENT};
-use podgate_agent::proto::gitlab_access::{Values, request};
+use podgate_agent::proto::gitlab::agent::grpctool::http_request;
+use podgate_agent::proto::gitlab::agent::prototool::Values;
 
 /// The HTTP request kas sends, from the header message.
 pub(super) struct Outbound {
@@ -23,7 +24,7 @@ pub(super) struct Outbound {
 
 impl Outbound {
     pub(super) fn from_header(
-        header: request::Header,
+        header: http_request::Header,
         module: &str,
         token: &str,
     ) -> Result<Outbound, Status> {
@@ -68,16 +69,17 @@ impl Outbound {
         podgate_agent::httpz::drop_hop_by_hop(&mut headers);
         for name in [
             http::header::HOST,
-            http::header::AUTHORIZATION,
             http::header::CONTENT_LENGTH,
             http::header::USER_AGENT,
         ] {
             headers.remove(name);
         }
         headers.remove(super::super::gitlab::KAS_API_REQUEST_HEADER);
+        // GitLab 16.5's kas: `WithAgentToken` sets `Authorization` over the caller's.
         headers.insert(
-            HeaderName::from_static("gitlab-agent-api-request"),
-            HeaderValue::from_str(token).map_err(|_| Status::unauthenticated("unauthenticated"))?,
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| Status::unauthenticated("unauthenticated"))?,
         );
         headers.insert(
             http::header::USER_AGENT,

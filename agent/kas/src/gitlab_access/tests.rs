@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use super::outbound::is_upgrade;
 use super::url::{Mode, encode_query, escape, path_escape};
 use podgate_agent::httpz::parse_query;
-use podgate_agent::proto::gitlab_access::Values;
+use podgate_agent::proto::gitlab::agent::prototool::Values;
 
 fn values(v: &[&str]) -> Values {
     Values {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use podgate_agent::proto::gitlab_access::Values;
+use podgate_agent::proto::gitlab::agent::prototool::Values;
 
 /// Escaping modes of Go's `net/url`.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use http::HeaderMap;
 use podgate_agent::httpz::{parse_query, query_unescape};
-use podgate_agent::proto::gitlab_access::Values;
+use podgate_agent::proto::gitlab::agent::prototool::Values;
 
 /// A query string's parameters, decoded as Go's `url.ParseQuery` decodes them.
 type Query = HashMap<String, Values>;

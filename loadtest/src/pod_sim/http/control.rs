@@ -45,7 +45,7 @@
 //!
 //! - `POST /-/podsim/agents/N/tokens` with `{"token": "glagent-…"}`: 201
 //!   `{"agent_id": N}`: the token authenticates agent N's module requests
-//!   (`Gitlab-Agent-Api-Request`).
+//!   (`Authorization: Bearer` or `Gitlab-Agentk-Api-Request`).
 //! - `PUT /-/podsim/agents/N/workspaces_config` with the agent's
 //!   `remote_development` keys (`{"enabled": true, "dns_zone": "…", …}`, what kas's
 //!   `agent_configuration` would store): 200 with the stored configuration.

@@ -4,7 +4,9 @@
 //!   `GET …/modules/remote_development/prerequisites` (`ee/lib/ee/api/internal/kubernetes.rb`):
 //!   first kas's JWT (`authenticate_gitlab_kas_request!`: HS256, issuer
 //!   `gitlab-kas`, audience `gitlab`; 401 `KAS JWT authentication invalid`), then `check_agent_token`: the
-//!   `Gitlab-Agent-Api-Request` header must be an agent token of this Pod (401
+//!   agent token, from `Authorization: Bearer …` (what GitLab 16.5's kas sends) or
+//!   else `Gitlab-Agentk-Api-Request` (newer kas; Rails reads both,
+//!   `lib/gitlab/auth/auth_finders.rb`), must be an agent token of this Pod (401
 //!   `401 Unauthorized` otherwise; a token routed to another Pod is also counted
 //!   as a misroute), then the `remote_development` licence (403 `403 Forbidden -
 //!   "remote_development" licensed feature is not available`). The reconcile
@@ -48,8 +50,24 @@ const MAX_RECONCILE_BODY: usize = 64 << 20;
 /// The header kas authenticates with.
 const KAS_HEADER: &str = "gitlab-kas-api-request";
 
-/// The header kas passes the agent's token in.
-const AGENT_HEADER: &str = "gitlab-agent-api-request";
+/// The header newer kas versions pass the agent's token in (GitLab 16.5's kas sends
+/// `Authorization: Bearer`).
+const AGENTK_HEADER: &str = "gitlab-agentk-api-request";
+
+/// The agent token of a module request, as Rails finds it
+/// (`cluster_agent_token_from_authorization_token`): `Authorization: Bearer` (or
+/// `Token`), else `Gitlab-Agentk-Api-Request`.
+fn agent_token(headers: &HeaderMap) -> String {
+    header(headers, "authorization")
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("Token "))
+                .map(|t| t.trim().to_owned())
+        })
+        .filter(|t| !t.is_empty())
+        .or_else(|| header(headers, AGENTK_HEADER))
+        .unwrap_or_default()
+}
 
 /// `forbidden!('"remote_development" licensed feature is not available')`.
 const UNLICENSED: &str = "403 Forbidden - \"remote_development\" licensed feature is not available";
@@ -111,7 +129,7 @@ pub(crate) fn check_kas(shared: &Shared, headers: &HeaderMap) -> Result<(), Resp
 
 /// `check_agent_token`: the agent the request's agent token names.
 fn check_agent(shared: &Shared, headers: &HeaderMap) -> Result<i64, Response<Body>> {
-    let token = header(headers, AGENT_HEADER).unwrap_or_default();
+    let token = agent_token(headers);
     if token.is_empty() {
         return Err(unauthorized());
     }

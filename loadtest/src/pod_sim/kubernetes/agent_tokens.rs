@@ -1,4 +1,4 @@
-//! Agent tokens (what kas passes on in `Gitlab-Agent-Api-Request`): opaque tokens
+//! Agent tokens (what kas passes on in `Authorization: Bearer`): opaque tokens
 //! registered for an agent, and JWT agent tokens the Pod's keys verify.
 
 use podgate_tokens::{Classification, Classifier, KeySet, PodId, TokenFormat, TokenKind};

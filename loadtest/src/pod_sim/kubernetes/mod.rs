@@ -19,7 +19,7 @@
 //! `1000 + pod`), which holds every agent's configuration. User 1 `root` is the
 //! group's owner and the user every job runs as.
 //!
-//! Agent tokens (what kas passes on in `Gitlab-Agent-Api-Request` for the agent's
+//! Agent tokens (what kas passes on in `Authorization: Bearer` for the agent's
 //! module requests, `lib/api/helpers/kas_helpers.rb`'s `agent_token`): opaque tokens
 //! registered for an agent ([`KubeAccess::add_agent_token`]), and JWT agent tokens
 //! (`kind` `agent`, claim `a`) that the Pod's keys verify, routed to this Pod and
