@@ -1,11 +1,13 @@
 //! kas: four listeners, each on its own address.
 //!
-//! - *agent*: agentk's configuration stream ([`presence`]: each open stream is a
-//!   registered connection; it carries the agent's configuration file,
-//!   [`agent_config`]), reverse tunnels ([`tunnel`]) and modules' requests to GitLab
-//!   ([`gitlab_access`]), over h2c or WebSocket ([`podgate_agent::transport`]); agents
-//!   authenticated by [`agent_auth`].
-//! - *external*: GitLab's `KasApi`, with GitLab's JWT ([`podgate_agent::auth`]).
+//! - *agent*: GitLab's `AgentConfiguration/GetConfiguration` ([`configuration`]:
+//!   the agent's configuration file, [`agent_config`], resumed by commit id) and
+//!   `AgentRegistrar/Register` ([`presence`]: registered connections), reverse
+//!   tunnels ([`tunnel`]) and modules' requests to GitLab ([`gitlab_access`]), over
+//!   h2c or WebSocket ([`podgate_agent::transport`]); agents authenticated by
+//!   [`agent_auth`].
+//! - *external*: GitLab's `KasApi` and `Notifications/GitPushEvent`
+//!   ([`notifications`]), with GitLab's JWT ([`podgate_agent::auth`]).
 //! - *internal*: `KasInternal` for other kas instances, with their own secret.
 //! - *observability*: `/metrics` ([`metrics`]), `/healthz`, `/readyz`.
 //! - optional: the Kubernetes API proxy ([`k8s_proxy`]) and the Workspaces HTTP
@@ -27,10 +29,12 @@
 pub mod agent_auth;
 pub mod agent_config;
 pub mod config;
+pub mod configuration;
 pub mod gitlab;
 pub mod gitlab_access;
 pub mod k8s_proxy;
 pub mod metrics;
+pub mod notifications;
 pub mod presence;
 pub mod routing;
 pub mod tunnel;

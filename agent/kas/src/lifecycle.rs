@@ -15,11 +15,13 @@ use super::internal::Internal;
 use super::metrics::KasMetrics;
 use super::routing::{self, AgentRouter};
 use super::{
-    Error, KasConfig, agent_auth, agent_config, gitlab, gitlab_access, k8s_proxy, presence, tunnel,
-    workspaces,
+    Error, KasConfig, agent_auth, agent_config, configuration, gitlab, gitlab_access, k8s_proxy,
+    notifications, presence, tunnel, workspaces,
 };
 use podgate_agent::auth::JwtAuth;
-use podgate_agent::proto::agent_configuration_service_server::AgentConfigurationServiceServer;
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::agent_configuration_server::AgentConfigurationServer;
+use podgate_agent::proto::gitlab::agent::agent_registrar::rpc::agent_registrar_server::AgentRegistrarServer;
+use podgate_agent::proto::gitlab::agent::notifications::rpc::notifications_server::NotificationsServer;
 use podgate_agent::proto::gitlab_access::gitlab_access_server::GitlabAccessServer;
 use podgate_agent::proto::kas_api_server::KasApiServer;
 use podgate_agent::proto::kas_internal_server::KasInternalServer;
@@ -131,20 +133,25 @@ impl Kas {
             config.max_idle_tunnels_per_agent,
         ));
         let (draining, draining_rx) = tokio::sync::watch::channel(false);
-        let presence = presence::Presence {
+        let presence = Arc::new(presence::Presence {
             draining: draining_rx.clone(),
             registry: registry.clone(),
             auth: agent_auth.clone(),
             tunnels: tunnels.clone(),
             metrics: metrics.clone(),
             kas: advertised.as_str().into(),
-            configs: config.agent_config.clone().map(|source| {
-                Arc::new(agent_config::AgentConfigs::new(
-                    source,
-                    gitlab.clone(),
-                    metrics.registry(),
-                ))
-            }),
+            ttl: presence::REGISTRATION_TTL,
+            expiring: Default::default(),
+        });
+        let configs = Arc::new(agent_config::AgentConfigs::new(
+            config.agent_config.clone(),
+            gitlab.clone(),
+            metrics.registry(),
+        ));
+        let configuration = configuration::ConfigurationService {
+            presence: presence.clone(),
+            configs: configs.clone(),
+            gitlab_external_url: String::new(),
         };
         let gitlab_access =
             gitlab_access::GitlabAccessService::new(agent_auth.clone(), gitlab, metrics.registry());
@@ -175,6 +182,7 @@ impl Kas {
                 max_wait: config.max_wait,
             },
         };
+        let (notify_auth, notify_metrics) = (external_auth.clone(), metrics.clone());
         let (ext_metrics, int_metrics) = (metrics.clone(), metrics.clone());
         let ext_service = KasApiServer::with_interceptor(api, move |req: Request<()>| {
             if let Err(why) = external_auth.verify(req.metadata()) {
@@ -191,11 +199,23 @@ impl Kas {
                 }
                 Ok(req)
             });
+        // Rails' push notifications, behind the same check as `KasApi`.
+        let notify_service = NotificationsServer::with_interceptor(
+            notifications::NotificationsService(configs),
+            move |req: Request<()>| {
+                if let Err(why) = notify_auth.verify(req.metadata()) {
+                    notify_metrics.auth_failure("external", why, req.metadata());
+                    return Err(Status::unauthenticated("unauthenticated"));
+                }
+                Ok(req)
+            },
+        );
         let (ext_drain, int_drain) = (draining_rx.clone(), draining_rx);
         let mut drained = vec![
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
                     .add_service(ext_service)
+                    .add_service(notify_service)
                     .serve_with_incoming_shutdown(
                         TcpListenerStream::new(ext),
                         drain_signal(ext_drain),
@@ -222,7 +242,8 @@ impl Kas {
             if let Err(e) = tonic::transport::Server::builder()
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-                .add_service(AgentConfigurationServiceServer::new(presence))
+                .add_service(AgentConfigurationServer::new(configuration))
+                .add_service(AgentRegistrarServer::new(presence::Registrar(presence)))
                 .add_service(ReverseTunnelServer::new(tunnel_service))
                 .add_service(GitlabAccessServer::new(gitlab_access))
                 .serve_with_incoming(podgate_agent::transport::agent_incoming(agt))
