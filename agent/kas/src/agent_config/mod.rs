@@ -223,8 +223,11 @@ impl AgentConfigs {
     }
 
     /// Post `snapshot` for `agent_id` unless it is what this kas posted last.
+    /// Nothing is posted without configuration files: this kas is then not where
+    /// GitLab's agent configurations come from, and an empty one posted would
+    /// clear what GitLab holds (its CI and user access authorisations).
     pub fn maybe_post(self: &Arc<Self>, agent_id: i64, snapshot: &Snapshot) {
-        let Some(gitlab) = self.gitlab.clone() else {
+        let (Some(gitlab), Some(_)) = (self.gitlab.clone(), &self.source) else {
             return;
         };
         let digest = snapshot.commit_id.clone();
