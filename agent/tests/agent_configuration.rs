@@ -246,15 +246,17 @@ async fn an_absent_or_empty_file_is_the_empty_configuration() {
 
 /// Without `skip_register`, a stream registers a random connection id with its
 /// agent meta for as long as it is open; with it, nothing; `Register` registers
-/// the `pod_id`.
+/// the `pod_id`. Configurations carry `[gitlab] external_url`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_by_stream_and_by_register() {
     let (keys, mint) = agent_tokens();
     let registry = memory_registry().await;
     let mut events = registry.subscribe();
-    let kas = Kas::start(kas_config(keys, Duration::from_secs(5)), registry.clone())
-        .await
-        .unwrap();
+    let config = podgate_kas::KasConfig {
+        gitlab_external_url: Some("https://gitlab.example.com".into()),
+        ..kas_config(keys, Duration::from_secs(5))
+    };
+    let kas = Kas::start(config, registry.clone()).await.unwrap();
     let token = mint(Some(3));
     for bad in ["nope", mint(None).as_str(), &token.replace('.', "x")] {
         let e = get_configuration(&kas, bad, "", false).await.unwrap_err();
@@ -267,7 +269,8 @@ async fn registration_by_stream_and_by_register() {
     // skip_register: no registration (the first message is there, so the stream
     // has been served).
     let mut skipped = get_configuration(&kas, &token, "", true).await.unwrap();
-    next(&mut skipped).await;
+    let (cfg, _) = next(&mut skipped).await;
+    assert_eq!(cfg.gitlab_external_url, "https://gitlab.example.com");
     assert!(registry.connections_by_agent(3).await.unwrap().is_empty());
 
     let mut stream = get_configuration(&kas, &token, "", false).await.unwrap();

@@ -116,6 +116,9 @@ pub struct KasConfig {
     /// there. Without it `MakeRequest` is `FailedPrecondition` and configurations
     /// are not posted.
     pub gitlab_url: Option<String>,
+    /// GitLab's URL as its users see it (`[gitlab] external_url`): the
+    /// `gitlab_external_url` of the configurations agents get (empty if `None`).
+    pub gitlab_external_url: Option<String>,
     /// Agent configuration files (`[agent_configuration]`), if any.
     pub agent_config: Option<agent_config::AgentConfigSource>,
     /// The Workspaces HTTP server's listener (`[workspaces]`), if any.

@@ -151,7 +151,7 @@ impl Kas {
         let configuration = configuration::ConfigurationService {
             presence: presence.clone(),
             configs: configs.clone(),
-            gitlab_external_url: String::new(),
+            gitlab_external_url: config.gitlab_external_url.clone().unwrap_or_default(),
         };
         let gitlab_access =
             gitlab_access::GitlabAccessService::new(agent_auth.clone(), gitlab, metrics.registry());

@@ -42,6 +42,7 @@ pub fn kas_config(keys: KeySet, max_wait: Duration) -> KasConfig {
         metrics_token: None,
         k8s_proxy: None,
         gitlab_url: None,
+        gitlab_external_url: None,
         agent_config: None,
         workspaces: None,
     }
