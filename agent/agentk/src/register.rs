@@ -80,3 +80,23 @@ impl Registrar {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_registrations_back_off_from_10_s_to_5_minutes_with_jitter() {
+        for _ in 0..20 {
+            let mut base = Duration::from_secs(10);
+            for wait in REGISTER_BACKOFF.build().take(8) {
+                assert!(
+                    wait >= base && wait <= base * 2,
+                    "{wait:?} for base {base:?}"
+                );
+                base = (base * 2).min(Duration::from_secs(5 * 60));
+            }
+        }
+        assert_ne!(random_pod_id(), 0);
+    }
+}

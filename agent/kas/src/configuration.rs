@@ -101,11 +101,10 @@ impl AgentConfiguration for ConfigurationService {
             None
         } else {
             let meta = req.agent_meta.clone().unwrap_or_default();
-            Some(
-                self.presence
-                    .register(who, meta, random_connection_id())
-                    .await?,
-            )
+            let connection_id = random_connection_id();
+            let registered = self.presence.register(who, meta, connection_id).await?;
+            tracing::info!(agent_id = who.agent_id, connection_id, "agent connected");
+            Some(registered)
         };
         let (tx, rx) = mpsc::channel(4);
         // Subscribed before the first read, so a push in between is not missed.

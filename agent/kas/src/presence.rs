@@ -185,7 +185,6 @@ impl Presence {
 
     /// The guard of a registration the registry has.
     fn registered(&self, agent_id: i64, connection_id: i64) -> Registered {
-        tracing::info!(agent_id, connection_id, "agent connected");
         self.metrics.connected_agents.inc();
         Registered {
             registry: self.registry.clone(),
@@ -221,6 +220,11 @@ impl Presence {
         ));
         match expiring.get_mut(&key) {
             Some(e) => {
+                tracing::debug!(
+                    agent_id = who.agent_id,
+                    pod_id,
+                    "agent registration refreshed"
+                );
                 // Still registered: keep the old guard (dropping either armed
                 // would unregister the connection just written).
                 fresh.duplicate();
@@ -228,6 +232,7 @@ impl Presence {
                 e._timer = timer;
             }
             None => {
+                tracing::info!(agent_id = who.agent_id, pod_id, "agent registered");
                 expiring.insert(
                     key,
                     Expiring {

@@ -28,7 +28,7 @@
 //!   failed post is retried at the next poll. A 404 (the agent was deleted) is
 //!   logged at debug level, as GitLab's kas does.
 //!
-//! Metrics: `podgate_kas_agent_config_rejected_total` (a stream found its file
+//! Metrics: `podgate_kas_agent_config_rejected_total` (a read found the file
 //! unusable) and `podgate_kas_agent_config_posts_total{result}` (`ok`,
 //! `not_found`, `error`).
 
@@ -161,8 +161,8 @@ impl AgentConfigs {
     ) -> Self {
         let rejected = prometheus::IntCounter::new(
             "podgate_kas_agent_config_rejected_total",
-            "Agent configuration files found unusable (not YAML, not a valid configuration, \
-             too large, unreadable), once per stream and problem",
+            "Reads of agent configuration files that found them unusable (not YAML, not a \
+             valid configuration, too large, unreadable)",
         )
         .expect("valid metric");
         let posts = prometheus::IntCounterVec::new(
