@@ -162,6 +162,7 @@ async fn main() {
     let kas = Kas::start(
         KasConfig {
             gitlab_url: Some(format!("http://{relay_addr}")),
+            gitlab_external_url: None,
             agent_config: Some(AgentConfigSource {
                 dir: dir.path().to_owned(),
                 poll: Duration::from_secs(20),

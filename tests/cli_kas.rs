@@ -222,15 +222,10 @@ async fn loadtest_agents_connect_and_hold_their_tunnels() {
         done,
         "loadtest agents: done; 0 were not connected at the end"
     );
-    podgate_registry::testing::eventually(
-        std::time::Duration::from_secs(10),
-        "the agents to leave kas",
-        || async {
-            let (_, m) = http_get(obs_addr, "/metrics").await;
-            m.contains("podgate_kas_connected_agents 0\n").then_some(())
-        },
-    )
-    .await;
+    // The agents are gone, their registrations are not: a `Register` lasts its TTL
+    // (10 minutes), as GitLab's do; agentk has no way to unregister.
+    let (_, m) = http_get(obs_addr, "/metrics").await;
+    assert!(m.contains("podgate_kas_connected_agents 25\n"), "{m}");
     let _ = kas.kill();
     let _ = kas.wait();
 }

@@ -417,7 +417,7 @@ mod kas {
     const SOURCES: [&str; 8] = [
         include_str!("../agent/kas/src/metrics.rs"),
         include_str!("../agent/kas/src/agent_auth.rs"),
-        include_str!("../agent/kas/src/agent_config.rs"),
+        include_str!("../agent/kas/src/agent_config/mod.rs"),
         include_str!("../agent/kas/src/gitlab_access/mod.rs"),
         include_str!("../agent/kas/src/k8s_proxy/auth/mod.rs"),
         include_str!("../agent/kas/src/workspaces/mod.rs"),

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use podgate_agent::auth::mint_external;
-use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::ConfigurationRequest;
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::agent_configuration_client::AgentConfigurationClient;
 use podgate_agent::proto::kas_api_client::KasApiClient;
-use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetConfigurationRequest, GetPodsRequest};
+use podgate_agent::proto::{ConnectedAgentsByIdRequest, GetPodsRequest};
 use podgate_agentk::{Agentk, AgentkConfig};
 use podgate_kas::Kas;
 use podgate_kas::agent_auth::AgentInfoConfig;
@@ -276,11 +277,8 @@ async fn opaque_agent_tokens_are_asked_of_gitlab_and_the_answers_cached() {
     let connect = |token: String| {
         let channel = channel.clone();
         async move {
-            let req = bearer(
-                tonic::Request::new(GetConfigurationRequest { agent_meta: None }),
-                &token,
-            );
-            let mut stream = AgentConfigurationServiceClient::new(channel)
+            let req = bearer(tonic::Request::new(ConfigurationRequest::default()), &token);
+            let mut stream = AgentConfigurationClient::new(channel)
                 .get_configuration(req)
                 .await?
                 .into_inner();
@@ -292,6 +290,7 @@ async fn opaque_agent_tokens_are_asked_of_gitlab_and_the_answers_cached() {
     // Yes: the identity GitLab gave; asked once, then cached.
     for _ in 0..3 {
         let cfg = connect(good.clone()).await.unwrap();
+        let cfg = cfg.configuration.unwrap();
         assert_eq!((cfg.agent_id, cfg.project_id), (7, 70));
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);

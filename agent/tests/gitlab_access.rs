@@ -12,8 +12,6 @@ use futures_util::StreamExt as _;
 use http::Method;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
-use podgate_agent::proto::GetConfigurationRequest;
-use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
 use podgate_agent::proto::gitlab::agent::grpctool::{
     HttpRequest as Request, http_request as request, http_response as response,
 };
@@ -24,8 +22,7 @@ use podgate_agentk::{Agentk, AgentkConfig, Handler, Responses, unary};
 use podgate_kas::agent_config::AgentConfigSource;
 use podgate_kas::{Kas, KasConfig};
 use podgate_testkit::fixtures::{
-    EXTERNAL_SECRET, agent_tokens, bearer, channel, configuration_stream, kas_config,
-    memory_registry,
+    EXTERNAL_SECRET, agent_tokens, bearer, channel, kas_config, memory_registry,
 };
 use podgate_testkit::workspaces::agentk_config;
 use prost::Message as _;
@@ -34,18 +31,18 @@ use tonic::Code;
 
 /// What the fake GitLab received.
 #[derive(Debug)]
-struct Seen {
-    method: String,
-    path: String,
-    query: Option<String>,
-    headers: http::HeaderMap,
-    body: Bytes,
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
 }
 
 /// A fake GitLab: records every request; answers `agent_configuration` posts with
 /// 204 and everything else with the status in `x-answer-status` (201 by default),
 /// a body of `x-answer-size` bytes (else `answer:<status>`) and `x-answered: yes`.
-struct FakeGitlab {
+pub struct FakeGitlab {
     addr: SocketAddr,
     seen: mpsc::UnboundedReceiver<Seen>,
     task: tokio::task::JoinHandle<()>,
@@ -65,7 +62,7 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 }
 
 impl FakeGitlab {
-    async fn start() -> FakeGitlab {
+    pub async fn start() -> FakeGitlab {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, seen) = mpsc::unbounded_channel();
@@ -128,16 +125,16 @@ impl FakeGitlab {
         FakeGitlab { addr, seen, task }
     }
 
-    fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// The body of the next request, as JSON.
-    async fn next_json(&mut self) -> serde_json::Value {
+    pub async fn next_json(&mut self) -> serde_json::Value {
         serde_json::from_slice(&self.next().await.body).expect("a JSON body")
     }
 
-    async fn next(&mut self) -> Seen {
+    pub async fn next(&mut self) -> Seen {
         tokio::time::timeout(Duration::from_secs(20), self.seen.recv())
             .await
             .expect("GitLab got no request in time")
@@ -155,7 +152,7 @@ impl FakeGitlab {
     }
 
     /// Nothing received so far.
-    fn nothing(&mut self) -> bool {
+    pub fn nothing(&mut self) -> bool {
         self.seen.try_recv().is_err()
     }
 }
@@ -169,7 +166,7 @@ impl Handler for NoCalls {
     }
 }
 
-async fn start_kas(
+pub async fn start_kas(
     keys: podgate_tokens::KeySet,
     gitlab: Option<String>,
     agent_config: Option<AgentConfigSource>,
@@ -182,7 +179,7 @@ async fn start_kas(
     Kas::start(config, memory_registry().await).await.unwrap()
 }
 
-async fn start_agentk(kas: &Kas, token: String) -> Agentk {
+pub async fn start_agentk(kas: &Kas, token: String) -> Agentk {
     let agentk = Agentk::start_with(
         AgentkConfig {
             pod_namespace: "gitlab-agent".into(),
@@ -198,7 +195,7 @@ async fn start_agentk(kas: &Kas, token: String) -> Agentk {
 
 /// Check the `Gitlab-Kas-Api-Request` JWT as GitLab does: HS256 with the shared
 /// secret, issuer `gitlab-kas`, audience `gitlab`.
-fn assert_kas_jwt(headers: &http::HeaderMap) {
+pub fn assert_kas_jwt(headers: &http::HeaderMap) {
     let jwt = headers
         .get("gitlab-kas-api-request")
         .expect("the kas JWT header")
@@ -289,13 +286,13 @@ async fn raw_call(
 }
 
 /// Replace `path`'s contents at once (kas never reads a half-written file).
-fn write(path: &std::path::Path, text: &str) {
+pub fn write(path: &std::path::Path, text: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
 
-fn metric(kas: &Kas, line_prefix: &str) -> u64 {
+pub fn metric(kas: &Kas, line_prefix: &str) -> u64 {
     kas.metrics()
         .render()
         .lines()
@@ -653,136 +650,6 @@ async fn gitlab_down_is_unavailable_and_no_gitlab_is_failed_precondition() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_configuration_reaches_agentk_and_gitlab_on_start_and_on_change() {
-    let mut gitlab = FakeGitlab::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("7.yaml");
-    let v1 = "remote_development:\n  enabled: true\n  dns_zone: ws.example.com\n";
-    write(&file, v1);
-    let (keys, mint) = agent_tokens();
-    let kas = start_kas(
-        keys,
-        Some(gitlab.url()),
-        Some(AgentConfigSource {
-            dir: dir.path().to_owned(),
-            poll: Duration::from_millis(50),
-        }),
-    )
-    .await;
-
-    // First sight: agentk's first message carries the file; GitLab gets it as JSON.
-    let token = mint(Some(7));
-    let agentk = start_agentk(&kas, token.clone()).await;
-    let mut config = agentk.config();
-    let first = config
-        .wait_for(|c| c.is_some())
-        .await
-        .unwrap()
-        .clone()
-        .unwrap();
-    assert_eq!((first.agent_id, first.project_id), (7, 42));
-    assert_eq!(first.config_yaml, v1);
-    let post = gitlab.next().await;
-    assert_eq!(
-        (post.method.as_str(), post.path.as_str()),
-        ("POST", "/api/v4/internal/kubernetes/agent_configuration")
-    );
-    assert_kas_jwt(&post.headers);
-    assert_eq!(
-        serde_json::from_slice::<serde_json::Value>(&post.body).unwrap(),
-        serde_json::json!({"agent_id": 7, "agent_config": {
-            "remote_development": {"enabled": true, "dns_zone": "ws.example.com"}}})
-    );
-
-    // A second replica of the agent: same configuration, not posted again.
-    let (_, mut raw) = configuration_stream(channel(kas.agent_addr()).await, &token)
-        .await
-        .unwrap();
-
-    // A change reaches both replicas and GitLab.
-    let v2 = "remote_development:\n  enabled: false\n";
-    write(&file, v2);
-    let changed = config
-        .wait_for(|c| c.as_ref().is_some_and(|c| c.config_yaml == v2))
-        .await
-        .unwrap()
-        .clone()
-        .unwrap();
-    assert_eq!(changed.connection_id, first.connection_id);
-    assert_eq!(raw.message().await.unwrap().unwrap().config_yaml, v2);
-    assert_eq!(
-        gitlab.next_json().await,
-        serde_json::json!({"agent_id": 7, "agent_config": {"remote_development": {"enabled": false}}}),
-        "the second replica must not have posted v1 again"
-    );
-
-    // A broken file is not sent, not posted; the replicas keep v2.
-    let rejected = |kas: &Kas| metric(kas, "podgate_kas_agent_config_rejected_total");
-    write(&file, "remote_development: [unclosed\n");
-    // Both streams report it once each.
-    podgate_registry::testing::eventually(
-        Duration::from_secs(20),
-        "both streams to see the broken file",
-        || async { (rejected(&kas) >= 2).then_some(()) },
-    )
-    .await;
-    assert_eq!(agentk.config().borrow().as_ref().unwrap().config_yaml, v2);
-    // The next change after it is what arrives next.
-    let v3 = "";
-    write(&file, v3);
-    assert_eq!(raw.message().await.unwrap().unwrap().config_yaml, v3);
-    config
-        .wait_for(|c| c.as_ref().is_some_and(|c| c.config_yaml.is_empty()))
-        .await
-        .unwrap();
-    assert_eq!(
-        gitlab.next_json().await,
-        serde_json::json!({"agent_id": 7, "agent_config": {}})
-    );
-    assert!(gitlab.nothing());
-
-    // A missing file is an empty configuration.
-    let (_, mut other) = configuration_stream(channel(kas.agent_addr()).await, &mint(Some(8)))
-        .await
-        .unwrap();
-    assert_eq!(
-        gitlab.next_json().await,
-        serde_json::json!({"agent_id": 8, "agent_config": {}})
-    );
-    write(&dir.path().join("8.yaml"), "flux: {}\n");
-    assert_eq!(
-        other.message().await.unwrap().unwrap().config_yaml,
-        "flux: {}\n"
-    );
-    assert_eq!(
-        gitlab.next_json().await,
-        serde_json::json!({"agent_id": 8, "agent_config": {"flux": {}}})
-    );
-
-    // A stream that starts on an unusable file: "" first, nothing posted; the
-    // file fixed, both follow.
-    write(&dir.path().join("9.yaml"), "- not a mapping\n");
-    let mut stream = AgentConfigurationServiceClient::new(channel(kas.agent_addr()).await)
-        .get_configuration(bearer(
-            tonic::Request::new(GetConfigurationRequest::default()),
-            &mint(Some(9)),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(stream.message().await.unwrap().unwrap().config_yaml, "");
-    write(&dir.path().join("9.yaml"), "gitops: {}\n");
-    assert_eq!(
-        stream.message().await.unwrap().unwrap().config_yaml,
-        "gitops: {}\n"
-    );
-    assert_eq!(
-        gitlab.next_json().await,
-        serde_json::json!({"agent_id": 9, "agent_config": {"gitops": {}}})
-    );
 }
 
 /// The whole path against the real Pod simulator (GitLab's side): the agent's

@@ -164,103 +164,6 @@ async fn each_listener_authenticates_and_connected_agents_come_from_the_registry
     assert_eq!(e.code(), Code::Unavailable);
 }
 
-/// An agentk replica's `GetConfiguration` stream is its presence: registered with a
-/// fresh connection id and this kas's address while open, gone when it closes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_configuration_stream_is_a_registered_connection_until_it_ends() {
-    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
-    use podgate_agent::proto::{AgentMeta, GetConfigurationRequest};
-    use podgate_registry::AgentEvent;
-
-    let (keys, mint) = agent_tokens();
-    let token = mint(Some(3));
-    let token_without_agent = mint(None);
-
-    let registry = memory_registry().await;
-    let mut events = registry.subscribe();
-    let kas = Kas::start(
-        kas_config(keys, std::time::Duration::from_secs(5)),
-        registry.clone(),
-    )
-    .await
-    .unwrap();
-    let kas_instances = registry.kas_instances().await.unwrap();
-    assert_eq!(kas_instances.len(), 1);
-    assert_eq!(kas_instances[0].address.0, kas.internal_addr().to_string());
-
-    let channel = channel(kas.agent_addr()).await;
-    let mut agentk = AgentConfigurationServiceClient::new(channel);
-    let request = |t: &str| {
-        bearer(
-            tonic::Request::new(GetConfigurationRequest {
-                agent_meta: Some(AgentMeta {
-                    version: "v17.6.0".into(),
-                    commit: "c0ffee".into(),
-                    pod_namespace: "gitlab-agent".into(),
-                    pod_name: "agentk-7d9f".into(),
-                }),
-            }),
-            t,
-        )
-    };
-    for bad in [
-        "nope",
-        token_without_agent.as_str(),
-        &token.replace('.', "x"),
-    ] {
-        let e = agentk.get_configuration(request(bad)).await.unwrap_err();
-        assert_eq!(e.code(), Code::Unauthenticated);
-        assert_eq!(e.message(), "unauthenticated");
-    }
-
-    let mut stream = agentk
-        .get_configuration(request(&token))
-        .await
-        .unwrap()
-        .into_inner();
-    let first = stream.message().await.unwrap().unwrap();
-    assert_eq!((first.agent_id, first.project_id), (3, 42));
-    assert!(first.connection_id > 0);
-    match events.recv().await.unwrap() {
-        AgentEvent::Connected {
-            agent_id,
-            connection_id,
-            ..
-        } => assert_eq!((agent_id, connection_id), (3, first.connection_id)),
-        e => panic!("{e:?}"),
-    }
-    let conns = registry.connections_by_agent(3).await.unwrap();
-    assert_eq!(conns.len(), 1);
-    assert_eq!(
-        (conns[0].project_id, conns[0].pod_name.as_str()),
-        (42, "agentk-7d9f")
-    );
-    assert_eq!(conns[0].kas.0, kas.internal_addr().to_string());
-
-    // The replica goes away: its stream ends, its entry is removed (an event, no
-    // polling).
-    drop(stream);
-    drop(agentk);
-    loop {
-        match events.recv().await.unwrap() {
-            AgentEvent::Disconnected {
-                agent_id,
-                connection_id,
-                ..
-            } => {
-                assert_eq!((agent_id, connection_id), (3, first.connection_id));
-                break;
-            }
-            _ => continue,
-        }
-    }
-    assert!(registry.connections_by_agent(3).await.unwrap().is_empty());
-
-    // Shutdown removes this kas from the registry.
-    kas.shutdown().await.unwrap();
-    assert!(registry.kas_instances().await.unwrap().is_empty());
-}
-
 /// agentk keeps a pool of idle tunnels; GitLab's `GetPods` is answered through one of
 /// them, by the replica asked for, and the pool is replenished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -418,8 +321,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
 async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agents() {
     use std::sync::Arc;
 
-    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
-    use podgate_agent::proto::{GetConfigurationRequest, GetPodsResponse, Pod};
+    use podgate_agent::proto::{GetPodsResponse, Pod};
     use podgate_agentk::{Handler, Responses, TunnelPool, serve_tunnels, unary};
     use prost::Message as _;
 
@@ -463,15 +365,7 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
     let connect = |agent: u64| {
         let (channel, token) = (kas2_agents.clone(), agent_token(agent));
         async move {
-            let mut req = tonic::Request::new(GetConfigurationRequest::default());
-            req.metadata_mut()
-                .insert("authorization", format!("Bearer {token}").parse().unwrap());
-            let mut stream = AgentConfigurationServiceClient::new(channel.clone())
-                .get_configuration(req)
-                .await
-                .unwrap()
-                .into_inner();
-            let conn = stream.message().await.unwrap().unwrap().connection_id;
+            let (conn, stream) = configuration_stream(channel.clone(), &token).await.unwrap();
             let tunnels = tokio::spawn(serve_tunnels(
                 channel,
                 token,

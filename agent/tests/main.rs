@@ -8,6 +8,7 @@
 // The modules share helpers through `pub` items no other crate sees.
 #![allow(unreachable_pub)]
 
+mod agent_configuration;
 mod agentk;
 mod agentk_rbac;
 mod gitlab_access;

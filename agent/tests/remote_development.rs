@@ -399,6 +399,7 @@ impl Rails for CountingRails {
 
 #[tokio::test]
 async fn only_the_leader_reconciles_and_a_released_lease_hands_over_at_once() {
+    use podgate_agent::proto::gitlab::agent::agentcfg::{AgentConfiguration, RemoteDevelopmentCf};
     use podgate_agentk::AgentConfig;
     use podgate_agentk::remote_development::{LeaderOptions, run};
 
@@ -436,7 +437,13 @@ async fn only_the_leader_reconciles_and_a_released_lease_hands_over_at_once() {
     config_tx
         .send(Some(AgentConfig {
             agent_id: 1,
-            config_yaml: "remote_development:\n  enabled: false\n".into(),
+            configuration: AgentConfiguration {
+                remote_development: Some(RemoteDevelopmentCf {
+                    enabled: false,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
             ..Default::default()
         }))
         .unwrap();
@@ -444,7 +451,14 @@ async fn only_the_leader_reconciles_and_a_released_lease_hands_over_at_once() {
     config_tx
         .send(Some(AgentConfig {
             agent_id: 1,
-            config_yaml: "remote_development:\n  enabled: true\n  dns_zone: ws.example\n".into(),
+            configuration: AgentConfiguration {
+                remote_development: Some(RemoteDevelopmentCf {
+                    enabled: true,
+                    dns_zone: "ws.example".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
             ..Default::default()
         }))
         .unwrap();

@@ -147,6 +147,7 @@ pub(crate) async fn start(
                 ..K8sProxyConfig::new(any, &format!("http://{}", gitlab.addr()))
             }),
             gitlab_url: Some(format!("http://{}", gitlab.addr())),
+            gitlab_external_url: None,
             agent_config: Some(agent_config.source()),
             workspaces: Some(WorkspacesConfig::new(
                 any,

@@ -1,5 +1,9 @@
-//! The connection loop: the configuration stream opened (`GetConfiguration`),
-//! reverse tunnels served while it is open, reconnecting with jittered back-off.
+//! The connection loop: register (`AgentRegistrar/Register`, [`super::register`]),
+//! open the configuration stream (GitLab's
+//! `AgentConfiguration/GetConfiguration` with `skip_register` and the last
+//! `commit_id`, as GitLab's agentk calls it:
+//! <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/module/agent_configuration/rpc/configuration_watcher.go>),
+//! serve reverse tunnels while it is open, reconnect with jittered back-off.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,9 +12,13 @@ use backon::{BackoffBuilder as _, ExponentialBuilder};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
+use super::register::{Registrar, random_pod_id};
 use super::{AgentConfig, AgentkConfig, Handler, Status, TunnelPool, serve_tunnels};
-use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
-use podgate_agent::proto::{AgentMeta, GetConfigurationRequest};
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::agent_configuration_client::AgentConfigurationClient;
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::{
+    ConfigurationRequest, ConfigurationResponse,
+};
+use podgate_agent::proto::gitlab::agent::entity::AgentMeta;
 use podgate_agent::task::AbortOnDrop;
 
 /// Waits between connection attempts: a base doubling from 125 ms to 10 s, each
@@ -33,9 +41,8 @@ pub(super) struct Watches {
 }
 
 impl Watches {
-    /// Publish a configuration message (only when it differs from the last).
-    fn config(&self, message: podgate_agent::proto::AgentConfiguration) {
-        let new = AgentConfig::from(message);
+    /// Publish a configuration (only when it differs from the last).
+    fn config(&self, new: AgentConfig) {
         self.config.send_if_modified(|c| {
             if c.as_ref() == Some(&new) {
                 false
@@ -57,54 +64,70 @@ pub(super) async fn run<H: Handler>(
     watches: Watches,
 ) {
     let status = &watches.status;
+    let registrar = Registrar {
+        channel: channel.clone(),
+        token: token.clone(),
+        meta: AgentMeta {
+            version: env!("CARGO_PKG_VERSION").into(),
+            commit_id: String::new(),
+            pod_namespace: config.pod_namespace.clone(),
+            pod_name: config.pod_name.clone(),
+            kubernetes_version: None,
+        },
+        pod_id: random_pod_id(),
+    };
+    let pod_id = registrar.pod_id;
     let mut delays = RECONNECT.build();
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match connect(&channel, &token, &config).await {
+        let last = watches.config.borrow().clone();
+        match connect(&channel, &token, &registrar, last.as_ref()).await {
             Ok((first, mut stream)) => {
                 pool.metrics.connect("ok");
                 pool.metrics.connected.set(1);
                 delays = RECONNECT.build();
-                tracing::info!(
-                    agent_id = first.agent_id,
-                    connection_id = first.connection_id,
-                    "connected to kas"
-                );
+                if let Some(first) = first {
+                    watches.config(first);
+                }
+                let agent_id = watches.config.borrow().as_ref().map_or(0, |c| c.agent_id);
+                tracing::info!(agent_id, pod_id, "connected to kas");
                 let _ = status.send(Status {
-                    connection_id: Some(first.connection_id),
-                    agent_id: first.agent_id,
+                    connection_id: Some(pod_id),
+                    agent_id,
                     attempts,
                     last_error: None,
                 });
-                let connection_id = first.connection_id;
-                watches.config(first);
                 // Aborted when this connection ends, and when agentk stops (this task
-                // aborted mid-await drops the guard).
+                // aborted mid-await drops the guards).
                 let tunnels = AbortOnDrop::spawn(serve_tunnels(
                     channel.clone(),
                     token.clone(),
-                    connection_id,
+                    pod_id,
                     pool.clone(),
                     handler.clone(),
                 ));
-                // Later messages carry configuration changes; the stream's end is
-                // this connection's end.
+                let registered = AbortOnDrop::spawn(registrar.clone().keep_registered());
+                // Later messages carry new commits; the stream's end is this
+                // connection's end.
                 let ended = loop {
                     match stream.message().await {
-                        Ok(Some(update)) => {
-                            tracing::info!(
-                                agent_id = update.agent_id,
-                                bytes = update.config_yaml.len(),
-                                "agent configuration changed"
-                            );
-                            watches.config(update);
-                        }
+                        Ok(Some(update)) => match AgentConfig::from_response(update) {
+                            Some(update) => {
+                                tracing::info!(
+                                    agent_id = update.agent_id,
+                                    commit_id = %update.commit_id,
+                                    "agent configuration changed"
+                                );
+                                watches.config(update);
+                            }
+                            None => break "kas sent an invalid configuration".to_owned(),
+                        },
                         Ok(None) => break "kas ended the stream".to_owned(),
                         Err(e) => break e.message().to_owned(),
                     }
                 };
-                drop(tunnels);
+                drop((tunnels, registered));
                 pool.metrics.connected.set(0);
                 let _ = status.send(Status {
                     attempts,
@@ -130,7 +153,7 @@ pub(super) async fn run<H: Handler>(
                         "kas refused the agent token"
                     );
                 } else {
-                    tracing::warn!(error = %e.message(), "cannot reach kas; retrying");
+                    tracing::warn!(code = ?e.code(), error = %e.message(), "cannot reach kas; retrying");
                 }
             }
         }
@@ -140,24 +163,20 @@ pub(super) async fn run<H: Handler>(
     }
 }
 
+/// Register, then open the configuration stream from `last`'s commit. Without a
+/// configuration yet, wait for the first (kas sends it at once: no commit is
+/// current), so a connected replica knows its agent.
 async fn connect(
     channel: &Channel,
     token: &str,
-    config: &AgentkConfig,
-) -> Result<
-    (
-        podgate_agent::proto::AgentConfiguration,
-        tonic::Streaming<podgate_agent::proto::AgentConfiguration>,
-    ),
-    tonic::Status,
-> {
-    let mut request = tonic::Request::new(GetConfigurationRequest {
-        agent_meta: Some(AgentMeta {
-            version: env!("CARGO_PKG_VERSION").into(),
-            commit: String::new(),
-            pod_namespace: config.pod_namespace.clone(),
-            pod_name: config.pod_name.clone(),
-        }),
+    registrar: &Registrar,
+    last: Option<&AgentConfig>,
+) -> Result<(Option<AgentConfig>, tonic::Streaming<ConfigurationResponse>), tonic::Status> {
+    registrar.register().await?;
+    let mut request = tonic::Request::new(ConfigurationRequest {
+        commit_id: last.map(|c| c.commit_id.clone()).unwrap_or_default(),
+        agent_meta: Some(registrar.meta.clone()),
+        skip_register: true,
     });
     request.metadata_mut().insert(
         "authorization",
@@ -165,13 +184,20 @@ async fn connect(
             .parse()
             .map_err(|_| tonic::Status::internal("token is not a header value"))?,
     );
-    let mut stream =
-        podgate_agent::gzip_client!(AgentConfigurationServiceClient::new(channel.clone()))
-            .get_configuration(request)
-            .await?
-            .into_inner();
+    let mut stream = podgate_agent::gzip_client!(AgentConfigurationClient::new(channel.clone()))
+        .get_configuration(request)
+        .await?
+        .into_inner();
+    if last.is_some() {
+        return Ok((None, stream));
+    }
     match stream.message().await? {
-        Some(first) => Ok((first, stream)),
+        Some(first) => match AgentConfig::from_response(first) {
+            Some(first) => Ok((Some(first), stream)),
+            None => Err(tonic::Status::internal(
+                "kas sent an invalid configuration (no configuration or commit id)",
+            )),
+        },
         None => Err(tonic::Status::unavailable(
             "kas ended the configuration stream at once",
         )),

@@ -1,15 +1,18 @@
 //! agentk: the agent that runs in a cluster and dials out to kas.
 //!
-//! - [`Agentk::start`] opens the configuration stream (`GetConfiguration`): while it
-//!   is open, this replica is connected, and kas names it by the connection id it
-//!   sent first. The stream ending (kas restarting, the network) means connecting
-//!   again with back-off, as a new connection.
+//! - [`Agentk::start`] picks a random `pod_id`, registers it with kas
+//!   (`AgentRegistrar/Register`, at once and then every 5 minutes, as GitLab's
+//!   agentk does) and opens the configuration stream (GitLab's
+//!   `AgentConfiguration/GetConfiguration` with `skip_register`, resumed from the
+//!   last `commit_id`): while it is open, this replica is connected, and kas names
+//!   it by its `pod_id` (the connection id of its tunnels). The stream ending (kas
+//!   restarting, the network) means connecting again with back-off.
 //! - For each connection, [`serve_tunnels`] keeps idle reverse tunnels at kas and
 //!   answers the requests kas sends through them with [`KubeHandler`] (kube-rs).
 //! - An observability listener serves `/metrics`, `/healthz` and `/readyz` (ready
 //!   while connected to kas).
-//! - Every configuration message (the first, and each later one kas sends when the
-//!   agent's configuration changes) becomes the latest [`AgentConfig`] in a watch
+//! - Every configuration message (kas sends one when the agent's configuration is at
+//!   a commit this replica does not have) becomes the latest [`AgentConfig`] in a watch
 //!   ([`Agentk::config`]); modules build a [`ModuleClient`] for GitLab's module API
 //!   from [`Agentk::module_client`] (the kas channel and the agent token).
 //! - The Workspaces module ([`remote_development`]) follows that configuration:
@@ -22,8 +25,8 @@
 //!
 //! Layout: configuration and status types here; [`Agentk`]'s start, accessors and
 //! shutdown in `lifecycle.rs`; the connection loop (the configuration stream,
-//! tunnels while connected, reconnect with back-off) in `connection.rs`; the
-//! modules below for the rest.
+//! tunnels while connected, reconnect with back-off) in `connection.rs`;
+//! registration in `register.rs`; the modules below for the rest.
 
 pub mod gitlab_access;
 pub mod k8s_api;
@@ -37,11 +40,14 @@ pub mod workspace_traffic;
 
 mod connection;
 mod lifecycle;
+mod register;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::ConfigurationResponse;
+use podgate_agent::proto::gitlab::agent::agentcfg;
 use thiserror::Error;
 
 pub use self::gitlab_access::{ModuleAnswer, ModuleClient, ModuleError};
@@ -140,7 +146,7 @@ impl AgentkConfig {
 /// Where the replica stands, for `/readyz` and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Status {
-    /// The connection id kas gave, while connected.
+    /// This replica's connection id (its `pod_id`), while connected.
     pub connection_id: Option<i64>,
     /// The agent kas took this replica for.
     pub agent_id: i64,
@@ -150,26 +156,34 @@ pub struct Status {
     pub last_error: Option<tonic::Code>,
 }
 
-/// The agent's configuration, as the latest `GetConfiguration` message gave it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The agent's configuration, as the latest `GetConfiguration` message gave it
+/// (GitLab's `agentcfg.AgentConfiguration` and its commit).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct AgentConfig {
     /// The agent kas took this replica for.
     pub agent_id: i64,
     /// Its configuration project.
     pub project_id: i64,
-    /// The connection that carried this message (changes on every reconnect).
-    pub connection_id: i64,
-    /// The agent's configuration file (YAML; `""`: none).
-    pub config_yaml: String,
+    /// The configuration's commit: agentk resumes the stream from it.
+    pub commit_id: String,
+    /// The configuration.
+    pub configuration: agentcfg::AgentConfiguration,
 }
 
-impl From<podgate_agent::proto::AgentConfiguration> for AgentConfig {
-    fn from(m: podgate_agent::proto::AgentConfiguration) -> AgentConfig {
-        AgentConfig {
-            agent_id: m.agent_id,
-            project_id: m.project_id,
-            connection_id: m.connection_id,
-            config_yaml: m.config_yaml,
+impl AgentConfig {
+    /// The configuration a `ConfigurationResponse` carries (`None`: the message is
+    /// invalid, as GitLab's agentk's validation finds it: no configuration or an
+    /// empty commit id).
+    pub fn from_response(m: ConfigurationResponse) -> Option<AgentConfig> {
+        let configuration = m.configuration?;
+        if m.commit_id.is_empty() {
+            return None;
         }
+        Some(AgentConfig {
+            agent_id: configuration.agent_id,
+            project_id: configuration.project_id,
+            commit_id: m.commit_id,
+            configuration,
+        })
     }
 }

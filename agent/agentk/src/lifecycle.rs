@@ -174,9 +174,9 @@ impl Agentk {
     }
 
     /// The agent's latest configuration (`None` until the first configuration
-    /// message). It changes on every message that differs from the last, a reconnect
-    /// included (a new `connection_id`); compare `config_yaml` to see whether the
-    /// file itself changed. Kept while disconnected.
+    /// message). It changes with each new commit kas sends; a reconnect resumes
+    /// from the commit this replica has, so it changes only if the configuration
+    /// did. Kept while disconnected.
     pub fn config(&self) -> watch::Receiver<Option<AgentConfig>> {
         self.config.clone()
     }

@@ -1,13 +1,15 @@
 //! kas: four listeners, each on its own address.
 //!
-//! - *agent*: agentk's configuration stream ([`presence`]: each open stream is a
-//!   registered connection; it carries the agent's configuration file,
-//!   [`agent_config`]), reverse tunnels ([`tunnel`]) and modules' requests to GitLab
-//!   ([`gitlab_access`]), over h2c or WebSocket ([`podgate_agent::transport`]); agents
-//!   authenticated by [`agent_auth`].
-//! - *external*: Rails' `AgentTracker` (GitLab's kas API, `tracker.rs`) and the
-//!   seed's `KasApi`, with GitLab's JWT ([`podgate_agent::auth`]); the rest of
-//!   GitLab's kas API answers `Unimplemented` naming it ([`external`]).
+//! - *agent*: GitLab's `AgentConfiguration/GetConfiguration` ([`configuration`]:
+//!   the agent's configuration file, [`agent_config`], resumed by commit id) and
+//!   `AgentRegistrar/Register` ([`presence`]: registered connections), reverse
+//!   tunnels ([`tunnel`]) and modules' requests to GitLab ([`gitlab_access`]), over
+//!   h2c or WebSocket ([`podgate_agent::transport`]); agents authenticated by
+//!   [`agent_auth`].
+//! - *external*: Rails' `AgentTracker` (GitLab's kas API, `tracker.rs`),
+//!   `Notifications/GitPushEvent` ([`notifications`]) and the seed's `KasApi`, with
+//!   GitLab's JWT ([`podgate_agent::auth`]); the rest of GitLab's kas API answers
+//!   `Unimplemented` naming it ([`external`]).
 //! - *internal*: `KasInternal` for other kas instances, with their own secret.
 //! - *observability*: `/metrics` ([`metrics`]), `/healthz`, `/readyz`.
 //! - optional: the Kubernetes API proxy ([`k8s_proxy`]) and the Workspaces HTTP
@@ -29,11 +31,13 @@
 pub mod agent_auth;
 pub mod agent_config;
 pub mod config;
+pub mod configuration;
 pub mod external;
 pub mod gitlab;
 pub mod gitlab_access;
 pub mod k8s_proxy;
 pub mod metrics;
+pub mod notifications;
 pub mod presence;
 pub mod routing;
 pub mod tunnel;
@@ -117,6 +121,9 @@ pub struct KasConfig {
     /// there. Without it `MakeRequest` is `FailedPrecondition` and configurations
     /// are not posted.
     pub gitlab_url: Option<String>,
+    /// GitLab's URL as its users see it (`[gitlab] external_url`): the
+    /// `gitlab_external_url` of the configurations agents get (empty if `None`).
+    pub gitlab_external_url: Option<String>,
     /// Agent configuration files (`[agent_configuration]`), if any.
     pub agent_config: Option<agent_config::AgentConfigSource>,
     /// The Workspaces HTTP server's listener (`[workspaces]`), if any.

@@ -17,13 +17,15 @@ use super::internal::Internal;
 use super::metrics::KasMetrics;
 use super::routing::{self, AgentRouter};
 use super::{
-    Error, KasConfig, agent_auth, agent_config, external, gitlab, gitlab_access, k8s_proxy,
-    presence, tracker, tunnel, workspaces,
+    Error, KasConfig, agent_auth, agent_config, configuration, external, gitlab, gitlab_access,
+    k8s_proxy, notifications, presence, tracker, tunnel, workspaces,
 };
 use podgate_agent::auth::JwtAuth;
 use podgate_agent::gzip_server;
-use podgate_agent::proto::agent_configuration_service_server::AgentConfigurationServiceServer;
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::agent_configuration_server::AgentConfigurationServer;
+use podgate_agent::proto::gitlab::agent::agent_registrar::rpc::agent_registrar_server::AgentRegistrarServer;
 use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::agent_tracker_server::AgentTrackerServer;
+use podgate_agent::proto::gitlab::agent::notifications::rpc::notifications_server::NotificationsServer;
 use podgate_agent::proto::gitlab_access::gitlab_access_server::GitlabAccessServer;
 use podgate_agent::proto::kas_api_server::KasApiServer;
 use podgate_agent::proto::kas_internal_server::KasInternalServer;
@@ -135,20 +137,25 @@ impl Kas {
             config.max_idle_tunnels_per_agent,
         ));
         let (draining, draining_rx) = tokio::sync::watch::channel(false);
-        let presence = presence::Presence {
+        let presence = Arc::new(presence::Presence {
             draining: draining_rx.clone(),
             registry: registry.clone(),
             auth: agent_auth.clone(),
             tunnels: tunnels.clone(),
             metrics: metrics.clone(),
             kas: advertised.as_str().into(),
-            configs: config.agent_config.clone().map(|source| {
-                Arc::new(agent_config::AgentConfigs::new(
-                    source,
-                    gitlab.clone(),
-                    metrics.registry(),
-                ))
-            }),
+            ttl: presence::REGISTRATION_TTL,
+            expiring: Default::default(),
+        });
+        let configs = Arc::new(agent_config::AgentConfigs::new(
+            config.agent_config.clone(),
+            gitlab.clone(),
+            metrics.registry(),
+        ));
+        let configuration = configuration::ConfigurationService {
+            presence: presence.clone(),
+            configs: configs.clone(),
+            gitlab_external_url: config.gitlab_external_url.clone().unwrap_or_default(),
         };
         let gitlab_access =
             gitlab_access::GitlabAccessService::new(agent_auth.clone(), gitlab, metrics.registry());
@@ -193,6 +200,12 @@ impl Kas {
             .add_service(InterceptedService::new(
                 gzip_server!(AgentTrackerServer::new(tracker)),
                 ext_auth.clone(),
+            ))
+            .add_service(InterceptedService::new(
+                gzip_server!(NotificationsServer::new(
+                    notifications::NotificationsService(configs)
+                )),
+                ext_auth.clone(),
             )),
             ext_auth,
         );
@@ -235,7 +248,10 @@ impl Kas {
             if let Err(e) = tonic::transport::Server::builder()
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
                 .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-                .add_service(gzip_server!(AgentConfigurationServiceServer::new(presence)))
+                .add_service(gzip_server!(AgentConfigurationServer::new(configuration)))
+                .add_service(gzip_server!(AgentRegistrarServer::new(
+                    presence::Registrar(presence)
+                )))
                 .add_service(gzip_server!(ReverseTunnelServer::new(tunnel_service)))
                 .add_service(gzip_server!(GitlabAccessServer::new(gitlab_access)))
                 .serve_with_incoming(podgate_agent::transport::agent_incoming(agt))

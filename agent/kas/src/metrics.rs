@@ -40,7 +40,8 @@ pub const AUTH_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(1
 /// One kas instance's metrics.
 pub struct KasMetrics {
     registry: Registry,
-    /// agentk replicas connected to this kas (open configuration streams).
+    /// agentk replicas registered at this kas (by `Register`, or by an open
+    /// configuration stream without `skip_register`).
     pub connected_agents: IntGauge,
     /// Idle reverse tunnels held.
     pub tunnels_idle: IntGauge,
@@ -92,7 +93,7 @@ impl KasMetrics {
         };
         let connected_agents = gauge(
             "podgate_kas_connected_agents",
-            "agentk replicas connected to this kas (open configuration streams)",
+            "agentk replicas registered at this kas (by Register, or by an open configuration stream)",
         );
         let tunnels = IntGaugeVec::new(
             Opts::new("podgate_kas_tunnels", "Reverse tunnels held, by state"),

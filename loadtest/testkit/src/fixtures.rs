@@ -2,6 +2,12 @@
 //! [`KasConfig`], agent tokens, a plain HTTP GET and a self-signed certificate.
 //! They panic on failure: a fixture that cannot be set up is a failed test.
 
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::agent_configuration_client::AgentConfigurationClient;
+use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::{
+    ConfigurationRequest, ConfigurationResponse,
+};
+use podgate_agent::proto::gitlab::agent::agent_registrar::rpc::RegisterRequest;
+use podgate_agent::proto::gitlab::agent::agent_registrar::rpc::agent_registrar_client::AgentRegistrarClient;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,6 +42,7 @@ pub fn kas_config(keys: KeySet, max_wait: Duration) -> KasConfig {
         metrics_token: None,
         k8s_proxy: None,
         gitlab_url: None,
+        gitlab_external_url: None,
         agent_config: None,
         workspaces: None,
     }
@@ -167,33 +174,45 @@ pub async fn memory_registry() -> podgate_registry::Registry {
     .expect("a memory registry")
 }
 
-/// Open an agentk replica's configuration stream on `agent_channel` with `token`:
-/// the connection id kas gave, and the stream (the replica is connected while it
-/// is open).
+/// Connect an agentk replica as GitLab's agentk does, on `agent_channel` with
+/// `token`: `AgentRegistrar/Register` with a fresh `pod_id`, then
+/// `AgentConfiguration/GetConfiguration` with `skip_register`, read up to its first
+/// message. The `pod_id` (the replica's connection id, which its tunnels name) and
+/// the stream. The registration lasts until kas's registration TTL passes without
+/// another `Register`, or kas stops.
 pub async fn configuration_stream(
     agent_channel: tonic::transport::Channel,
     token: &str,
-) -> Result<
-    (
-        i64,
-        tonic::Streaming<podgate_agent::proto::AgentConfiguration>,
-    ),
-    tonic::Status,
-> {
-    use podgate_agent::proto::agent_configuration_service_client::AgentConfigurationServiceClient;
+) -> Result<(i64, tonic::Streaming<ConfigurationResponse>), tonic::Status> {
+    static NEXT: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+    // Unique within the process, and apart from other processes' ids.
+    let pod_id = (i64::from(std::process::id()) << 32)
+        | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    AgentRegistrarClient::new(agent_channel.clone())
+        .register(bearer(
+            tonic::Request::new(RegisterRequest {
+                agent_meta: None,
+                pod_id,
+            }),
+            token,
+        ))
+        .await?;
     let request = bearer(
-        tonic::Request::new(podgate_agent::proto::GetConfigurationRequest::default()),
+        tonic::Request::new(ConfigurationRequest {
+            skip_register: true,
+            ..Default::default()
+        }),
         token,
     );
-    let mut stream = AgentConfigurationServiceClient::new(agent_channel)
+    let mut stream = AgentConfigurationClient::new(agent_channel)
         .get_configuration(request)
         .await?
         .into_inner();
-    let first = stream
+    stream
         .message()
         .await?
         .ok_or_else(|| tonic::Status::internal("the stream ended at once"))?;
-    Ok((first.connection_id, stream))
+    Ok((pod_id, stream))
 }
 
 /// GitLab's `GetPods(agent_id, connection_id)` with its token `gitlab`.

@@ -68,6 +68,7 @@ pub fn gitlab_kas_config(
 ) -> KasConfig {
     KasConfig {
         gitlab_url: Some(gitlab.to_owned()),
+        gitlab_external_url: None,
         agent_config: agent_configs.map(|dir| AgentConfigSource {
             dir: dir.to_owned(),
             poll: Duration::from_millis(50),

@@ -231,11 +231,7 @@ impl Drop for ModuleHandle {
 }
 
 fn module_config(c: AgentConfig) -> ModuleConfig {
-    let remote_development = RemoteDevelopmentConfig::from_agent_config(&c.config_yaml)
-        .unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "workspaces: module disabled");
-            RemoteDevelopmentConfig::default()
-        });
+    let remote_development = RemoteDevelopmentConfig::from_configuration(&c.configuration);
     ModuleConfig {
         agent_id: c.agent_id,
         remote_development,

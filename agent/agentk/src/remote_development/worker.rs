@@ -25,7 +25,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use podgate_agent::proto::gitlab::agent::agentcfg::{AgentConfiguration, RemoteDevelopmentCf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -185,43 +185,26 @@ impl<R: Rails, C: Cluster, D: DeploymentSource> Worker<R, C, D> {
     }
 }
 
-/// The agent configuration's `remote_development` section (agentk's
-/// `agentcfg.RemoteDevelopmentCF`). Only `enabled` matters to agentk; the other keys
-/// are GitLab's (it reads them from the same file).
+/// The agent configuration's `remote_development` section
+/// (`agentcfg.RemoteDevelopmentCF`). Only `enabled` matters to agentk; the other
+/// fields are GitLab's (it reads them from the same file).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RemoteDevelopmentConfig {
     /// `enabled`: the module does nothing unless `true`.
     pub enabled: bool,
-    /// The whole section as written: a change of any key restarts the worker, as
-    /// agentk's `ProtoWorkerHolder` restarts on any change of the section.
-    pub section: serde_yaml::Value,
+    /// The whole section as kas sent it: a change of any field restarts the
+    /// worker, as agentk's `ProtoWorkerHolder` restarts on any change of the
+    /// section.
+    pub section: Option<RemoteDevelopmentCf>,
 }
 
 impl RemoteDevelopmentConfig {
-    /// The section of an agent configuration file (`config.yaml`); no file or no
-    /// section: disabled.
-    pub fn from_agent_config(yaml: &str) -> Result<RemoteDevelopmentConfig, String> {
-        #[derive(Deserialize)]
-        struct File {
-            #[serde(default)]
-            remote_development: serde_yaml::Value,
+    /// The section of an agent configuration; none: disabled.
+    pub fn from_configuration(c: &AgentConfiguration) -> RemoteDevelopmentConfig {
+        RemoteDevelopmentConfig {
+            enabled: c.remote_development.as_ref().is_some_and(|r| r.enabled),
+            section: c.remote_development.clone(),
         }
-        if yaml.trim().is_empty() {
-            return Ok(RemoteDevelopmentConfig::default());
-        }
-        let file: Option<File> =
-            serde_yaml::from_str(yaml).map_err(|e| format!("agent configuration: {e}"))?;
-        let section = file.map(|f| f.remote_development).unwrap_or_default();
-        let enabled = match section.get("enabled") {
-            None | Some(serde_yaml::Value::Null) => false,
-            Some(serde_yaml::Value::Bool(b)) => *b,
-            Some(other) => {
-                return Err(format!(
-                    "remote_development.enabled: expected true or false, got {other:?}"
-                ));
-            }
-        };
-        Ok(RemoteDevelopmentConfig { enabled, section })
     }
 }
 

@@ -18,6 +18,8 @@
 //! url = "http://gitlab-webservice:8080" # modules' requests (GitlabAccess.MakeRequest),
 //!                                      # agent configurations; [agent_info] and
 //!                                      # [k8s_proxy] default to it
+//! external_url = "https://gitlab.example.com" # optional: sent to agentk in its
+//!                                      # configuration (gitlab_external_url)
 //! [agent_configuration]                # optional: agent configuration files
 //! dir = "/etc/kas/agents"              # <dir>/<agent id>.yaml, sent to agentk and
 //!                                      # posted to GitLab on change

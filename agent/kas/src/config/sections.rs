@@ -13,6 +13,11 @@ use super::default_lookup_timeout;
 pub struct GitlabFile {
     /// GitLab's base URL (`http://host:port`).
     pub url: String,
+    /// GitLab's URL as its users see it (`https://gitlab.example.com`): the
+    /// `gitlab_external_url` of each agent configuration (GitLab's
+    /// `gitlab.external_url`); default: none.
+    #[serde(default)]
+    pub external_url: Option<String>,
 }
 
 /// `[agent_configuration]`: agent configuration files, `<dir>/<agent id>.yaml`.

@@ -199,3 +199,22 @@ fn any_issuer_unless_one_is_set() {
         .unwrap();
     assert_eq!(config.issuer, "gitlab.example.com");
 }
+
+#[test]
+fn gitlab_external_url_is_optional() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_secrets(
+        dir.path(),
+        "[gitlab]\nurl = \"http://gitlab:8080\"\nexternal_url = \"https://gitlab.example.com\"",
+    );
+    let (config, _) = file.validate("kas.toml").unwrap();
+    assert_eq!(
+        config.gitlab_external_url.as_deref(),
+        Some("https://gitlab.example.com")
+    );
+    let file = with_secrets(dir.path(), "[gitlab]\nurl = \"http://gitlab:8080\"");
+    assert_eq!(
+        file.validate("kas.toml").unwrap().0.gitlab_external_url,
+        None
+    );
+}

@@ -185,6 +185,10 @@ impl KasFileConfig {
                         metrics_token,
                         k8s_proxy: k8s_proxy.flatten(),
                         gitlab_url,
+                        gitlab_external_url: self
+                            .gitlab
+                            .as_ref()
+                            .and_then(|g| g.external_url.clone()),
                         agent_config,
                         workspaces,
                     },

@@ -195,40 +195,47 @@ async fn every_full_cycle_starts_a_new_reconciler() {
     );
 }
 
+/// The configuration kas would send for a file with this `remote_development`
+/// section (`enabled` and `dns_zone` only).
+fn configuration(yaml: &str) -> AgentConfiguration {
+    let file: serde_yaml::Value = serde_yaml::from_str(yaml).unwrap();
+    let remote_development = file.get("remote_development").map(|r| RemoteDevelopmentCf {
+        enabled: r.get("enabled").and_then(|v| v.as_bool()).unwrap_or(false),
+        dns_zone: r
+            .get("dns_zone")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned(),
+        ..Default::default()
+    });
+    AgentConfiguration {
+        remote_development,
+        ..Default::default()
+    }
+}
+
 fn module(yaml: &str) -> Option<ModuleConfig> {
     Some(ModuleConfig {
         agent_id: 1,
-        remote_development: RemoteDevelopmentConfig::from_agent_config(yaml).unwrap(),
+        remote_development: RemoteDevelopmentConfig::from_configuration(&configuration(yaml)),
     })
 }
 
 #[test]
 fn the_section_decides_enabled() {
-    let on = RemoteDevelopmentConfig::from_agent_config(
+    let on = RemoteDevelopmentConfig::from_configuration(&configuration(
         "remote_development:\n  enabled: true\n  dns_zone: ws.example.com\n",
-    )
-    .unwrap();
+    ));
     assert!(on.enabled);
-    assert!(
-        !RemoteDevelopmentConfig::from_agent_config("")
-            .unwrap()
-            .enabled
-    );
-    assert!(
-        !RemoteDevelopmentConfig::from_agent_config("observability: {}\n")
-            .unwrap()
-            .enabled
-    );
-    assert!(
-        !RemoteDevelopmentConfig::from_agent_config("remote_development:\n  enabled: false\n")
-            .unwrap()
-            .enabled
-    );
-    let e =
-        RemoteDevelopmentConfig::from_agent_config("remote_development:\n  enabled: yes please\n")
-            .unwrap_err();
-    assert!(e.contains("remote_development.enabled"), "{e}");
-    assert!(RemoteDevelopmentConfig::from_agent_config(": :\n- [").is_err());
+    assert_eq!(on.section.unwrap().dns_zone, "ws.example.com");
+    for off in [
+        "{}",
+        "observability: {}\n",
+        "remote_development:\n  enabled: false\n",
+    ] {
+        let c = RemoteDevelopmentConfig::from_configuration(&configuration(off));
+        assert!(!c.enabled, "{off}");
+    }
 }
 
 /// Counts starts; `running` drops to 0 when the worker future is dropped.
