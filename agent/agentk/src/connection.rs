@@ -84,7 +84,7 @@ pub(super) async fn run<H: Handler>(
                 let tunnels = AbortOnDrop::spawn(serve_tunnels(
                     channel.clone(),
                     token.clone(),
-                    connection_id,
+                    Some(connection_id),
                     pool.clone(),
                     handler.clone(),
                 ));

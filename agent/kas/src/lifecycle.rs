@@ -20,10 +20,10 @@ use super::{
 };
 use podgate_agent::auth::JwtAuth;
 use podgate_agent::proto::agent_configuration_service_server::AgentConfigurationServiceServer;
+use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::reverse_tunnel_server::ReverseTunnelServer;
 use podgate_agent::proto::gitlab_access::gitlab_access_server::GitlabAccessServer;
 use podgate_agent::proto::kas_api_server::KasApiServer;
 use podgate_agent::proto::kas_internal_server::KasInternalServer;
-use podgate_agent::proto::reverse_tunnel_server::ReverseTunnelServer;
 
 /// A running kas. Dropping it stops its listeners.
 pub struct Kas {
