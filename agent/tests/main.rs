@@ -17,6 +17,7 @@ mod kas_api;
 mod layout;
 mod leader;
 mod remote_development;
+mod reverse_tunnel;
 mod routing;
 mod watch_graph;
 mod workspace_traffic;
