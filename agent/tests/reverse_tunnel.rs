@@ -390,3 +390,44 @@ async fn a_gitlab_shaped_tunnel_serves_a_call_for_any_replica() {
     // kas ends the tunnel once the call is over.
     assert!(down.message().await.unwrap().is_none());
 }
+
+/// Tunnels naming no connection (GitLab's agentk) on the kas the registry names for
+/// the agent serve calls for any replica routed there from another kas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_naming_no_connection_serve_calls_routed_from_another_kas() {
+    let (kases, mint) = kases(2).await;
+    let token = mint(Some(5));
+    let ch = channel(kases[1].agent_addr()).await;
+    // Registered on kases[1]; its tunnels name no connection.
+    let (conn, _presence) = configuration_stream(ch.clone(), &token).await.unwrap();
+    let handler = Arc::new(Test {
+        dropped: Arc::new(Notify::new()),
+    });
+    let _tunnels = podgate_agent::task::AbortOnDrop::spawn(serve_tunnels(
+        ch,
+        token,
+        None,
+        TunnelPool::new(2),
+        handler,
+    ));
+    kases[1].tunnels().wait_idle(5, 0, 2).await;
+    assert_eq!(
+        kases[1].tunnels().idle(5, conn),
+        0,
+        "they name no connection"
+    );
+    let call = kases[0].router().open(5, 0, GET_PODS, Vec::new()).await;
+    let call = call.unwrap();
+    assert_eq!(call.connection_id(), 0, "a tunnel that named none answered");
+    GetPodsResponse::decode(call.unary().await.unwrap().as_slice()).unwrap();
+    // Asked for that replica by its id, they do not serve it: its own tunnels would.
+    let e = tokio::time::timeout(
+        Duration::from_secs(30),
+        kases[0].router().open(5, conn, GET_PODS, Vec::new()),
+    )
+    .await
+    .expect("ends at max_wait")
+    .err()
+    .unwrap();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+}

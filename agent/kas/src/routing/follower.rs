@@ -153,7 +153,9 @@ impl Follower {
                 return;
             }
         };
-        let ready = respond(call_response::Msg::TunnelReady(TunnelReady {}));
+        let ready = respond(call_response::Msg::TunnelReady(TunnelReady {
+            connection_id: call.connection_id().unwrap_or(0),
+        }));
         if out.send(Ok(ready)).await.is_err() {
             return;
         }
@@ -161,13 +163,17 @@ impl Follower {
         loop {
             tokio::select! {
                 r = requests.message(), if sending => {
+                    // A tunnel that ended refuses what is sent down it; the response
+                    // side (`call.next()`) says how the call ended.
                     let sent = match r {
                         Ok(Some(CallRequest { msg: Some(call_request::Msg::Message(m)) })) => {
-                            call.send(m.data).await
+                            let _ = call.send(m.data).await;
+                            Ok(())
                         }
                         Ok(Some(CallRequest { msg: Some(call_request::Msg::CloseSend(_)) })) => {
                             sending = false;
-                            call.close_send().await
+                            let _ = call.close_send().await;
+                            Ok(())
                         }
                         Ok(Some(_)) => Err(Status::invalid_argument(
                             "a call's later messages are request messages and a close",

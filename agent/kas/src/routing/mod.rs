@@ -268,6 +268,7 @@ impl AgentRouter {
                 conns
             };
             let mut held_here = false;
+            let mut asked: Vec<&str> = Vec::new();
             for c in conns
                 .iter()
                 .filter(|c| connection_id == 0 || c.connection_id == connection_id)
@@ -276,9 +277,16 @@ impl AgentRouter {
                     held_here = true;
                     continue;
                 }
+                // Each kas once: asked for any replica, it answers for all it holds.
+                if asked.contains(&c.kas.0.as_str()) {
+                    continue;
+                }
+                asked.push(&c.kas.0);
+                // The replica asked for, or any: that kas may hold tunnels naming no
+                // connection (GitLab's agentk), which serve any replica.
                 let instruction = CallStart {
                     agent_id,
-                    connection_id: c.connection_id,
+                    connection_id,
                     method: method.to_owned(),
                     meta: meta.clone(),
                 };
@@ -332,7 +340,6 @@ impl AgentRouter {
         let fail = |what: &str| Attempt::Fail(Status::internal(what.to_owned()));
         let token = auth::mint_internal(&self.internal_secret, 30)
             .map_err(|_| fail("minting an internal token"))?;
-        let connection_id = instruction.connection_id;
         let (requests, rx) = mpsc::channel(4);
         requests
             .try_send(CallRequest {
@@ -381,9 +388,9 @@ impl AgentRouter {
         };
         match responses.message().await {
             Ok(Some(CallResponse {
-                msg: Some(call_response::Msg::TunnelReady(_)),
+                msg: Some(call_response::Msg::TunnelReady(ready)),
             })) => Ok(Routed::new(
-                connection_id,
+                ready.connection_id,
                 Body::Kas {
                     requests,
                     responses,

@@ -77,30 +77,35 @@ impl Routed {
         self.trailer.as_ref()
     }
 
-    /// Send one request message.
+    /// Send one request message. A call whose far end has already ended takes it
+    /// without error: the response says how the call ended (as GitLab's tunnel
+    /// forwarding leaves the error to the receiving side,
+    /// `internal/module/reverse_tunnel/agent/connection.go`).
     pub async fn send(&self, data: Vec<u8>) -> Result<(), Status> {
-        match &self.body {
-            Body::Local(c) => c.send(data).await,
-            Body::Kas { requests, .. } => requests
-                .send(CallRequest {
-                    msg: Some(call_request::Msg::Message(Message { data })),
-                })
-                .await
-                .map_err(|_| Status::unavailable("the kas carrying the call went away")),
-            Body::Done => Err(Status::failed_precondition("the call has ended")),
-        }
+        self.request(call_request::Msg::Message(Message { data }))
+            .await
     }
 
-    /// End the request messages (half-close).
+    /// End the request messages (half-close); as [`Routed::send`], no error when the
+    /// far end has already ended.
     pub async fn close_send(&self) -> Result<(), Status> {
+        self.request(call_request::Msg::CloseSend(CloseSend {}))
+            .await
+    }
+
+    async fn request(&self, msg: call_request::Msg) -> Result<(), Status> {
         match &self.body {
-            Body::Local(c) => c.close_send().await,
-            Body::Kas { requests, .. } => requests
-                .send(CallRequest {
-                    msg: Some(call_request::Msg::CloseSend(CloseSend {})),
-                })
-                .await
-                .map_err(|_| Status::unavailable("the kas carrying the call went away")),
+            Body::Local(c) => {
+                let _ = match msg {
+                    call_request::Msg::Message(m) => c.send(m.data).await,
+                    _ => c.close_send().await,
+                };
+                Ok(())
+            }
+            Body::Kas { requests, .. } => {
+                let _ = requests.send(CallRequest { msg: Some(msg) }).await;
+                Ok(())
+            }
             Body::Done => Err(Status::failed_precondition("the call has ended")),
         }
     }
