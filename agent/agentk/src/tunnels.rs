@@ -408,4 +408,30 @@ mod tests {
             [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]
         );
     }
+
+    /// An `Error` frame carries the status's code and message, and its details
+    /// when they are an encoded `google.rpc.Status` (as tonic keeps them).
+    #[test]
+    fn statuses_become_google_rpc_statuses_with_their_details() {
+        let plain = status_proto(&Status::not_found("no such pod"));
+        assert_eq!(
+            (plain.code, plain.message.as_str(), plain.details.len()),
+            (tonic::Code::NotFound as i32, "no such pod", 0)
+        );
+        let mut inner = StatusProto {
+            code: 9,
+            message: "busy".into(),
+            details: vec![Default::default()],
+        };
+        inner.details[0].type_url = "type.googleapis.com/x.Y".into();
+        inner.details[0].value = b"why".to_vec();
+        let with = Status::with_details(
+            tonic::Code::FailedPrecondition,
+            "busy",
+            inner.encode_to_vec().into(),
+        );
+        let proto = status_proto(&with);
+        assert_eq!(proto.code, tonic::Code::FailedPrecondition as i32);
+        assert_eq!(proto.details, inner.details);
+    }
 }
