@@ -37,6 +37,11 @@ const HANG: &str = "/podgate.test.Test/Hang";
 
 /// `n` kas instances on one in-memory registry, and an agent token minter.
 async fn kases(n: usize) -> (Vec<Kas>, impl Fn(Option<u64>) -> String) {
+    kases_waiting(n, Duration::from_secs(5)).await
+}
+
+/// [`kases`] whose calls wait at most `max_wait` for their agent.
+async fn kases_waiting(n: usize, max_wait: Duration) -> (Vec<Kas>, impl Fn(Option<u64>) -> String) {
     let (keys, mint) = agent_tokens();
     let backend = MemoryBackend::new(podgate_registry::Topology::default());
     let mut out = Vec::new();
@@ -44,7 +49,7 @@ async fn kases(n: usize) -> (Vec<Kas>, impl Fn(Option<u64>) -> String) {
         let registry = Registry::with_memory(backend.clone(), RegistryConfig::default())
             .await
             .unwrap();
-        let kas = Kas::start(kas_config(keys.clone(), Duration::from_secs(5)), registry);
+        let kas = Kas::start(kas_config(keys.clone(), max_wait), registry);
         out.push(kas.await.unwrap());
     }
     (out, mint)
@@ -395,7 +400,7 @@ async fn a_gitlab_shaped_tunnel_serves_a_call_for_any_replica() {
 /// the agent serve calls for any replica routed there from another kas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tunnels_naming_no_connection_serve_calls_routed_from_another_kas() {
-    let (kases, mint) = kases(2).await;
+    let (kases, mint) = kases_waiting(2, Duration::from_millis(500)).await;
     let token = mint(Some(5));
     let ch = channel(kases[1].agent_addr()).await;
     // Registered on kases[1]; its tunnels name no connection.
