@@ -436,3 +436,47 @@ async fn tunnels_naming_no_connection_serve_calls_routed_from_another_kas() {
     .unwrap();
     assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
 }
+
+/// A tunnel that ends before agentk answers anything (it died while idle) is left,
+/// and `open` sends the call down the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_that_ends_before_answering_is_left_for_the_next() {
+    let (kases, mint) = kases(1).await;
+    let kas = &kases[0];
+    let token = mint(Some(8));
+    let first = || {
+        Some(connect_request::Msg::Descriptor(Descriptor {
+            agent_descriptor: Some(descriptor(&[GET_PODS]).unwrap()),
+        }))
+    };
+    let (dead_up, dead_down) = raw_tunnel(kas, &token, first(), None).await;
+    kas.tunnels().wait_idle(8, 0, 1).await;
+    let (up, down) = raw_tunnel(kas, &token, first(), None).await;
+    kas.tunnels().wait_idle(8, 0, 2).await;
+    let router = kas.router();
+    let mut caller = tokio::spawn(async move { router.open(8, 0, GET_PODS, Vec::new()).await });
+    // The first tunnel takes the call and ends without a frame.
+    let mut dead_down = dead_down.unwrap();
+    let info = dead_down.message().await.unwrap().and_then(|m| m.msg);
+    assert!(matches!(info, Some(connect_response::Msg::RequestInfo(_))));
+    drop(dead_up);
+    // The second answers it.
+    let mut down = down.unwrap();
+    let info = tokio::select! {
+        m = down.message() => m.unwrap().and_then(|m| m.msg),
+        r = &mut caller => panic!("the call ended on the dead tunnel: {:?}", r.unwrap().err()),
+    };
+    assert!(matches!(info, Some(connect_response::Msg::RequestInfo(_))));
+    for msg in [
+        connect_request::Msg::Header(Header::default()),
+        connect_request::Msg::Message(Message {
+            data: b"pods".to_vec(),
+        }),
+        connect_request::Msg::Trailer(Trailer::default()),
+    ] {
+        up.send(ConnectRequest { msg: Some(msg) }).await.unwrap();
+    }
+    drop(up);
+    let answer = caller.await.unwrap().unwrap().unary().await.unwrap();
+    assert_eq!(answer, b"pods");
+}

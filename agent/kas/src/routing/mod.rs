@@ -67,6 +67,9 @@ pub use routed::Routed;
 use channels::Channels;
 use routed::Body;
 
+/// Most tunnels [`AgentRouter::open`] tries when each breaks before agentk answers.
+const MAX_ATTEMPTS: usize = 4;
+
 /// Longest a kas → kas TCP connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -167,7 +170,8 @@ impl AgentRouter {
 
     /// Send `method(payload)` to agent `agent_id` (replica `connection_id`, or any
     /// when 0) as its only request message, without metadata, and return the call
-    /// once its first response message (or its end) is in.
+    /// once its first response message (or its end) is in. A tunnel that breaks
+    /// before agentk answers (it died while idle) is left, and the call sent again.
     pub async fn open(
         &self,
         agent_id: i64,
@@ -176,15 +180,25 @@ impl AgentRouter {
         payload: Vec<u8>,
     ) -> Result<Routed, Status> {
         let mut timer = self.timer(method);
-        let (result, outcome) = self
-            .route(agent_id, connection_id, method, &Meta::new())
-            .await;
-        timer.outcome = outcome;
-        let started = result?.start(payload).await;
-        if started.is_err() {
-            timer.outcome = Outcome::Error;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (result, outcome) = self
+                .route(agent_id, connection_id, method, &Meta::new())
+                .await;
+            timer.outcome = outcome;
+            match result?.try_start(payload.clone()).await {
+                Ok(r) => return Ok(r),
+                // A tunnel that died while idle: the next one (routed afresh).
+                Err((e, true)) if attempts < MAX_ATTEMPTS => {
+                    tracing::debug!(error = %e.message(), "the tunnel broke before agentk answered; retrying");
+                }
+                Err((e, _)) => {
+                    timer.outcome = Outcome::Error;
+                    return Err(e);
+                }
+            }
         }
-        started
     }
 
     /// Start a call of `method` (`/<service>/<method>`) with request metadata `meta`

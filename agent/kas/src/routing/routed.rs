@@ -19,6 +19,9 @@ pub struct Routed {
     header: Option<Meta>,
     trailer: Option<Meta>,
     body: Body,
+    /// The path broke before agentk answered (a tunnel dead while idle): the call
+    /// may be tried again.
+    unanswered: bool,
 }
 
 /// Where the call goes.
@@ -54,6 +57,7 @@ impl Routed {
             header: None,
             trailer: None,
             body,
+            unanswered: false,
         }
     }
 
@@ -140,7 +144,11 @@ impl Routed {
             Ok(Some(Frame::Header(h))) => self.header = Some(h.clone()),
             Ok(Some(Frame::Trailer(t))) => self.trailer = Some(t.clone()),
             Ok(Some(Frame::Message(_))) => {}
-            Ok(None) | Err(_) => self.body = Body::Done,
+            Ok(None) => self.body = Body::Done,
+            Err(e) => {
+                self.unanswered = e.metadata().get(NO_TUNNEL_KEY).is_some();
+                self.body = Body::Done;
+            }
         }
         next.map_err(strip_hop_metadata)
     }
@@ -167,11 +175,25 @@ impl Routed {
 
     /// Send `payload` as the only request message, close, and read ahead to the
     /// first response message (or the end): an error status comes back here.
-    pub async fn start(mut self, payload: Vec<u8>) -> Result<Routed, Status> {
-        self.send(payload).await?;
-        self.close_send().await?;
-        self.first = self.message().await?;
-        Ok(self)
+    pub async fn start(self, payload: Vec<u8>) -> Result<Routed, Status> {
+        self.try_start(payload).await.map_err(|(e, _)| e)
+    }
+
+    /// [`Routed::start`], and on error whether the path broke before agentk
+    /// answered (so the call may be tried on another tunnel).
+    pub(super) async fn try_start(mut self, payload: Vec<u8>) -> Result<Routed, (Status, bool)> {
+        let started = async {
+            self.send(payload).await?;
+            self.close_send().await?;
+            self.message().await
+        };
+        match started.await {
+            Ok(first) => {
+                self.first = first;
+                Ok(self)
+            }
+            Err(e) => Err((e, self.unanswered)),
+        }
     }
 }
 

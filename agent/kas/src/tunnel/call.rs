@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use super::super::metrics::KasMetrics;
+use super::super::routing::NO_TUNNEL_KEY;
 use podgate_agent::proto::gitlab::agent::prototool::Values;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::{
     CloseSend, ConnectRequest, ConnectResponse, Message, connect_request, connect_response,
@@ -63,6 +64,9 @@ pub struct TunnelCall {
     pub(super) down: Down,
     pub(super) up: Streaming<ConnectRequest>,
     pub(super) trailer_seen: bool,
+    /// Whether any frame came up (a tunnel that breaks before one was dead while
+    /// idle: the call may be tried on another).
+    pub(super) answered: bool,
     pub(super) done: bool,
     pub(super) _busy: Busy,
 }
@@ -80,6 +84,20 @@ fn status_from_proto(s: podgate_agent::proto::google::rpc::Status) -> Status {
 }
 
 impl TunnelCall {
+    /// The `Unavailable` of a tunnel that broke: marked [`NO_TUNNEL_KEY`] when
+    /// agentk had not answered yet, so the call may be tried on another tunnel.
+    fn broken(&self, why: &str) -> Status {
+        if self.answered {
+            return Status::unavailable(why.to_owned());
+        }
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert(
+            NO_TUNNEL_KEY,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        Status::with_metadata(tonic::Code::Unavailable, why.to_owned(), md)
+    }
+
     /// The agentk connection the tunnel named (`None`: a GitLab agentk's tunnel).
     pub fn connection_id(&self) -> Option<i64> {
         self.connection_id
@@ -121,17 +139,15 @@ impl TunnelCall {
                 return if self.trailer_seen {
                     Ok(None)
                 } else {
-                    Err(Status::unavailable("the tunnel ended mid-call"))
+                    Err(self.broken("the tunnel ended mid-call"))
                 };
             }
             Err(e) => {
                 self.done = true;
-                return Err(Status::unavailable(format!(
-                    "the tunnel broke mid-call: {}",
-                    e.message()
-                )));
+                return Err(self.broken(&format!("the tunnel broke mid-call: {}", e.message())));
             }
         };
+        self.answered = true;
         match msg {
             connect_request::Msg::Header(h) => Ok(Some(Frame::Header(h.meta))),
             connect_request::Msg::Message(m) => Ok(Some(Frame::Message(m.data))),

@@ -230,6 +230,7 @@ impl Tunnels {
                 down: t.down,
                 up: t.up,
                 trailer_seen: false,
+                answered: false,
                 done: false,
                 _busy: busy,
             }));
