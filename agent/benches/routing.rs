@@ -121,7 +121,7 @@ impl FixedPods {
 
 impl Handler for FixedPods {
     fn handle(&self, method: String, _payload: Vec<u8>) -> Responses {
-        let answer = if method == "GetPods" {
+        let answer = if method == podgate_agent::tunnel::GET_PODS {
             Ok(self.answer.clone())
         } else {
             Err(tonic::Status::unimplemented(method))

@@ -21,6 +21,8 @@
 //! - [`graph`]: the Graph API's request model and validation, CEL, kubectl JSONPath
 //!   and the WebSocket messages (pure; used by kas, agentk and the client).
 //! - [`selector`]: Kubernetes label and field selectors (parse, match).
+//! - [`tunnel`]: GitLab's reverse tunnel as both sides use it: method names, the
+//!   agent's `Descriptor`, metadata as `prototool.Values`.
 //!
 //! This package's integration tests (`agent/tests/`) and the routing bench run kas
 //! and agentk together over real sockets, with kube-sim and the test kit from the
@@ -35,4 +37,5 @@ pub mod proto;
 pub mod selector;
 pub mod task;
 pub mod transport;
+pub mod tunnel;
 pub mod ws_authority;

@@ -57,8 +57,21 @@ impl Drop for Counted {
 }
 
 impl Handler for Agent {
+    /// An old agent does not advertise `WatchGraph`: kas answers `Unimplemented`.
+    fn descriptor(
+        &self,
+    ) -> podgate_agent::proto::gitlab::agent::reverse_tunnel::info::AgentDescriptor {
+        use podgate_agent::tunnel::{AGENTK_METHODS, WATCH_GRAPH, descriptor};
+        let methods: Vec<&str> = AGENTK_METHODS
+            .iter()
+            .copied()
+            .filter(|m| !self.old || *m != WATCH_GRAPH)
+            .collect();
+        descriptor(&methods).unwrap()
+    }
+
     fn handle(&self, method: String, payload: Vec<u8>) -> Responses {
-        if method == "WatchGraph" {
+        if method == podgate_agent::tunnel::WATCH_GRAPH {
             if self.old {
                 return Box::pin(futures_util::stream::once(async {
                     Err(tonic::Status::unimplemented(

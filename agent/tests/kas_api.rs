@@ -183,9 +183,16 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
             self.0.notify_one();
         }
     }
+    const COUNT: &str = "/podgate.test.Test/Count";
     impl Handler for Pods {
+        fn descriptor(
+            &self,
+        ) -> podgate_agent::proto::gitlab::agent::reverse_tunnel::info::AgentDescriptor {
+            podgate_agent::tunnel::descriptor(&[podgate_agent::tunnel::GET_PODS, COUNT]).unwrap()
+        }
+
         fn handle(&self, method: String, payload: Vec<u8>) -> Responses {
-            if method == "Count" {
+            if method == COUNT {
                 let stopped = Stopped(self.1.clone());
                 return Box::pin(futures_util::stream::unfold(
                     (0u32, stopped),
@@ -194,7 +201,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
             }
             let tag = self.0;
             unary(async move {
-                assert_eq!(method, "GetPods");
+                assert_eq!(method, podgate_agent::tunnel::GET_PODS);
                 let req = GetPodsRequest::decode(payload.as_slice()).unwrap();
                 let namespace = if req.namespace.is_empty() {
                     "default".to_owned()
@@ -240,7 +247,7 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
         tokio::spawn(serve_tunnels(
             agent_channel.clone(),
             token.clone(),
-            conn,
+            Some(conn),
             TunnelPool::new(2),
             Arc::new(Pods(tag, stopped.clone())),
         ))
@@ -284,7 +291,12 @@ async fn get_pods_is_answered_through_a_reverse_tunnel() {
 
     // A streaming response: many messages, in order, through one tunnel; ending it
     // early (the caller went away) cancels the handler at agentk.
-    let mut counting = kas.tunnels().open(3, a, "Count", Vec::new()).await.unwrap();
+    let call = kas.tunnels().call(3, a, COUNT, &Default::default()).await;
+    let call = call.unwrap().expect("an idle tunnel serves Count");
+    let mut counting = podgate_kas::routing::Routed::local(call)
+        .start(Vec::new())
+        .await
+        .unwrap();
     for want in 1u32..=1000 {
         let got = counting.message().await.unwrap().unwrap();
         assert_eq!(got, want.to_be_bytes());
@@ -369,7 +381,7 @@ async fn get_pods_is_routed_to_the_kas_holding_the_agent_and_waits_for_late_agen
             let tunnels = tokio::spawn(serve_tunnels(
                 channel,
                 token,
-                conn,
+                Some(conn),
                 TunnelPool::new(2),
                 Arc::new(Named(format!("agent-{agent}"))),
             ));
@@ -503,7 +515,7 @@ async fn shutdown_removes_this_kas_first_and_lets_requests_in_flight_finish() {
     let tunnels = tokio::spawn(serve_tunnels(
         agents.clone(),
         token.clone(),
-        conn,
+        Some(conn),
         TunnelPool::new(2),
         Arc::new(Held {
             arrived: arrived.clone(),
@@ -594,7 +606,7 @@ async fn the_tunnel_pool_grows_under_load_up_to_its_bound() {
     let tunnels = tokio::spawn(serve_tunnels(
         agents,
         token,
-        conn,
+        Some(conn),
         pool,
         Arc::new(Gate {
             arrived: arrived.clone(),
@@ -690,7 +702,7 @@ async fn an_agent_that_never_answers_holds_nothing_past_the_callers_deadline() {
     let tunnels = tokio::spawn(serve_tunnels(
         agents,
         token,
-        conn,
+        Some(conn),
         TunnelPool::new(2),
         Arc::new(Silent {
             arrived: arrived.clone(),

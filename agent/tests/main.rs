@@ -20,6 +20,7 @@ mod layout;
 mod leader;
 mod rails;
 mod remote_development;
+mod reverse_tunnel;
 mod routing;
 mod watch_graph;
 mod workspace_traffic;

@@ -9,11 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use podgate_agent::proto::TunnelCallRequest;
+use futures_util::StreamExt as _;
 use podgate_agent::proto::kas_internal_client::KasInternalClient;
 use podgate_agent::proto::kubernetes_api::{
     Header, HttpRequest, HttpResponsePart, http_response_part,
 };
+use podgate_agent::proto::{CallRequest, CallStart, call_request};
 use podgate_agentk::{Handler, KubeHandler, Responses, TunnelPool, serve_tunnels};
 use podgate_kas::Kas;
 use podgate_kas::routing::{HOP_WAIT_KEY, NO_TUNNEL_KEY};
@@ -65,9 +66,36 @@ async fn replica<H: Handler>(
 ) -> (i64, impl Sized, tokio::task::JoinHandle<()>) {
     let ch = channel(kas.agent_addr()).await;
     let (conn, stream) = configuration_stream(ch.clone(), &token).await.unwrap();
-    let tunnels = tokio::spawn(serve_tunnels(ch, token, conn, TunnelPool::new(2), handler));
+    let tunnels = tokio::spawn(serve_tunnels(
+        ch,
+        token,
+        Some(conn),
+        TunnelPool::new(2),
+        handler,
+    ));
     kas.tunnels().wait_idle(agent, conn, 2).await;
     (conn, stream, tunnels)
+}
+
+/// The test handler's methods.
+const COUNT: &str = "/podgate.test.Test/Count";
+const FAIL: &str = "/podgate.test.Test/Fail";
+
+/// A kas → kas `Call` request stream: its start, and nothing more while it is open.
+fn start_call(
+    agent_id: i64,
+    connection_id: i64,
+    method: &str,
+) -> impl futures_util::Stream<Item = CallRequest> + Send + 'static {
+    let start = CallRequest {
+        msg: Some(call_request::Msg::Start(CallStart {
+            agent_id,
+            connection_id,
+            method: method.into(),
+            meta: Default::default(),
+        })),
+    };
+    futures_util::stream::iter([start]).chain(futures_util::stream::pending())
 }
 
 /// "Count" streams 1, 2, … until the tunnel ends, then notifies; "Fail" answers
@@ -80,9 +108,15 @@ impl Drop for Stopped {
     }
 }
 impl Handler for Test {
+    fn descriptor(
+        &self,
+    ) -> podgate_agent::proto::gitlab::agent::reverse_tunnel::info::AgentDescriptor {
+        podgate_agent::tunnel::descriptor(&[COUNT, FAIL]).unwrap()
+    }
+
     fn handle(&self, method: String, _payload: Vec<u8>) -> Responses {
         match method.as_str() {
-            "Count" => {
+            COUNT => {
                 let stopped = Stopped(self.0.clone());
                 Box::pin(futures_util::stream::unfold(
                     (0u32, stopped),
@@ -106,7 +140,7 @@ async fn kas_to_kas_calls_stream_cancel_and_pass_agent_errors_through() {
     assert_eq!(kas1.tunnels().idle(3, 0), 0, "kas1 holds no tunnel");
 
     // Streamed through kas2, in order, by the replica there.
-    let mut counting = router.open(3, 0, "Count", Vec::new()).await.unwrap();
+    let mut counting = router.open(3, 0, COUNT, Vec::new()).await.unwrap();
     assert_eq!(counting.connection_id(), conn);
     for want in 1u32..=500 {
         assert_eq!(
@@ -126,11 +160,7 @@ async fn kas_to_kas_calls_stream_cancel_and_pass_agent_errors_through() {
     .await;
 
     // agentk's own Unavailable is an answer, not "no tunnel": no re-route, no wait.
-    let e = router
-        .open(3, conn, "Fail", Vec::new())
-        .await
-        .err()
-        .unwrap();
+    let e = router.open(3, conn, FAIL, Vec::new()).await.err().unwrap();
     assert_eq!(e.code(), Code::Unavailable);
     assert_eq!(e.message(), "kubernetes API unreachable");
     assert!(e.metadata().get(NO_TUNNEL_KEY).is_none());
@@ -158,12 +188,7 @@ async fn kas_internal_call_marks_no_tunnel() {
     let mut internal = KasInternalClient::new(channel(kas2.internal_addr()).await);
     let call = |agent_id: i64, connection_id: i64, wait_ms: &str| {
         let mut r = bearer(
-            tonic::Request::new(TunnelCallRequest {
-                agent_id,
-                connection_id,
-                method: "Count".into(),
-                payload: Vec::new(),
-            }),
+            tonic::Request::new(start_call(agent_id, connection_id, COUNT)),
             &token,
         );
         r.metadata_mut()
@@ -210,7 +235,7 @@ async fn a_blackholed_kas_holds_nothing_past_max_wait() {
     .unwrap();
     let e = tokio::time::timeout(
         Duration::from_secs(30),
-        kas1.router().open(7, 0, "Count", Vec::new()),
+        kas1.router().open(7, 0, COUNT, Vec::new()),
     )
     .await
     .expect("the call ends")
@@ -291,7 +316,12 @@ async fn make_request_reaches_kube_sim_through_two_kas() {
         let router = router.clone();
         async move {
             router
-                .open(3, 0, "MakeRequest", req.encode_to_vec())
+                .open(
+                    3,
+                    0,
+                    podgate_agent::tunnel::MAKE_REQUEST,
+                    req.encode_to_vec(),
+                )
                 .await
                 .unwrap()
         }
@@ -406,15 +436,7 @@ async fn ownership_is_answered_from_the_kas_own_state_while_redis_is_down() {
     redis.kill();
     let token = podgate_agent::auth::mint_internal(&INTERNAL_SECRET, 30).unwrap();
     let mut internal = KasInternalClient::new(channel(kas2.internal_addr()).await);
-    let mut request = bearer(
-        tonic::Request::new(TunnelCallRequest {
-            agent_id: 4,
-            connection_id: conn,
-            method: "Count".into(),
-            payload: Vec::new(),
-        }),
-        &token,
-    );
+    let mut request = bearer(tonic::Request::new(start_call(4, conn, COUNT)), &token);
     request
         .metadata_mut()
         .insert(HOP_WAIT_KEY, "200".parse().unwrap());
@@ -464,7 +486,7 @@ async fn an_unrelated_agents_events_wake_no_waiting_call() {
         }
     }
     let router = kas1.router();
-    let call = tokio::spawn(async move { router.open(7, 0, "Count", Vec::new()).await });
+    let call = tokio::spawn(async move { router.open(7, 0, COUNT, Vec::new()).await });
     podgate_registry::testing::eventually(Duration::from_secs(20), "a first re-route", || async {
         (kas1.metrics().reroutes.get() >= 1).then_some(())
     })
@@ -565,7 +587,7 @@ async fn idle_tunnels_per_agent_are_capped() {
     let _tunnels = tokio::spawn(serve_tunnels(
         ch,
         token,
-        conn,
+        Some(conn),
         TunnelPool::new(5),
         Arc::new(Test(stopped)),
     ));
@@ -593,10 +615,7 @@ async fn refused_credentials_are_counted_by_listener_and_reason() {
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
     // kas → kas with no token at all.
     let mut internal = KasInternalClient::new(channel(kas1.internal_addr()).await);
-    let e = internal
-        .call(TunnelCallRequest::default())
-        .await
-        .unwrap_err();
+    let e = internal.call(start_call(0, 0, COUNT)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated);
     // An agent with a token no kas key signed.
     let (_, stranger) = agent_tokens();
@@ -631,7 +650,7 @@ async fn a_tunnel_for_a_connection_held_elsewhere_is_refused() {
     let _tunnels = tokio::spawn(serve_tunnels(
         channel(kas2.agent_addr()).await,
         token,
-        conn,
+        Some(conn),
         TunnelPool::new(2),
         Arc::new(Test(stopped)),
     ));

@@ -103,7 +103,7 @@ pub(super) async fn run<H: Handler>(
                 let tunnels = AbortOnDrop::spawn(serve_tunnels(
                     channel.clone(),
                     token.clone(),
-                    pod_id,
+                    Some(pod_id),
                     pool.clone(),
                     handler.clone(),
                 ));

@@ -1,6 +1,7 @@
 //! What agentk does for kas, through kube-rs: `GetPods` lists the cluster's pods
 //! (all namespaces, or one), page by page; `MakeRequest`, `WatchGraph` and
-//! `WorkspaceRequest` are answered by their modules.
+//! `WorkspaceRequest` are answered by their modules. Methods are named in full, as
+//! the tunnel's descriptor advertises them ([`podgate_agent::tunnel`]).
 
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use kube::api::{Api, ListParams};
@@ -9,6 +10,7 @@ use tonic::Status;
 
 use super::tunnels::{Handler, Responses, unary};
 use podgate_agent::proto::{GetPodsRequest, GetPodsResponse, Pod};
+use podgate_agent::tunnel::{GET_PODS, MAKE_REQUEST, WATCH_GRAPH, WORKSPACE_REQUEST};
 
 /// Pods asked per list call.
 const PAGE: u32 = 500;
@@ -108,21 +110,21 @@ impl KubeHandler {
 impl Handler for KubeHandler {
     fn handle(&self, method: String, payload: Vec<u8>) -> Responses {
         match method.as_str() {
-            "MakeRequest" => super::k8s_api::make_request(self.client.clone(), payload),
-            "WorkspaceRequest" => super::workspace_traffic::workspace_request(
+            MAKE_REQUEST => super::k8s_api::make_request(self.client.clone(), payload),
+            WORKSPACE_REQUEST => super::workspace_traffic::workspace_request(
                 self.client.clone(),
                 self.services.clone(),
                 self.agent_id(),
                 payload,
             ),
-            "WatchGraph" => {
+            WATCH_GRAPH => {
                 super::watch_graph::watch_graph(self.client.clone(), payload, self.graph.clone())
             }
             _ => {
                 let this = self.clone();
                 unary(async move {
                     match method.as_str() {
-                        "GetPods" => {
+                        GET_PODS => {
                             let req = GetPodsRequest::decode(payload.as_slice()).map_err(|_| {
                                 Status::invalid_argument("undecodable GetPods request")
                             })?;

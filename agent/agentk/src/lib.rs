@@ -54,7 +54,7 @@ pub use self::gitlab_access::{ModuleAnswer, ModuleClient, ModuleError};
 pub use self::kube::KubeHandler;
 pub use self::lifecycle::Agentk;
 pub use self::metrics::AgentkMetrics;
-pub use self::tunnels::{Handler, Responses, TunnelPool, serve_tunnels, unary};
+pub use self::tunnels::{Call, Handler, Requests, Responses, TunnelPool, serve_tunnels, unary};
 
 /// agentk errors (start-up).
 #[derive(Debug, Error)]

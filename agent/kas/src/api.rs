@@ -116,7 +116,7 @@ impl KasApi for Api {
             .open(
                 req.agent_id,
                 req.connection_id,
-                "GetPods",
+                podgate_agent::tunnel::GET_PODS,
                 req.encode_to_vec(),
             )
             .await?;

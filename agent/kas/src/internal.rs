@@ -1,10 +1,10 @@
 //! `KasInternal`: calls another kas routed here, for an agent replica this kas
 //! holds a tunnel to.
 
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::api::get_pods_response;
-use super::routing;
+use super::routing::{self, Routed};
 use podgate_agent::proto::kas_internal_server::KasInternal;
 use podgate_agent::proto::{GetPodsRequest, GetPodsResponse};
 
@@ -20,7 +20,7 @@ impl KasInternal for Internal {
 
     async fn call(
         &self,
-        request: Request<podgate_agent::proto::TunnelCallRequest>,
+        request: Request<Streaming<podgate_agent::proto::CallRequest>>,
     ) -> Result<Response<Self::CallStream>, Status> {
         let wait = self.follower.wait(request.metadata());
         self.follower
@@ -37,16 +37,17 @@ impl KasInternal for Internal {
         use prost::Message as _;
         let wait = self.follower.wait(request.metadata());
         let req = request.into_inner();
-        let response = self
+        let call = self
             .follower
             .open(
                 req.agent_id,
                 req.connection_id,
-                "GetPods",
-                req.encode_to_vec(),
+                podgate_agent::tunnel::GET_PODS,
+                &Default::default(),
                 wait,
             )
             .await?;
+        let response = Routed::local(call).start(req.encode_to_vec()).await?;
         let connection_id = response.connection_id();
         let payload = response.unary().await?;
         get_pods_response(connection_id, &payload).map(Response::new)

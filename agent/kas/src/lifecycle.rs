@@ -26,10 +26,10 @@ use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::agent_configu
 use podgate_agent::proto::gitlab::agent::agent_registrar::rpc::agent_registrar_server::AgentRegistrarServer;
 use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::agent_tracker_server::AgentTrackerServer;
 use podgate_agent::proto::gitlab::agent::notifications::rpc::notifications_server::NotificationsServer;
+use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::reverse_tunnel_server::ReverseTunnelServer;
 use podgate_agent::proto::gitlab_access::gitlab_access_server::GitlabAccessServer;
 use podgate_agent::proto::kas_api_server::KasApiServer;
 use podgate_agent::proto::kas_internal_server::KasInternalServer;
-use podgate_agent::proto::reverse_tunnel_server::ReverseTunnelServer;
 
 /// A running kas. Dropping it stops its listeners.
 pub struct Kas {

@@ -88,7 +88,12 @@ pub(super) async fn make_request(
     };
     let mut routed = proxy
         .router
-        .open(identity.agent_id, 0, "MakeRequest", request.encode_to_vec())
+        .open(
+            identity.agent_id,
+            0,
+            podgate_agent::tunnel::MAKE_REQUEST,
+            request.encode_to_vec(),
+        )
         .await
         .map_err(grpc_error)?;
     let header = response_header(&mut routed).await.map_err(|e| match e {

@@ -207,7 +207,7 @@ async fn session(mut ws: Ws, ctx: GraphContext) {
     .encode_to_vec();
     // Route while watching the client: it may go away, or talk out of turn.
     let routed = tokio::select! {
-        r = ctx.router.open(ctx.agent_id, 0, "WatchGraph", payload) => r,
+        r = ctx.router.open(ctx.agent_id, 0, podgate_agent::tunnel::WATCH_GRAPH, payload) => r,
         m = ws.next() => {
             return match m {
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {}

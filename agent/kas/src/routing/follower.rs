@@ -1,18 +1,21 @@
 //! The receiving side of a kas → kas call ([`Follower`]): it follows the calling
 //! kas's instruction for a replica connected here, and never discovers.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::Stream;
 use podgate_registry::Registry;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tonic::Status;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
 
-use super::super::tunnel::{ResponseStream, Tunnels};
+use super::super::tunnel::{Frame, Meta, TunnelCall, Tunnels};
 use super::{HOP_WAIT_KEY, NO_TUNNEL_KEY, NO_TUNNELS};
-use podgate_agent::proto::{TunnelCallRequest, TunnelMessage};
+use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::{Header, Message, Trailer};
+use podgate_agent::proto::{
+    CallRequest, CallResponse, CallStart, TunnelReady, call_request, call_response,
+};
 
 /// The `Unavailable` a kas answers when it holds no tunnel to the replica named.
 pub(crate) fn no_tunnel() -> Status {
@@ -25,7 +28,7 @@ pub(crate) fn no_tunnel() -> Status {
 }
 
 /// A response stream sent back to the kas that routed the call.
-pub(crate) type CallStream = Pin<Box<dyn Stream<Item = Result<TunnelMessage, Status>> + Send>>;
+pub(crate) type CallStream = ReceiverStream<Result<CallResponse, Status>>;
 
 /// The receiving side of a kas → kas call: follows the instruction, never discovers.
 #[derive(Clone)]
@@ -65,24 +68,25 @@ impl Follower {
         self.tunnels.idle(agent_id, connection_id) > 0 || self.ours(agent_id, connection_id)
     }
 
-    /// A tunnel to the replica with the call sent down it, waiting (until `wait`
-    /// passes) for one while the replica is registered here; else [`no_tunnel`].
+    /// A tunnel to the replica carrying the call, waiting (until `wait` passes) for
+    /// one while the replica is registered here; else [`no_tunnel`]. `Unimplemented`
+    /// when the tunnels held do not serve `method`.
     pub(crate) async fn open(
         &self,
         agent_id: i64,
         connection_id: i64,
         method: &str,
-        payload: Vec<u8>,
+        meta: &Meta,
         wait: Duration,
-    ) -> Result<ResponseStream, Status> {
+    ) -> Result<TunnelCall, Status> {
         let deadline = Instant::now() + wait;
         loop {
-            if let Some(r) = self
+            if let Some(c) = self
                 .tunnels
-                .open(agent_id, connection_id, method, payload.clone())
-                .await
+                .call(agent_id, connection_id, method, meta)
+                .await?
             {
-                return Ok(r);
+                return Ok(c);
             }
             if !self.ours(agent_id, connection_id) {
                 return Err(no_tunnel());
@@ -94,53 +98,114 @@ impl Follower {
         }
     }
 
-    /// `KasInternal.Call`: accepted (response headers sent) at once when this kas
-    /// may serve the replica, then agentk's response, or a marked `Unavailable` if no
-    /// tunnel came in time.
+    /// `KasInternal.Call`: its first message names the call; accepted (response
+    /// headers sent) at once when this kas may serve the replica; then
+    /// `tunnel_ready` once a tunnel carries it, or a marked `Unavailable` if none
+    /// came in time; then the call's frames both ways.
     pub(crate) async fn call(
         &self,
-        request: TunnelCallRequest,
+        mut requests: Streaming<CallRequest>,
         wait: Duration,
     ) -> Result<CallStream, Status> {
-        if !self.accepts(request.agent_id, request.connection_id) {
+        let start = match requests.message().await? {
+            Some(CallRequest {
+                msg: Some(call_request::Msg::Start(s)),
+            }) => s,
+            _ => return Err(Status::invalid_argument("a call starts with its CallStart")),
+        };
+        if !self.accepts(start.agent_id, start.connection_id) {
             return Err(no_tunnel());
         }
-        enum State {
-            Start(Follower, TunnelCallRequest, Duration),
-            Forward(ResponseStream),
-            Done,
+        let (tx, rx) = mpsc::channel(4);
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = this.carry(start, requests, wait, &tx) => {}
+                // The calling kas went away: dropping the call cancels it at agentk.
+                () = tx.closed() => {}
+            }
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+
+    /// Carry one kas → kas call on a tunnel here, until it ends.
+    async fn carry(
+        &self,
+        start: CallStart,
+        mut requests: Streaming<CallRequest>,
+        wait: Duration,
+        out: &mpsc::Sender<Result<CallResponse, Status>>,
+    ) {
+        let respond = |msg| CallResponse { msg: Some(msg) };
+        let mut call = match self
+            .open(
+                start.agent_id,
+                start.connection_id,
+                &start.method,
+                &start.meta,
+                wait,
+            )
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = out.send(Err(e)).await;
+                return;
+            }
+        };
+        let ready = respond(call_response::Msg::TunnelReady(TunnelReady {
+            connection_id: call.connection_id().unwrap_or(0),
+        }));
+        if out.send(Ok(ready)).await.is_err() {
+            return;
         }
-        let stream = futures_util::stream::unfold(
-            State::Start(self.clone(), request, wait),
-            |state| async move {
-                let mut response = match state {
-                    State::Done => return None,
-                    State::Forward(r) => r,
-                    State::Start(this, req, wait) => {
-                        match this
-                            .open(
-                                req.agent_id,
-                                req.connection_id,
-                                &req.method,
-                                req.payload,
-                                wait,
-                            )
-                            .await
-                        {
-                            Ok(r) => r,
-                            Err(e) => return Some((Err(e), State::Done)),
+        let mut sending = true;
+        loop {
+            tokio::select! {
+                r = requests.message(), if sending => {
+                    // A tunnel that ended refuses what is sent down it; the response
+                    // side (`call.next()`) says how the call ended.
+                    let sent = match r {
+                        Ok(Some(CallRequest { msg: Some(call_request::Msg::Message(m)) })) => {
+                            let _ = call.send(m.data).await;
+                            Ok(())
                         }
+                        Ok(Some(CallRequest { msg: Some(call_request::Msg::CloseSend(_)) })) => {
+                            sending = false;
+                            let _ = call.close_send().await;
+                            Ok(())
+                        }
+                        Ok(Some(_)) => Err(Status::invalid_argument(
+                            "a call's later messages are request messages and a close",
+                        )),
+                        // The calling kas went away mid-request: cancel the call.
+                        Ok(None) | Err(_) => return,
+                    };
+                    if let Err(e) = sent {
+                        let _ = out.send(Err(e)).await;
+                        return;
                     }
-                };
-                match response.message().await {
-                    Ok(Some(payload)) => {
-                        Some((Ok(TunnelMessage { payload }), State::Forward(response)))
-                    }
-                    Ok(None) => None,
-                    Err(e) => Some((Err(e), State::Done)),
                 }
-            },
-        );
-        Ok(Box::pin(stream))
+                f = call.next() => {
+                    let item = match f {
+                        Ok(Some(Frame::Header(meta))) => {
+                            Ok(respond(call_response::Msg::Header(Header { meta })))
+                        }
+                        Ok(Some(Frame::Message(data))) => {
+                            Ok(respond(call_response::Msg::Message(Message { data })))
+                        }
+                        Ok(Some(Frame::Trailer(meta))) => {
+                            Ok(respond(call_response::Msg::Trailer(Trailer { meta })))
+                        }
+                        Ok(None) => return,
+                        Err(e) => Err(e),
+                    };
+                    let end = item.is_err();
+                    if out.send(item).await.is_err() || end {
+                        return;
+                    }
+                }
+            }
+        }
     }
 }

@@ -1,7 +1,14 @@
 //! Routing a tunnelled call to an agent, the one loop every kas API uses (`GetPods`,
-//! the Kubernetes API proxy's `MakeRequest`, the Graph API's `WatchGraph`):
+//! the Kubernetes API proxy's `MakeRequest`, the Graph API's `WatchGraph`, the
+//! Workspaces' `WorkspaceRequest`). A call names its agent, the replica (a
+//! connection id, or 0 for any), the method (`/<service>/<method>`) and its request
+//! metadata ([`AgentRouter::call`]); it carries request messages and a close, and
+//! response header, messages and trailer, then a status ([`Routed`]).
+//! [`AgentRouter::open`] is the form for one request message.
 //!
-//! 1. a reverse tunnel this kas holds to the agent (the replica asked for, or any);
+//! 1. a reverse tunnel this kas holds to the agent (the replica asked for, or any)
+//!    whose descriptor has the method; if the tunnels held serve other methods only,
+//!    `Unimplemented`;
 //! 2. else the kas the registry names for each of the agent's replicas, through its
 //!    streaming `KasInternal.Call`: that kas only follows the instruction (answers from
 //!    its own tunnel to that replica, waiting for one if the replica is registered to
@@ -12,11 +19,13 @@
 //! kas → kas calls are bounded: a connect timeout, and the other kas must *accept* the
 //! call (answer its response headers, or refuse it) within [`ACCEPT_TIMEOUT`] and never
 //! after the routing deadline, so a blackholed kas cannot hold a request past
-//! `max_wait`. It accepts once it has decided to serve the call, before agentk's first
-//! message (a `WatchGraph`'s first batch may take as long as an informer sync); if it
-//! then finds no tunnel in time it ends the stream with `Unavailable` marked
+//! `max_wait`. It accepts once it has decided to serve the call, and says
+//! `tunnel_ready` once a tunnel carries it (a tunnel may take a while to free up);
+//! if it finds no tunnel in time it ends the stream with `Unavailable` marked
 //! [`NO_TUNNEL_KEY`], which the caller reads as "re-route", while an `Unavailable` from
 //! agentk itself (its API server is unreachable) goes back to the client as it is.
+//! After `tunnel_ready` the stream carries the call's frames both ways, so a call
+//! through a second kas behaves as a local one.
 //! The caller's remaining wait travels as [`HOP_WAIT_KEY`] so the other kas never waits
 //! for a tunnel longer than the caller would. HTTP/2 keep-alive detects a kas that dies
 //! mid-stream.
@@ -36,14 +45,16 @@ use std::time::Duration;
 
 use podgate_registry::{AgentEvent, Registry};
 use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status};
 
 use super::metrics::{KasMetrics, Outcome};
-use super::tunnel::Tunnels;
+use super::tunnel::{Meta, Tunnels};
 use podgate_agent::auth;
-use podgate_agent::proto::TunnelCallRequest;
 use podgate_agent::proto::kas_internal_client::KasInternalClient;
+use podgate_agent::proto::{CallRequest, CallResponse, CallStart, call_request, call_response};
 
 mod channels;
 mod follower;
@@ -55,6 +66,9 @@ pub use routed::Routed;
 
 use channels::Channels;
 use routed::Body;
+
+/// Most tunnels [`AgentRouter::open`] tries when each breaks before agentk answers.
+const MAX_ATTEMPTS: usize = 4;
 
 /// Longest a kas → kas TCP connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -155,7 +169,9 @@ impl AgentRouter {
     }
 
     /// Send `method(payload)` to agent `agent_id` (replica `connection_id`, or any
-    /// when 0) and return its response once the first message (or the end) is in.
+    /// when 0) as its only request message, without metadata, and return the call
+    /// once its first response message (or its end) is in. A tunnel that breaks
+    /// before agentk answers (it died while idle) is left, and the call sent again.
     pub async fn open(
         &self,
         agent_id: i64,
@@ -163,15 +179,53 @@ impl AgentRouter {
         method: &str,
         payload: Vec<u8>,
     ) -> Result<Routed, Status> {
-        let mut timer = RouteTimer {
-            metrics: &self.metrics,
-            method,
-            started: std::time::Instant::now(),
-            outcome: Outcome::Cancelled,
-        };
-        let (result, outcome) = self.route(agent_id, connection_id, method, payload).await;
+        let mut timer = self.timer(method);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (result, outcome) = self
+                .route(agent_id, connection_id, method, &Meta::new())
+                .await;
+            timer.outcome = outcome;
+            match result?.try_start(payload.clone()).await {
+                Ok(r) => return Ok(r),
+                // A tunnel that died while idle: the next one (routed afresh).
+                Err((e, true)) if attempts < MAX_ATTEMPTS => {
+                    tracing::debug!(error = %e.message(), "the tunnel broke before agentk answered; retrying");
+                }
+                Err((e, _)) => {
+                    timer.outcome = Outcome::Error;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Start a call of `method` (`/<service>/<method>`) with request metadata `meta`
+    /// on agent `agent_id` (replica `connection_id`, or any when 0): once a tunnel
+    /// carries it, the call to send request messages on and read the response from.
+    pub async fn call(
+        &self,
+        agent_id: i64,
+        connection_id: i64,
+        method: &str,
+        meta: &Meta,
+    ) -> Result<Routed, Status> {
+        let mut timer = self.timer(method);
+        let (result, outcome) = self.route(agent_id, connection_id, method, meta).await;
         timer.outcome = outcome;
         result
+    }
+
+    /// Times a call's routing, as cancelled unless told its outcome.
+    fn timer<'a>(&'a self, method: &'a str) -> RouteTimer<'a> {
+        RouteTimer {
+            metrics: &self.metrics,
+            // The method's own name: `GetPods` for `/podgate.kas.v1.AgentPods/GetPods`.
+            method: method.rsplit('/').next().unwrap_or(method),
+            started: std::time::Instant::now(),
+            outcome: Outcome::Cancelled,
+        }
     }
 
     async fn route(
@@ -179,7 +233,7 @@ impl AgentRouter {
         agent_id: i64,
         connection_id: i64,
         method: &str,
-        payload: Vec<u8>,
+        meta: &Meta,
     ) -> (Result<Routed, Status>, Outcome) {
         let deadline = Instant::now() + self.max_wait;
         // Subscribed before the first look, so a connect in between is not missed.
@@ -196,16 +250,14 @@ impl AgentRouter {
             )
         };
         loop {
-            if let Some(r) = self
+            match self
                 .tunnels
-                .open(agent_id, connection_id, method, payload.clone())
+                .call(agent_id, connection_id, method, meta)
                 .await
             {
-                let id = r.connection_id();
-                return match Routed::start(id, Body::Local(r)).await {
-                    Ok(r) => (Ok(r), Outcome::Local),
-                    Err(e) => (Err(e), Outcome::Error),
-                };
+                Ok(Some(c)) => return (Ok(Routed::local(c)), Outcome::Local),
+                Ok(None) => {}
+                Err(e) => return (Err(e), Outcome::Error),
             }
             let conns = match self.registry.connections_by_agent(agent_id).await {
                 Ok(c) => c,
@@ -216,16 +268,21 @@ impl AgentRouter {
                 }
             };
             let conns = if conns.is_empty() {
-                // Connected nowhere: wait for the connect event (no polling).
+                // Registered nowhere: wait for the connect event (no polling), or a
+                // tunnel here (a GitLab agentk's tunnels serve any replica).
                 let _waiting = Waiting::new(&self.metrics, &mut waited);
-                match self.registry.wait_for_agent(agent_id, deadline).await {
-                    Ok(c) => c,
-                    Err(_) => return timeout(&self.metrics),
+                tokio::select! {
+                    r = self.registry.wait_for_agent(agent_id, deadline) => match r {
+                        Ok(c) => c,
+                        Err(_) => return timeout(&self.metrics),
+                    },
+                    _ = self.tunnels.wait_idle(agent_id, connection_id, 1) => continue,
                 }
             } else {
                 conns
             };
             let mut held_here = false;
+            let mut asked: Vec<&str> = Vec::new();
             for c in conns
                 .iter()
                 .filter(|c| connection_id == 0 || c.connection_id == connection_id)
@@ -234,11 +291,18 @@ impl AgentRouter {
                     held_here = true;
                     continue;
                 }
-                let instruction = TunnelCallRequest {
+                // Each kas once: asked for any replica, it answers for all it holds.
+                if asked.contains(&c.kas.0.as_str()) {
+                    continue;
+                }
+                asked.push(&c.kas.0);
+                // The replica asked for, or any: that kas may hold tunnels naming no
+                // connection (GitLab's agentk), which serve any replica.
+                let instruction = CallStart {
                     agent_id,
-                    connection_id: c.connection_id,
+                    connection_id,
                     method: method.to_owned(),
-                    payload: payload.clone(),
+                    meta: meta.clone(),
                 };
                 match self.remote(&c.kas.0, instruction, deadline).await {
                     Ok(r) => return (Ok(r), Outcome::Kas),
@@ -257,7 +321,7 @@ impl AgentRouter {
             let _waiting = Waiting::new(&self.metrics, &mut waited);
             loop {
                 tokio::select! {
-                    _ = self.tunnels.wait_idle(agent_id, connection_id, 1), if held_here => break,
+                    _ = self.tunnels.wait_idle(agent_id, connection_id, 1), if held_here || connection_id == 0 => break,
                     r = events.recv(), if events_open => match r {
                         Ok(AgentEvent::Connected { agent_id: a, .. }
                         | AgentEvent::Disconnected { agent_id: a, .. })
@@ -279,18 +343,24 @@ impl AgentRouter {
         self.channels.len()
     }
 
-    /// The call through kas `kas`'s `KasInternal.Call`.
+    /// The call through kas `kas`'s `KasInternal.Call`, once that kas says a tunnel
+    /// carries it.
     async fn remote(
         &self,
         kas: &str,
-        instruction: TunnelCallRequest,
+        instruction: CallStart,
         deadline: Instant,
     ) -> Result<Routed, Attempt> {
         let fail = |what: &str| Attempt::Fail(Status::internal(what.to_owned()));
         let token = auth::mint_internal(&self.internal_secret, 30)
             .map_err(|_| fail("minting an internal token"))?;
-        let connection_id = instruction.connection_id;
-        let mut request = Request::new(instruction);
+        let (requests, rx) = mpsc::channel(4);
+        requests
+            .try_send(CallRequest {
+                msg: Some(call_request::Msg::Start(instruction)),
+            })
+            .map_err(|_| fail("queueing the call"))?;
+        let mut request = Request::new(ReceiverStream::new(rx));
         let wait_ms = deadline
             .saturating_duration_since(Instant::now())
             .as_millis()
@@ -310,7 +380,7 @@ impl AgentRouter {
         let accept_by = deadline.min(Instant::now() + ACCEPT_TIMEOUT);
         let mut client = KasInternalClient::new(channel);
         let call = client.call(request);
-        let stream = match tokio::time::timeout_at(accept_by, call).await {
+        let mut responses = match tokio::time::timeout_at(accept_by, call).await {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(e)) if e.code() == tonic::Code::Unavailable => {
                 tracing::debug!(kas, error = %e.message(), "kas did not take the call; re-routing");
@@ -330,8 +400,19 @@ impl AgentRouter {
                 return Err(Attempt::Reroute);
             }
         };
-        match Routed::start(connection_id, Body::Kas(stream)).await {
-            Ok(r) => Ok(r),
+        match responses.message().await {
+            Ok(Some(CallResponse {
+                msg: Some(call_response::Msg::TunnelReady(ready)),
+            })) => Ok(Routed::new(
+                ready.connection_id,
+                Body::Kas {
+                    requests,
+                    responses,
+                },
+            )),
+            Ok(_) => Err(fail(
+                "the kas carrying the call did not say it had a tunnel",
+            )),
             Err(e) if e.metadata().get(NO_TUNNEL_KEY).is_some() => Err(Attempt::Reroute),
             Err(e) => Err(Attempt::Fail(e)),
         }

@@ -77,7 +77,12 @@ impl WorkspacesServer {
         let call = |s: tonic::Status| tunnel_refusal(s, agent_id, name);
         let mut routed = self
             .router
-            .open(agent_id, 0, "WorkspaceRequest", request.encode_to_vec())
+            .open(
+                agent_id,
+                0,
+                podgate_agent::tunnel::WORKSPACE_REQUEST,
+                request.encode_to_vec(),
+            )
             .await
             .map_err(call)?;
         let header = forward::response_header(&mut routed)

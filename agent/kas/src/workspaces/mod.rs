@@ -43,10 +43,12 @@
 //! | the agent never connected within `max_wait` | 504 | `AGENT_NOT_CONNECTED` |
 //! | GitLab unreachable or odd, the tunnel or the workspace failing | 502 | `BAD_GATEWAY` |
 //!
-//! Upgrades: a reverse-tunnel call carries one request message down and a stream
-//! of messages up (`ReverseTunnel.Open`, `KasInternal.Call`), so bytes from the
+//! Upgrades: `WorkspaceRequest` sends one request message down the tunnel and reads
+//! a stream of messages up ([`crate::routing::AgentRouter::open`]), so bytes from the
 //! client after the request cannot reach agentk; WebSockets (editors use them)
-//! would need a bidirectional tunnel call, which podgate's tunnels do not have yet.
+//! would need `WorkspaceRequest` to stream the client's bytes as request messages,
+//! which the tunnel carries ([`crate::routing::AgentRouter::call`]) but this
+//! module and agentk's handler do not do yet.
 //!
 //! Counted in `podgate_kas_workspace_requests_total{outcome}`.
 //!

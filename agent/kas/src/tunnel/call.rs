@@ -1,0 +1,183 @@
+//! One call carried by a reverse tunnel this kas holds ([`TunnelCall`]): kas has sent
+//! `RequestInfo` down it; the caller sends request `Message`s and `CloseSend`, and
+//! reads agentk's `Header`, `Message`s and `Trailer`, ended by the tunnel's end (OK)
+//! or an `Error` (that status).
+//!
+//! GitLab's kas side of a call: `ForwardStream` in
+//! `internal/module/reverse_tunnel/tunnel/impl.go`
+//! (<https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/module/reverse_tunnel/tunnel/impl.go>):
+//! an `Error` frame becomes the caller's status and the tunnel is read to its end;
+//! the caller going away aborts the tunnel with an error, which cancels the call at
+//! agentk (`internal/module/reverse_tunnel/agent/connection.go`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use prost::Message as _;
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use super::super::metrics::KasMetrics;
+use super::super::routing::NO_TUNNEL_KEY;
+use podgate_agent::proto::gitlab::agent::prototool::Values;
+use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::{
+    CloseSend, ConnectRequest, ConnectResponse, Message, connect_request, connect_response,
+};
+
+/// gRPC metadata in the tunnel's form.
+pub type Meta = HashMap<String, Values>;
+
+/// One frame of a call's response.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// agentk's response headers.
+    Header(Meta),
+    /// A response message (protobuf-encoded).
+    Message(Vec<u8>),
+    /// agentk's response trailers (the status follows: the end, or an `Error`).
+    Trailer(Meta),
+}
+
+/// The sending half of a tunnel, as kas holds it.
+pub(super) type Down = mpsc::Sender<Result<ConnectResponse, Status>>;
+
+/// Counts a tunnel as busy while a call uses it.
+pub(super) struct Busy(Arc<KasMetrics>);
+
+impl Busy {
+    pub(super) fn new(metrics: Arc<KasMetrics>) -> Busy {
+        metrics.tunnels_busy.inc();
+        Busy(metrics)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.tunnels_busy.dec();
+    }
+}
+
+/// A call on a tunnel this kas holds. Dropping it before its end aborts the tunnel
+/// with `Cancelled`, which cancels the call at agentk.
+pub struct TunnelCall {
+    pub(super) connection_id: Option<i64>,
+    pub(super) down: Down,
+    pub(super) up: Streaming<ConnectRequest>,
+    pub(super) trailer_seen: bool,
+    /// Whether any frame came up (a tunnel that breaks before one was dead while
+    /// idle: the call may be tried on another).
+    pub(super) answered: bool,
+    pub(super) done: bool,
+    pub(super) _busy: Busy,
+}
+
+/// A `google.rpc.Status` from agentk's `Error` frame as the caller's status; its
+/// details travel as tonic's details (the encoded `google.rpc.Status`).
+fn status_from_proto(s: podgate_agent::proto::google::rpc::Status) -> Status {
+    let code = tonic::Code::from(s.code);
+    if s.details.is_empty() {
+        Status::new(code, s.message)
+    } else {
+        let encoded = s.encode_to_vec();
+        Status::with_details(code, s.message, encoded.into())
+    }
+}
+
+impl TunnelCall {
+    /// The `Unavailable` of a tunnel that broke: marked [`NO_TUNNEL_KEY`] when
+    /// agentk had not answered yet, so the call may be tried on another tunnel.
+    fn broken(&self, why: &str) -> Status {
+        if self.answered {
+            return Status::unavailable(why.to_owned());
+        }
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert(
+            NO_TUNNEL_KEY,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        Status::with_metadata(tonic::Code::Unavailable, why.to_owned(), md)
+    }
+
+    /// The agentk connection the tunnel named (`None`: a GitLab agentk's tunnel).
+    pub fn connection_id(&self) -> Option<i64> {
+        self.connection_id
+    }
+
+    async fn down(&self, msg: connect_response::Msg) -> Result<(), Status> {
+        self.down
+            .send(Ok(ConnectResponse { msg: Some(msg) }))
+            .await
+            .map_err(|_| Status::unavailable("the tunnel to the agent ended"))
+    }
+
+    /// Send one request message.
+    pub async fn send(&self, data: Vec<u8>) -> Result<(), Status> {
+        self.down(connect_response::Msg::Message(Message { data }))
+            .await
+    }
+
+    /// End the request messages (half-close).
+    pub async fn close_send(&self) -> Result<(), Status> {
+        self.down(connect_response::Msg::CloseSend(CloseSend {}))
+            .await
+    }
+
+    /// The next response frame; `None` once the call ended OK; `Err` for agentk's
+    /// error, or the tunnel breaking.
+    pub async fn next(&mut self) -> Result<Option<Frame>, Status> {
+        if self.done {
+            return Ok(None);
+        }
+        let msg = match self.up.message().await {
+            Ok(Some(ConnectRequest { msg: Some(m) })) => m,
+            Ok(Some(ConnectRequest { msg: None })) => {
+                self.done = true;
+                return Err(Status::internal("agentk sent an empty tunnel frame"));
+            }
+            Ok(None) => {
+                self.done = true;
+                return if self.trailer_seen {
+                    Ok(None)
+                } else {
+                    Err(self.broken("the tunnel ended mid-call"))
+                };
+            }
+            Err(e) => {
+                self.done = true;
+                return Err(self.broken(&format!("the tunnel broke mid-call: {}", e.message())));
+            }
+        };
+        self.answered = true;
+        match msg {
+            connect_request::Msg::Header(h) => Ok(Some(Frame::Header(h.meta))),
+            connect_request::Msg::Message(m) => Ok(Some(Frame::Message(m.data))),
+            connect_request::Msg::Trailer(t) => {
+                self.trailer_seen = true;
+                Ok(Some(Frame::Trailer(t.meta)))
+            }
+            connect_request::Msg::Error(e) => {
+                self.done = true;
+                Err(e.status.map_or_else(
+                    || Status::internal("agentk sent an error without a status"),
+                    status_from_proto,
+                ))
+            }
+            connect_request::Msg::Descriptor(_) => {
+                self.done = true;
+                Err(Status::internal("agentk sent a descriptor mid-call"))
+            }
+        }
+    }
+}
+
+impl Drop for TunnelCall {
+    fn drop(&mut self) {
+        if !self.done {
+            // The caller went away: abort the tunnel so agentk cancels the call. If
+            // the frame cannot be queued, dropping `down` still ends the tunnel.
+            let _ = self
+                .down
+                .try_send(Err(Status::cancelled("the caller went away")));
+        }
+    }
+}
