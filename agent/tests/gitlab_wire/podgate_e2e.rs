@@ -37,6 +37,8 @@ async fn podgate_kas(keys: podgate_tokens::KeySet, config_dir: &std::path::Path)
     )
     .unwrap();
     let mut config = kas_config(keys, Duration::from_secs(10));
+    // kas.toml's default: any issuer, as GitLab's kas (Rails signs with its host).
+    config.issuer = String::new();
     config.agent_config = Some(AgentConfigSource {
         dir: config_dir.to_owned(),
         poll: Duration::from_millis(50),
@@ -145,11 +147,10 @@ async fn rails_lists_a_gitlab_agentk_through_another_kas() {
             let registry = Registry::with_memory(backend.clone(), RegistryConfig::default())
                 .await
                 .unwrap();
-            kases.push(
-                Kas::start(kas_config(keys.clone(), Duration::from_secs(10)), registry)
-                    .await
-                    .unwrap(),
-            );
+            let mut config = kas_config(keys.clone(), Duration::from_secs(10));
+            // kas.toml's default: any issuer, as GitLab's kas.
+            config.issuer = String::new();
+            kases.push(Kas::start(config, registry).await.unwrap());
         }
         let (holder, other) = (&kases[0], &kases[1]);
         let mut cfg = Config::new(
