@@ -133,7 +133,7 @@ async fn agentk_reaches_its_pods_kas_through_the_proxy_over_h2c_and_websocket_wi
 
     // The proxy counted agent traffic to Pod 2's kas, none to the legacy Pod. A
     // request is counted when it ends: the WebSocket ends once agentk 4 is gone.
-    for rule in ["kas-podgate", "kas-agent"] {
+    for rule in ["kas-grpc", "kas-agent"] {
         podgate_registry::testing::eventually(
             std::time::Duration::from_secs(10),
             "the proxy counts the agent traffic",

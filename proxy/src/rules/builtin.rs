@@ -126,7 +126,7 @@ const KAS_K8S_PROXY: &[&str] = &["kas-bearer"];
 /// | `registry-auth` | `/jwt/auth` | `basic` | `app/controllers/jwt_controller.rb` (Basic only, `find_for_git_client`) |
 /// | `kas-k8s-proxy` | `/-/kubernetes-agent/k8s-proxy/…` (Omnibus layout) → the Pod's `kas_k8s_proxy` pool | `kas-bearer`; no token: the `_gitlab_kas` cookie's Pod prefix, the `_gitlab_session` cookie's, else the default Pod | kas `internal/module/kubernetes_api/server/proxy.go`; `lib/gitlab/kas/user_access.rb` |
 /// | `kas-k8s-proxy-host`, `kas-k8s-proxy-host-cookie` | `/k8s-proxy/…` (kas's own host) with a `pat:`/`ci:` bearer, or with the `_gitlab_kas` cookie | same | same; `lib/gitlab/path_regex.rb` (`k8s-proxy` is not reserved on GitLab's host) |
-/// | `kas-agent`, `kas-grpc`, `kas-podgate` | agentk's gRPC and WebSocket | `bearer` | kas: `Authorization: Bearer <agent token>` |
+/// | `kas-agent`, `kas-grpc` | agentk's gRPC (GitLab's agent wire) and WebSocket | `bearer` | kas: `Authorization: Bearer <agent token>` |
 /// | `api-token` | any other `/api/…` | `basic`, `header:deploy-token`, `rails-param:access_token`, `bearer`, `rails-param:bearer_token`, `rails-param:private_token`, `header:private-token`, `rails-param:job_token`, `rails-param:token`, `header:job-token` | `lib/api/api_guard.rb` `find_user_from_sources`, `lib/gitlab/auth/auth_finders.rb`; packages: `lib/api/helpers/authentication.rb` |
 /// | `kas-workspaces` (only with `[workspaces] host_suffix`, before every other rule; [`workspaces_rule`]) | any request whose host ends with the suffix → the Pod's `kas_workspaces` pool | `bearer` (the user's personal access token) | kas's Workspaces HTTP server; `charts/gitlab/charts/kas/templates/ingress-workspaces.yaml` |
 /// | `session` | anything with `_gitlab_session` | the cookie's `cell-<n>-` prefix | the Cells HTTP router |
@@ -234,15 +234,6 @@ pub fn builtin() -> Vec<Rule> {
             "kas-grpc",
             &["POST"],
             PathMatch::Prefix("/gitlab.agent.".into()),
-            &["bearer"],
-            Pool::Kas,
-            7200,
-        ),
-        // podgate's own agentk (configuration stream, reverse tunnels).
-        rule(
-            "kas-podgate",
-            &["POST"],
-            PathMatch::Prefix("/podgate.kas.v1.".into()),
             &["bearer"],
             Pool::Kas,
             7200,

@@ -59,8 +59,12 @@ fn every_runner_endpoint_has_its_rule() {
     );
     assert_eq!(name("GET", "/-/kubernetes-agent/", &[]), "kas-agent");
     assert_eq!(
-        name("POST", "/podgate.kas.v1.ReverseTunnel/Open", &[]),
-        "kas-podgate"
+        name(
+            "POST",
+            "/gitlab.agent.reverse_tunnel.rpc.ReverseTunnel/Connect",
+            &[]
+        ),
+        "kas-grpc"
     );
     assert_eq!(
         name(
