@@ -11,8 +11,8 @@
 //! WebSocket handshake too).
 //!
 //! As GitLab's agentk and kas do:
-//! - every call is gzip-compressed ([`gzip_server!`] on each server kas runs for
-//!   agentk, [`gzip_client!`] on each of agentk's clients): GitLab's agentk dials
+//! - every call is gzip-compressed ([`gzip_server!`](crate::gzip_server!) on each server kas runs for
+//!   agentk, [`gzip_client!`](crate::gzip_client!) on each of agentk's clients): GitLab's agentk dials
 //!   with `grpc.UseCompressor(gzip)` (`cmd/agentk/agentkapp/app.go`);
 //! - the WebSocket speaks subprotocol [`WS_TUNNEL_PROTOCOL`]: the client asks for it,
 //!   the server selects it, and a client that did not ask gets the WebSocket closed

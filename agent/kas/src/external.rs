@@ -5,8 +5,8 @@
 //! - [`ExternalAuth`] is the interceptor every service on this listener is wrapped
 //!   in: Rails' JWT as [`podgate_agent::auth::JwtAuth::external`] checks it, every
 //!   refusal the same bare `Unauthenticated` (the reason goes to the metrics).
-//! - [`routes`] puts the services together with gzip accepted (and sent when asked)
-//!   and the [`fallback`]: any other path is authenticated the same way, then
+//! - `routes` puts the services together with gzip accepted (and sent when asked)
+//!   and the `fallback`: any other path is authenticated the same way, then
 //!   answered `Unimplemented` with a message naming the method, and saying so when
 //!   it is one of GitLab's (16.5's API server registers `AgentTracker`,
 //!   `ConfigurationProject` and `Notifications`,
@@ -14,7 +14,7 @@
 //!   [`GITLAB_UNSERVED`]).
 //!
 //! A new service on this listener: `InterceptedService::new(gzip_server!(XServer::new(x)),
-//! auth.clone())`, added to the [`routes`] call in `lifecycle.rs`.
+//! auth.clone())`, added to the `routes` call in `lifecycle.rs`.
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -13,7 +13,7 @@
 //!   depends on the content alone, so it is stable across kas restarts and replicas,
 //!   changes with every edit, and an operator can compute it. A missing file is the
 //!   empty configuration (as in GitLab) with the blob id of empty content.
-//! - **Parsing** is GitLab's ([`file`]): a file that is not YAML, not a mapping, has
+//! - **Parsing** is GitLab's ([`file`](mod@file)): a file that is not YAML, not a mapping, has
 //!   an unknown field or breaks a validation rule, or is larger than [`MAX_FILE`]
 //!   (GitLab's `max_configuration_file_size`), is a user error: the stream ends with
 //!   `FailedPrecondition` (`Config: …`), as GitLab's does. An unreadable file is
