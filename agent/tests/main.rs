@@ -16,6 +16,7 @@ mod gitlab_wire;
 mod graph_ws;
 mod k8s_proxy_auth;
 mod kas_api;
+mod kubectl;
 mod layout;
 mod leader;
 mod rails;

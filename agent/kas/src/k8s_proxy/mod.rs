@@ -30,6 +30,7 @@ mod auth;
 mod creds;
 pub(crate) mod forward;
 pub(crate) mod graph_ws;
+mod make_request;
 mod status;
 
 pub use auth::{
@@ -232,7 +233,7 @@ impl K8sProxy {
             };
             return Ok(graph_ws::handle(req, ctx));
         }
-        forward::make_request(self, req, identity).await
+        make_request::make_request(self, req, identity).await
     }
 }
 
