@@ -368,17 +368,17 @@ mod tests {
                 },
             ],
         };
-        let r = build(request(
-            &[
+        let r = build(
+            request(&[
                 ("Connection", "keep-alive, X-Secret"),
                 ("X-Secret", "s"),
                 ("Keep-Alive", "timeout=5"),
                 ("Authorization", "Bearer pat:3:glpat-x"),
                 ("Host", "gitlab.example.com"),
                 ("Accept", "application/json"),
-            ],
+            ]),
             Some(imp),
-        ))
+        )
         .unwrap();
         let h = r.headers();
         for gone in [
