@@ -64,6 +64,8 @@ pub struct Stack {
     pub kube: KubeTestServer,
     pub config: PathBuf,
     pub dir: tempfile::TempDir,
+    /// root's personal access token (scope `k8s_proxy`).
+    pub pat: String,
     /// Mints agent tokens for this kas.
     pub mint: Box<dyn Fn(Option<u64>) -> String + Send + Sync>,
 }
@@ -110,6 +112,7 @@ pub async fn stack() -> Stack {
         kube,
         config,
         dir,
+        pat,
         mint: Box::new(mint),
     }
 }

@@ -15,6 +15,7 @@ mod gitlab_access;
 mod gitlab_wire;
 mod graph_ws;
 mod k8s_proxy_auth;
+mod k8s_proxy_frames;
 mod kas_api;
 mod kubectl;
 mod layout;

@@ -225,3 +225,85 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt as _;
+
+    /// A client whose API server must never be reached.
+    fn unreachable_client() -> kube::Client {
+        let svc = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, std::io::Error>(std::io::Error::other(
+                "the API server was called",
+            ))
+        });
+        kube::Client::new(svc, "default")
+    }
+
+    fn frames(msgs: Vec<http_request::Message>) -> Requests {
+        Box::pin(futures_util::stream::iter(
+            msgs.into_iter()
+                .map(|m| HttpRequest { message: Some(m) }.encode_to_vec()),
+        ))
+    }
+
+    fn header(content_length: i64, upgrade: bool) -> http_request::Message {
+        let mut h = std::collections::HashMap::new();
+        if upgrade {
+            h.insert(
+                "Upgrade".to_owned(),
+                prototool::Values {
+                    value: vec!["SPDY/3.1".into()],
+                },
+            );
+        }
+        http_request::Message::Header(http_request::Header {
+            request: Some(prototool::HttpRequest {
+                method: "POST".into(),
+                header: h,
+                url_path: "/api/v1/namespaces/default/pods/web-1/exec".into(),
+                query: Default::default(),
+            }),
+            extra: None,
+            content_length: Some(content_length),
+        })
+    }
+
+    async fn refusal(msgs: Vec<http_request::Message>) -> Status {
+        let mut out = make_request(unreachable_client(), frames(msgs));
+        match out.next().await {
+            Some(Err(s)) => s,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_out_of_gitlabs_order_are_refused_before_the_api_server_is_called() {
+        let data = || {
+            http_request::Message::Data(http_request::Data {
+                data: b"x".to_vec(),
+            })
+        };
+        let up = || {
+            http_request::Message::UpgradeData(http_request::UpgradeData {
+                data: b"x".to_vec(),
+            })
+        };
+        let s = refusal(vec![data()]).await;
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert!(s.message().contains("Header first"), "{s:?}");
+        let s = refusal(vec![header(0, false), data()]).await;
+        assert_eq!(s.code(), tonic::Code::Internal);
+        assert_eq!(s.message(), "unexpected HttpRequest_Data message received");
+        let s = refusal(vec![header(-1, false), up()]).await;
+        assert_eq!(
+            s.message(),
+            "unexpected HttpRequest_UpgradeData message for non-upgrade request"
+        );
+        // In order, the request is made (here: the API server cannot be reached).
+        let s = refusal(vec![header(1, true), data()]).await;
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(s.message().contains("the API server was called"), "{s:?}");
+    }
+}
