@@ -229,7 +229,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures_util::StreamExt as _;
 
     /// A client whose API server must never be reached.
     fn unreachable_client() -> kube::Client {
