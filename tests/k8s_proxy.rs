@@ -9,7 +9,7 @@
 //! - kubectl's kubeconfig names the proxy's `/-/kubernetes-agent/k8s-proxy/` URL and
 //!   the token `pat:<agent id>:<personal access token of Pod 2>`: `get -A`, `get -w`
 //!   (an event caused by a later `apply` arrives while the watch runs), `apply`,
-//!   `delete`, for both agents.
+//!   `delete`, `exec` (output and exit code), for both agents.
 //! - Without credentials the default Pod's kas answers 401 with
 //!   `Gitlab-Unauthorized: true`; an invalid token gets the same from the proxy; a
 //!   Pod 2 token is never answered by Pod 1.
@@ -392,6 +392,18 @@ fn kubectl_works_through_the_proxy_kas_and_agentk_locally_and_kas_to_kas() {
             .collect();
         names.sort();
         assert_eq!(names, ["default/web-1", "ops/db-1"], "{how}");
+
+        // exec: through the proxy's upgrade and MakeRequest's UpgradeData, the
+        // command's output, and a failing command's exit code.
+        let exec = ["exec", "-n", "default", "web-1", "--"];
+        let out = kubectl_ok(&config, &[&exec[..], &["echo", "hello from exec"]].concat());
+        assert_eq!(out.trim(), "hello from exec", "{how}");
+        let (ok, out, err) = kubectl(
+            &config,
+            &[&exec[..], &["sh", "-c", "echo bye; exit 3"]].concat(),
+        );
+        assert!(!ok && out.trim() == "bye", "{how}: {out}{err}");
+        assert!(err.contains("exit code 3"), "{how}: {err}");
 
         // get -w sees an object a later apply creates.
         let name = format!("applied-{agent}");

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use podgate_agent::proto::kas_internal_client::KasInternalClient;
-use podgate_agent::proto::kubernetes_api::{
-    Header, HttpRequest, HttpResponsePart, http_response_part,
+use podgate_agent::proto::gitlab::agent::grpctool::{
+    HttpRequest, HttpResponse, http_request, http_response,
 };
+use podgate_agent::proto::gitlab::agent::prototool;
+use podgate_agent::proto::kas_internal_client::KasInternalClient;
 use podgate_agent::proto::{CallRequest, CallStart, call_request};
 use podgate_agentk::{Handler, KubeHandler, Responses, TunnelPool, serve_tunnels};
 use podgate_kas::Kas;
@@ -265,37 +266,106 @@ async fn put(registry: &Registry, agent: i64, conn: i64, kas_addr: &str) {
         .unwrap();
 }
 
-fn get(path: &str) -> HttpRequest {
-    HttpRequest {
-        method: "GET".into(),
+/// A request of `method` for `path` (and `query`) accepting JSON, with `body`.
+struct Req {
+    method: &'static str,
+    path: String,
+    query: Vec<(&'static str, String)>,
+    content_type: bool,
+    body: Vec<u8>,
+}
+
+fn get(path: &str) -> Req {
+    Req {
+        method: "GET",
         path: path.into(),
-        headers: vec![Header {
-            name: "Accept".into(),
-            values: vec!["application/json".into()],
-        }],
+        query: Vec::new(),
+        content_type: false,
         body: Vec::new(),
-        impersonation: None,
     }
 }
 
-/// The header part of a MakeRequest response: status and headers.
-async fn head(r: &mut podgate_kas::routing::Routed) -> (i32, Vec<Header>) {
-    let first = HttpResponsePart::decode(r.message().await.unwrap().unwrap().as_slice()).unwrap();
-    match first.part {
-        Some(http_response_part::Part::Header(h)) => (h.status, h.headers),
+/// `req` as GitLab's kas sends it: Header, the body as Data, Trailer, half-close.
+async fn send_request(r: &podgate_kas::routing::Routed, req: Req) {
+    let mut header: std::collections::HashMap<String, prototool::Values> = Default::default();
+    header.insert(
+        "Accept".into(),
+        prototool::Values {
+            value: vec!["application/json".into()],
+        },
+    );
+    if req.content_type {
+        header.insert(
+            "Content-Type".into(),
+            prototool::Values {
+                value: vec!["application/json".into()],
+            },
+        );
+    }
+    let query = req
+        .query
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), prototool::Values { value: vec![v] }))
+        .collect();
+    let frame = |m| HttpRequest { message: Some(m) }.encode_to_vec();
+    let head = http_request::Header {
+        request: Some(prototool::HttpRequest {
+            method: req.method.into(),
+            header,
+            url_path: req.path,
+            query,
+        }),
+        extra: None,
+        content_length: Some(i64::try_from(req.body.len()).unwrap()),
+    };
+    r.send(frame(http_request::Message::Header(head)))
+        .await
+        .unwrap();
+    if !req.body.is_empty() {
+        let data = http_request::Data { data: req.body };
+        r.send(frame(http_request::Message::Data(data)))
+            .await
+            .unwrap();
+    }
+    r.send(frame(http_request::Message::Trailer(
+        http_request::Trailer {},
+    )))
+    .await
+    .unwrap();
+    r.close_send().await.unwrap();
+}
+
+fn response(m: &[u8]) -> http_response::Message {
+    HttpResponse::decode(m).unwrap().message.unwrap()
+}
+
+/// The header of a MakeRequest response: status and headers.
+async fn head(
+    r: &mut podgate_kas::routing::Routed,
+) -> (i32, std::collections::HashMap<String, prototool::Values>) {
+    match response(&r.message().await.unwrap().unwrap()) {
+        http_response::Message::Header(h) => {
+            let h = h.response.unwrap();
+            (h.status_code, h.header)
+        }
         other => panic!("expected a header first, got {other:?}"),
     }
 }
 
-/// The rest of a MakeRequest response: its body.
+/// The rest of a MakeRequest response: its body (Data until Trailer, then the end).
 async fn body(r: &mut podgate_kas::routing::Routed) -> Vec<u8> {
     let mut out = Vec::new();
-    while let Some(m) = r.message().await.unwrap() {
-        match HttpResponsePart::decode(m.as_slice()).unwrap().part {
-            Some(http_response_part::Part::Data(d)) => out.extend(d),
+    loop {
+        match response(&r.message().await.unwrap().unwrap()) {
+            http_response::Message::Data(d) => out.extend(d.data),
+            http_response::Message::Trailer(_) => break,
             other => panic!("expected data, got {other:?}"),
         }
     }
+    assert!(
+        r.message().await.unwrap().is_none(),
+        "the call ends after the Trailer"
+    );
     out
 }
 
@@ -312,18 +382,20 @@ async fn make_request_reaches_kube_sim_through_two_kas() {
     let (_conn, _presence, tunnels) =
         replica(&kas2, mint(Some(3)), 3, Arc::new(KubeHandler::new(client))).await;
     let router = kas1.router();
-    let make = |req: HttpRequest| {
+    let make = |req: Req| {
         let router = router.clone();
         async move {
-            router
-                .open(
+            let r = router
+                .call(
                     3,
                     0,
                     podgate_agent::tunnel::MAKE_REQUEST,
-                    req.encode_to_vec(),
+                    &Default::default(),
                 )
                 .await
-                .unwrap()
+                .unwrap();
+            send_request(&r, req).await;
+            r
         }
     };
 
@@ -331,17 +403,10 @@ async fn make_request_reaches_kube_sim_through_two_kas() {
     let mut r = make(get("/api/v1/namespaces/default/configmaps")).await;
     let (status, headers) = head(&mut r).await;
     assert_eq!(status, 200);
+    assert!(headers["Content-Type"].value[0].starts_with("application/json"));
+    let via = &headers["Via"];
     assert!(
-        headers
-            .iter()
-            .any(|h| h.name == "content-type" && h.values[0].starts_with("application/json"))
-    );
-    let via = headers
-        .iter()
-        .find(|h| h.name == "via")
-        .expect("a Via header");
-    assert!(
-        via.values.iter().any(|v| v.contains("podgate-agentk/")),
+        via.value.iter().any(|v| v.contains("podgate-agentk/")),
         "{via:?}"
     );
     let list: Value = serde_json::from_slice(&body(&mut r).await).unwrap();
@@ -354,19 +419,17 @@ async fn make_request_reaches_kube_sim_through_two_kas() {
     assert_eq!(status["kind"], "Status");
 
     // A watch: its events arrive while it is open, chunk by chunk.
-    let mut watch = make(get(&format!(
-        "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={}",
-        kube.resource_version()
-    )))
-    .await;
+    let mut watch = get("/api/v1/namespaces/default/configmaps");
+    watch.query = vec![
+        ("watch", "1".into()),
+        ("resourceVersion", kube.resource_version().to_string()),
+    ];
+    let mut watch = make(watch).await;
     assert_eq!(head(&mut watch).await.0, 200);
     // A create through the proxy (a body, POST).
     let mut create = get("/api/v1/namespaces/default/configmaps");
-    create.method = "POST".into();
-    create.headers.push(Header {
-        name: "Content-Type".into(),
-        values: vec!["application/json".into()],
-    });
+    create.method = "POST";
+    create.content_type = true;
     create.body = serde_json::to_vec(&json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "second", "namespace": "default"},
@@ -387,8 +450,8 @@ async fn make_request_reaches_kube_sim_through_two_kas() {
             .await
             .unwrap()
             .expect("the watch stays open");
-        match HttpResponsePart::decode(m.as_slice()).unwrap().part {
-            Some(http_response_part::Part::Data(d)) => seen.extend(d),
+        match response(&m) {
+            http_response::Message::Data(d) => seen.extend(d.data),
             other => panic!("expected data, got {other:?}"),
         }
         if let Some(end) = seen.iter().position(|b| *b == b'\n') {

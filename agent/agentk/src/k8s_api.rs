@@ -1,16 +1,13 @@
-//! `MakeRequest`: the Kubernetes API proxy's requests (kas → tunnel → here), made
-//! against the cluster's API server with the agent's own `kube::Client`, so the
-//! client's own credentials apply: a caller's `Authorization` never reaches the
-//! cluster.
+//! The Kubernetes API proxy's requests as agentk makes them against the cluster's
+//! API server with the agent's own `kube::Client`, so the client's own credentials
+//! apply: a caller's `Authorization` never reaches the cluster. The framing of
+//! `MakeRequest` is [`super::make_request`]'s; the answers of a workspace's port
+//! (`WorkspaceRequest`, [`super::workspace_traffic`]) use [`respond`]: one
+//! [`HttpResponsePart`] header, then the body in `data` chunks as it arrives.
 //!
-//! The response travels back as one [`HttpResponsePart`] header, then the body in
-//! `data` chunks as it arrives from the API server (a watch flows chunk by chunk for
-//! as long as it runs), then the tunnel's OK status. kas ending the tunnel drops the
-//! response, which closes the connection to the API server: the request is cancelled.
-//!
-//! As GitLab's agentk (`internal/module/kubernetes_api/agent/server.go` in
-//! gitlab-org/cluster-integration/gitlab-agent, read at pluralsh/kubernetes-agent
-//! `1fc64e68^`): the request carries `Via: gRPC/1.0 <agentk>`, the response
+//! As GitLab's agentk (`internal/module/kubernetes_api/agent/server.go`,
+//! <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/module/kubernetes_api/agent/server.go>):
+//! the request carries `Via: gRPC/1.0 <agentk>`, the response
 //! `Via: <HTTP version> <agentk>`; impersonation (`restImpersonationConfig`) is
 //! - none when neither kas nor the caller asks for it;
 //! - kas's (`Impersonate-User`, one `Impersonate-Group` per group, `Impersonate-Uid`,
@@ -22,9 +19,9 @@
 //!
 //! Hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the headers it names,
 //! `Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`, `Proxy-Authorization`,
-//! `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`) are dropped both ways, as Go's
-//! reverse proxy does; so are `Host` and `Content-Length` on the request (hyper sets
-//! them for the API server's connection).
+//! `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`) are dropped, except that an
+//! upgrade request keeps `Upgrade` with `Connection: upgrade` (GitLab's
+//! `cleanHeader`); `Host` and `Content-Length` on the request are left to hyper.
 
 use bytes::Bytes;
 use futures_util::StreamExt as _;
@@ -35,7 +32,8 @@ use prost::Message as _;
 use tonic::Status;
 
 use super::tunnels::Responses;
-use podgate_agent::httpz::drop_hop_by_hop;
+use podgate_agent::httpz::{drop_hop_by_hop, from_values};
+use podgate_agent::proto::gitlab::agent::prototool;
 use podgate_agent::proto::kubernetes_api::{
     Header, HttpRequest, HttpResponseHeader, HttpResponsePart, ImpersonationConfig,
     http_response_part,
@@ -50,26 +48,6 @@ const AGENT: &str = concat!("podgate-agentk/", env!("CARGO_PKG_VERSION"));
 
 /// GitLab's answer to a request with impersonation from both kas and the caller.
 const NESTED: &str = "nested impersonation is not supported - agent is already configured to impersonate an identity";
-
-/// Answer one tunnelled `MakeRequest` (an encoded [`HttpRequest`]).
-pub fn make_request(client: kube::Client, payload: Vec<u8>) -> Responses {
-    Box::pin(
-        futures_util::stream::once(async move {
-            let req = HttpRequest::decode(payload.as_slice())
-                .map_err(|_| Status::invalid_argument("undecodable MakeRequest request"))?;
-            let request = build(req)?;
-            let response = client.send(request).await.map_err(|e| {
-                tracing::warn!(error = %e, "kubernetes API request failed");
-                Status::unavailable(format!("kubernetes API request failed: {e}"))
-            })?;
-            Ok(respond(response))
-        })
-        .flat_map(|r: Result<Responses, Status>| match r {
-            Ok(parts) => parts,
-            Err(e) => Box::pin(futures_util::stream::once(async move { Err(e) })),
-        }),
-    )
-}
 
 /// Whether `name` is an impersonation header (`Impersonate-User`, `-Group`, `-Uid`,
 /// `-Extra-*`), as client-go's `transport` constants name them.
@@ -170,9 +148,49 @@ pub(super) fn request_head(
     Ok((method, uri, headers))
 }
 
-/// The HTTP request for the API server.
-fn build(req: HttpRequest) -> Result<http::Request<kube::client::Body>, Status> {
-    let (method, uri, mut headers) = request_head(&req)?;
+/// The HTTP request for the API server (`server.go`'s `newRequest` and
+/// `restImpersonationConfig`): `request`'s method, path, query (encoded as Go's
+/// `url.Values.Encode`) and headers (hop-by-hop ones dropped, `Upgrade` kept with
+/// `Connection: upgrade` when there; `Host`, `Content-Length` and `Authorization`
+/// left to the client), kas's impersonation `imp`, agentk's `Via`, `body`.
+pub(crate) fn build(
+    request: &prototool::HttpRequest,
+    imp: Option<&ImpersonationConfig>,
+    body: Vec<u8>,
+) -> Result<http::Request<kube::client::Body>, Status> {
+    if !request.url_path.starts_with('/') {
+        return Err(Status::invalid_argument(format!(
+            "request path {:?} does not start with /",
+            request.url_path
+        )));
+    }
+    let method = http::Method::from_bytes(request.method.as_bytes())
+        .map_err(|_| Status::invalid_argument(format!("bad method {:?}", request.method)))?;
+    let query = encode_query(&request.query);
+    let path = if query.is_empty() {
+        request.url_path.clone()
+    } else {
+        format!("{}?{query}", request.url_path)
+    };
+    let uri: http::Uri = path
+        .parse()
+        .map_err(|_| Status::invalid_argument(format!("bad request path {path:?}")))?;
+    let mut headers = from_values(&request.header);
+    let upgrade: Vec<HeaderValue> = headers
+        .get_all(http::header::UPGRADE)
+        .iter()
+        .cloned()
+        .collect();
+    drop_hop_by_hop(&mut headers);
+    if !upgrade.is_empty() {
+        for v in upgrade {
+            headers.append(http::header::UPGRADE, v);
+        }
+        headers.insert(
+            http::header::CONNECTION,
+            HeaderValue::from_static("upgrade"),
+        );
+    }
     for name in [
         http::header::HOST,
         http::header::CONTENT_LENGTH,
@@ -181,7 +199,7 @@ fn build(req: HttpRequest) -> Result<http::Request<kube::client::Body>, Status> 
         headers.remove(name);
     }
     let caller_impersonates = headers.keys().any(|k| is_impersonation(k.as_str()));
-    match req.impersonation.as_ref().filter(|i| !is_empty(i)) {
+    match imp.filter(|i| !is_empty(i)) {
         Some(_) if caller_impersonates => return Err(Status::permission_denied(NESTED)),
         Some(imp) => impersonate(&mut headers, imp)?,
         None => {}
@@ -193,11 +211,43 @@ fn build(req: HttpRequest) -> Result<http::Request<kube::client::Body>, Status> 
             env!("CARGO_PKG_VERSION")
         )),
     );
-    let mut request = http::Request::new(kube::client::Body::from(req.body));
-    *request.method_mut() = method;
-    *request.uri_mut() = uri;
-    *request.headers_mut() = headers;
-    Ok(request)
+    let mut req = http::Request::new(kube::client::Body::from(body));
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// Go's `url.Values.Encode`: keys sorted, `QueryEscape`d keys and values (a space
+/// is `+`).
+fn encode_query(query: &std::collections::HashMap<String, prototool::Values>) -> String {
+    let escape = |s: &str| {
+        utf8_percent_encode(s, QUERY_ESCAPE)
+            .to_string()
+            .replace("%20", "+")
+    };
+    let mut keys: Vec<&String> = query.keys().collect();
+    keys.sort_unstable();
+    let mut out = Vec::new();
+    for k in keys {
+        for v in &query[k].value {
+            out.push(format!("{}={}", escape(k), escape(v)));
+        }
+    }
+    out.join("&")
+}
+
+/// What Go's `QueryEscape` leaves as it is: letters, digits, `-_.~`.
+const QUERY_ESCAPE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// agentk's `Via` on a response of HTTP `version`.
+pub(crate) fn via(version: http::Version) -> HeaderValue {
+    HeaderValue::from_str(&format!("{} {AGENT}", version_name(version)))
+        .expect("a valid header value")
 }
 
 fn part(p: http_response_part::Part) -> Vec<u8> {
@@ -213,9 +263,7 @@ where
 {
     let (mut head, body) = response.into_parts();
     drop_hop_by_hop(&mut head.headers);
-    if let Ok(via) = HeaderValue::from_str(&format!("{} {AGENT}", version(head.version))) {
-        head.headers.append(http::header::VIA, via);
-    }
+    head.headers.append(http::header::VIA, via(head.version));
     let mut headers: Vec<Header> = Vec::new();
     for (name, value) in &head.headers {
         let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
@@ -256,7 +304,7 @@ fn split(data: Bytes) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn version(v: http::Version) -> &'static str {
+fn version_name(v: http::Version) -> &'static str {
     match v {
         http::Version::HTTP_10 => "1.0",
         http::Version::HTTP_2 => "2.0",
@@ -269,20 +317,35 @@ fn version(v: http::Version) -> &'static str {
 mod tests {
     use super::*;
 
-    fn request(headers: &[(&str, &str)], imp: Option<ImpersonationConfig>) -> HttpRequest {
-        HttpRequest {
-            method: "GET".into(),
-            path: "/api/v1/pods?watch=1".into(),
-            headers: headers
-                .iter()
-                .map(|(n, v)| Header {
-                    name: (*n).into(),
-                    values: vec![(*v).into()],
-                })
-                .collect(),
-            body: Vec::new(),
-            impersonation: imp,
+    fn request(headers: &[(&str, &str)]) -> prototool::HttpRequest {
+        let mut h: std::collections::HashMap<String, prototool::Values> = Default::default();
+        for (n, v) in headers {
+            h.entry((*n).into()).or_default().value.push((*v).into());
         }
+        let query = [("watch", "1"), ("labelSelector", "a b")]
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    k.to_owned(),
+                    prototool::Values {
+                        value: vec![v.to_owned()],
+                    },
+                )
+            })
+            .collect();
+        prototool::HttpRequest {
+            method: "GET".into(),
+            header: h,
+            url_path: "/api/v1/pods".into(),
+            query,
+        }
+    }
+
+    fn build(
+        r: prototool::HttpRequest,
+        imp: Option<ImpersonationConfig>,
+    ) -> Result<http::Request<kube::client::Body>, Status> {
+        super::build(&r, imp.as_ref(), Vec::new())
     }
 
     #[test]
@@ -305,25 +368,23 @@ mod tests {
                 },
             ],
         };
-        let r = build(request(
-            &[
+        let r = build(
+            request(&[
                 ("Connection", "keep-alive, X-Secret"),
                 ("X-Secret", "s"),
                 ("Keep-Alive", "timeout=5"),
-                ("Upgrade", "websocket"),
                 ("Authorization", "Bearer pat:3:glpat-x"),
                 ("Host", "gitlab.example.com"),
                 ("Accept", "application/json"),
-            ],
+            ]),
             Some(imp),
-        ))
+        )
         .unwrap();
         let h = r.headers();
         for gone in [
             "connection",
             "x-secret",
             "keep-alive",
-            "upgrade",
             "authorization",
             "host",
         ] {
@@ -342,25 +403,32 @@ mod tests {
                 .unwrap()
                 .starts_with("gRPC/1.0 podgate-agentk/")
         );
-        assert_eq!(r.uri(), "/api/v1/pods?watch=1");
+        assert_eq!(r.uri(), "/api/v1/pods?labelSelector=a+b&watch=1");
+        let r = build(
+            request(&[("Upgrade", "SPDY/3.1"), ("Connection", "Upgrade, X-Secret")]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(r.headers()["upgrade"], "SPDY/3.1");
+        assert_eq!(r.headers()["connection"], "upgrade");
     }
 
     #[test]
     fn caller_impersonation_passes_alone_and_is_refused_with_kas_impersonation() {
         let caller = [("Impersonate-User", "admin")];
-        let r = build(request(&caller, None)).unwrap();
+        let r = build(request(&caller), None).unwrap();
         assert_eq!(r.headers()["impersonate-user"], "admin");
         let imp = ImpersonationConfig {
             username: "gitlab:user:alice".into(),
             ..Default::default()
         };
-        let e = build(request(&caller, Some(imp.clone()))).unwrap_err();
+        let e = build(request(&caller), Some(imp.clone())).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(e.message().contains("nested impersonation"));
-        let e = build(request(&[("impersonate-extra-scopes", "x")], Some(imp))).unwrap_err();
+        let e = build(request(&[("Impersonate-Extra-Scopes", "x")]), Some(imp)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         // An empty impersonation config is no impersonation.
-        let r = build(request(&caller, Some(ImpersonationConfig::default()))).unwrap();
+        let r = build(request(&caller), Some(ImpersonationConfig::default())).unwrap();
         assert_eq!(r.headers()["impersonate-user"], "admin");
     }
 

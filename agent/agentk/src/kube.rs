@@ -1,6 +1,6 @@
 //! What agentk does for kas, through kube-rs: `GetPods` lists the cluster's pods
-//! (all namespaces, or one), page by page; `MakeRequest`, `WatchGraph` and
-//! `WorkspaceRequest` are answered by their modules. Methods are named in full, as
+//! (all namespaces, or one), page by page; `MakeRequest` (whose requests stream),
+//! `WatchGraph` and `WorkspaceRequest` are answered by their modules. Methods are named in full, as
 //! the tunnel's descriptor advertises them ([`podgate_agent::tunnel`]).
 
 use k8s_openapi::api::core::v1::Pod as KubePod;
@@ -8,7 +8,7 @@ use kube::api::{Api, ListParams};
 use prost::Message as _;
 use tonic::Status;
 
-use super::tunnels::{Handler, Responses, unary};
+use super::tunnels::{Call, Handler, Responses, unary};
 use podgate_agent::proto::{GetPodsRequest, GetPodsResponse, Pod};
 use podgate_agent::tunnel::{GET_PODS, MAKE_REQUEST, WATCH_GRAPH, WORKSPACE_REQUEST};
 
@@ -108,9 +108,19 @@ impl KubeHandler {
 }
 
 impl Handler for KubeHandler {
+    fn streams_requests(&self, method: &str) -> bool {
+        method == MAKE_REQUEST
+    }
+
+    fn call(&self, call: Call) -> Responses {
+        if call.method == MAKE_REQUEST {
+            return super::make_request::make_request(self.client.clone(), call.requests);
+        }
+        self.handle(call.method, Vec::new())
+    }
+
     fn handle(&self, method: String, payload: Vec<u8>) -> Responses {
         match method.as_str() {
-            MAKE_REQUEST => super::k8s_api::make_request(self.client.clone(), payload),
             WORKSPACE_REQUEST => super::workspace_traffic::workspace_request(
                 self.client.clone(),
                 self.services.clone(),

@@ -32,6 +32,7 @@ pub mod gitlab_access;
 pub mod k8s_api;
 pub mod kube;
 pub mod leader;
+pub mod make_request;
 pub mod metrics;
 pub mod remote_development;
 pub mod tunnels;

@@ -15,10 +15,12 @@
 //!    `ci_access` says so), an impersonation.
 //! 4. The path after the prefix (the prefix's last `/` kept) is `/graph`: the Graph
 //!    API (`graph_ws`). Anything else is a `MakeRequest` to the agent through
-//!    [`AgentRouter`] (`forward`): credentials stripped (`Authorization`,
-//!    `Cookie`, `Gitlab-Agent-Id`, `X-Csrf-Token`, and the `gitlab-agent-id`,
-//!    `gitlab-csrf-token` query parameters), `Via` added, the response streamed back
-//!    as agentk sends it.
+//!    [`AgentRouter`] in GitLab's HTTP-over-gRPC framing (`make_request`):
+//!    credentials stripped (`Authorization`, `Cookie`, `Gitlab-Agent-Id`,
+//!    `X-Csrf-Token`, and the `gitlab-agent-id`, `gitlab-csrf-token` query
+//!    parameters), `Via` added, the body and the response streamed as they come,
+//!    and an upgrade (`kubectl exec`, `attach`, `port-forward`) carried both ways
+//!    once agentk answers 101.
 //!
 //! Every error kas answers itself is a Kubernetes `Status` (`status`); a 401 also
 //! carries `Gitlab-Unauthorized: true`. Tokens are never logged, only their
@@ -30,6 +32,7 @@ mod auth;
 mod creds;
 pub(crate) mod forward;
 pub(crate) mod graph_ws;
+mod make_request;
 mod status;
 
 pub use auth::{
@@ -232,7 +235,7 @@ impl K8sProxy {
             };
             return Ok(graph_ws::handle(req, ctx));
         }
-        forward::make_request(self, req, identity).await
+        make_request::make_request(self, req, identity).await
     }
 }
 
@@ -259,7 +262,8 @@ async fn drain_signal(draining: &mut tokio::sync::watch::Receiver<bool>) {
 
 /// Serve `proxy` on `listener` until `draining` turns true; then stop accepting, let
 /// requests in flight finish (idle connections close at once), and return when every
-/// connection has ended. Upgraded connections (`/graph`) live on in their own tasks.
+/// connection has ended. Upgraded connections (`/graph`, `MakeRequest` upgrades) live
+/// on in their own tasks.
 pub async fn serve(
     listener: TcpListener,
     proxy: Arc<K8sProxy>,

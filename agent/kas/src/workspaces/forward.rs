@@ -71,7 +71,6 @@ impl WorkspacesServer {
                 path,
                 headers: forward::to_proto(&headers),
                 body: body.to_vec(),
-                impersonation: None,
             }),
         };
         let call = |s: tonic::Status| tunnel_refusal(s, agent_id, name);
