@@ -18,8 +18,9 @@
 //! - `tests`, `rails_tests`: the GitLab-shaped peers against each other, and the
 //!   Rails client against a kas stand-in that checks its JWT.
 //! - `podgate_kubectl`: the installed kubectl through podgate's kas to the
-//!   GitLab-shaped agentk. `podgate_e2e.rs` (not compiled until `mod podgate_e2e;`
-//!   is added here): the GitLab-shaped peers against podgate's kas and agentk.
+//!   GitLab-shaped agentk (h2c and WebSocket). `podgate_e2e`: the GitLab-shaped
+//!   agentk against podgate's kas (configuration, registration, Rails' listing
+//!   through a second kas) and podgate's agentk against the GitLab-shaped kas.
 //!
 //! Source: GitLab's agent, github.com/pluralsh/kubernetes-agent at
 //! `e02ad05f88598c93c414c52dd4a89e58a75adb4a` (GitLab 16.5, MIT licence);
@@ -32,6 +33,7 @@ pub mod grpc2http;
 pub mod grpctool;
 pub mod kas;
 mod peers;
+mod podgate_e2e;
 mod podgate_kubectl;
 pub mod rails;
 mod rails_tests;

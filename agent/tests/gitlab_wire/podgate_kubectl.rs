@@ -10,17 +10,19 @@
 
 use std::time::Duration;
 
-use super::agentk::{self, Config, Event};
+use super::agentk::{self, Config, Event, Transport};
 use crate::kubectl::{Stack, exec_port_forward_and_logs, get_watch_and_apply, stack};
 
-/// The GitLab-shaped agentk of agent 1 on `s`'s kas and kube-sim, registered.
-async fn gitlab_agentk(s: &Stack) -> agentk::Agentk {
-    let mut cfg = Config::new(
-        &s.kas.agent_addr().to_string(),
-        &(s.mint)(Some(1)),
-        &s.kube.url(),
-    );
+/// The GitLab-shaped agentk of agent 1 on `s`'s kas (over `transport`) and
+/// kube-sim, registered.
+async fn gitlab_agentk(s: &Stack, transport: Transport) -> agentk::Agentk {
+    let address = match transport {
+        Transport::H2c => s.kas.agent_addr().to_string(),
+        Transport::WebSocket => format!("{}/-/kubernetes-agent/", s.kas.agent_addr()),
+    };
+    let mut cfg = Config::new(&address, &(s.mint)(Some(1)), &s.kube.url());
     cfg.tunnels = 4;
+    cfg.transport = transport;
     let mut agent = agentk::start(cfg).unwrap();
     let registered = agent.wait_for(|e| matches!(e, Event::Registered).then_some(()));
     tokio::time::timeout(Duration::from_secs(30), registered)
@@ -32,13 +34,23 @@ async fn gitlab_agentk(s: &Stack) -> agentk::Agentk {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_watch_and_apply_through_podgate_kas_to_a_gitlab_agentk() {
     let s = stack().await;
-    let _agent = gitlab_agentk(&s).await;
+    let _agent = gitlab_agentk(&s, Transport::H2c).await;
     get_watch_and_apply(&s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_exec_port_forward_and_logs_through_podgate_kas_to_a_gitlab_agentk() {
     let s = stack().await;
-    let _agent = gitlab_agentk(&s).await;
+    let _agent = gitlab_agentk(&s, Transport::H2c).await;
+    exec_port_forward_and_logs(&s).await;
+}
+
+/// The same over a WebSocket (`ws-tunnel`), gzip on, as GitLab's agentk dials a
+/// `wss://` kas URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_exec_port_forward_and_logs_through_podgate_kas_to_a_gitlab_agentk_over_websocket()
+{
+    let s = stack().await;
+    let _agent = gitlab_agentk(&s, Transport::WebSocket).await;
     exec_port_forward_and_logs(&s).await;
 }
