@@ -1,11 +1,9 @@
 //! The GitLab-shaped peers against podgate's own kas and agentk: GitLab's agentk
-//! (h2c and WebSocket, gzip) gets its configuration from podgate's kas, registers,
-//! opens tunnels and serves a `MakeRequest`; Rails lists it through the kas holding
-//! it and through another; podgate's agentk connects to GitLab's kas, advertises
+//! (h2c and WebSocket, gzip) gets its configuration from podgate's kas and
+//! registers, and Rails lists it by project and by agent, through the kas holding it
+//! and through another; podgate's agentk connects to GitLab's kas, advertises
 //! `MakeRequest`, `WatchGraph` and `WorkspaceRequest`, and serves a `MakeRequest`.
-//!
-//! Enabled by `mod podgate_e2e;` in `mod.rs` once podgate's kas and agentk speak
-//! GitLab's wire (they pass only then).
+//! kubectl through podgate's kas to GitLab's agentk: `podgate_kubectl`.
 
 use std::time::Duration;
 
