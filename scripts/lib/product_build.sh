@@ -4,16 +4,18 @@
 # `podgate` without its default feature `sim` is what the Dockerfile ships. Cargo
 # resolves a dependency's features per build, so a third-party crate that the test
 # build compiles with other features than this build is compiled twice; the root
-# Cargo.toml turns those features on for this build too. A crate compiled by both
-# builds is such a drift: it is named, and the run fails, so that the two minutes
-# it costs every CI run are not paid silently.
+# Cargo.toml turns those features on for this build too. A unit the product build
+# compiles that the test build does not use is such a drift: its package is named,
+# and the run fails, so that the minutes it costs every CI run are not paid
+# silently.
 
 # Build the product binary into target/debug/podgate-product. Fails on a compiler
 # warning in podgate's own code (the workspace clippy run sees only the default
-# features). Records the packages it built that are not workspace members (crates.io's
-# and the vendored pingora) in $1.
+# features). Records the units it built of packages that are not workspace members
+# (crates.io's and the vendored pingora) in $1.
 podgate_build_product() {
   local built=$1 target=${CARGO_TARGET_DIR:-target}
+  local -x LC_ALL=C
   cargo build -p podgate --bin podgate --no-default-features --locked \
     --message-format=json-render-diagnostics >"$built.json"
   local warnings
@@ -26,20 +28,25 @@ podgate_build_product() {
   fi
   cargo metadata --no-deps --format-version 1 --locked \
     | jq -r '.workspace_members[]' | sort -u >"$built.members"
-  jq -r 'select(.reason == "compiler-artifact") | .package_id' "$built.json" \
-    | sort -u | comm -23 - "$built.members" >"$built"
+  # Each compiled unit of a package not in the workspace, as "package file" (the
+  # file name carries the unit's hash: its features, profile and dependencies).
+  jq -r 'select(.reason == "compiler-artifact") | .package_id as $p | .filenames[] | "\($p) \(.)"' \
+    "$built.json" | sort -u | join -v1 - "$built.members" >"$built"
   cp "$target/debug/podgate" "$target/debug/podgate-product"
 }
 
-# The test build (`cargo test … --no-run`, its arguments given), failing if it
-# compiles again a third-party package the product build compiled ($1).
+# The test build (`cargo test … --no-run`, its arguments given), failing if a unit
+# of a third-party package the product build compiled ($1) is not one it uses.
 podgate_build_tests_checking_drift() {
   local built=$1
+  local -x LC_ALL=C
   shift
   cargo test "$@" --message-format=json-render-diagnostics >"$built.tests.json"
+  # A unit of the product build that the test build did not use (fresh or compiled)
+  # was compiled for the product binary alone.
   local drift
-  drift=$(jq -r 'select(.reason == "compiler-artifact" and .fresh == false) | .package_id' \
-    "$built.tests.json" | sort -u | comm -12 - "$built")
+  drift=$(jq -r 'select(.reason == "compiler-artifact") | .package_id as $p | .filenames[] | "\($p) \(.)"' \
+    "$built.tests.json" | sort -u | comm -23 "$built" - | cut -d' ' -f1 | sort -u)
   if [ -n "$drift" ]; then
     echo "compiled twice, with other features for the product binary than for the tests:" >&2
     echo "$drift" >&2
