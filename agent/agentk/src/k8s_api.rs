@@ -2,7 +2,7 @@
 //! API server with the agent's own `kube::Client`, so the client's own credentials
 //! apply: a caller's `Authorization` never reaches the cluster. The framing of
 //! `MakeRequest` is [`super::make_request`]'s; the answers of a workspace's port
-//! (`WorkspaceRequest`, [`super::workspace_traffic`]) use [`respond`]: one
+//! (`WorkspaceRequest`, [`super::workspace_traffic`]) use `respond`: one
 //! [`HttpResponsePart`] header, then the body in `data` chunks as it arrives.
 //!
 //! As GitLab's agentk (`internal/module/kubernetes_api/agent/server.go`,
