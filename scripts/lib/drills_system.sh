@@ -69,13 +69,16 @@ proxy_start() { # proxy_start [--upgrade]
   PROXY_PID=$SPAWNED
 }
 
-wait_ready() {
+wait_ready() { # up to 60 s: a CI machine running the test suite beside it is slow
   local _
-  for _ in $(seq 1 400); do
+  for _ in $(seq 1 1200); do
     [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$ADMIN_PORT/readyz")" = 200 ] && return 0
     sleep 0.05
   done
-  echo "drills.sh: the proxy is not ready" >&2
+  echo "drills.sh: the proxy is not ready; /readyz says:" >&2
+  curl -s "http://127.0.0.1:$ADMIN_PORT/readyz" >&2 || true
+  local log
+  for log in "$D"/proxy.*.log; do tail -n 20 "$log" >&2; done
   return 1
 }
 
