@@ -50,6 +50,19 @@ pub(crate) const SPDY_ONLY: &[(&str, &str)] = &[
     ("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false"),
 ];
 
+/// kubectl with `args` and `env`, its three streams piped, killed when dropped.
+fn spawn_kubectl(k: &Kubectl, args: &[&str], env: &[(&str, &str)]) -> tokio::process::Child {
+    let mut command = k.command(args);
+    command.envs(env.iter().copied());
+    tokio::process::Command::from(command)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl is installed")
+}
+
 /// [`kubectl`] with environment variables set.
 pub(crate) async fn kubectl_env(
     k: &Kubectl,
@@ -57,15 +70,7 @@ pub(crate) async fn kubectl_env(
     stdin: &str,
     env: &[(&str, &str)],
 ) -> (i32, String, String) {
-    let mut command = k.command(args);
-    command.envs(env.iter().copied());
-    let mut child = tokio::process::Command::from(command)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kubectl is installed");
+    let mut child = spawn_kubectl(k, args, env);
     let mut input = child.stdin.take().unwrap();
     input.write_all(stdin.as_bytes()).await.unwrap();
     drop(input);
@@ -94,15 +99,7 @@ fn start(k: &Kubectl, args: &[&str]) -> Running {
 
 /// [`start`] with environment variables set.
 fn start_env(k: &Kubectl, args: &[&str], env: &[(&str, &str)]) -> Running {
-    let mut command = k.command(args);
-    command.envs(env.iter().copied());
-    let mut child = tokio::process::Command::from(command)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kubectl is installed");
+    let mut child = spawn_kubectl(k, args, env);
     let out = BufReader::new(child.stdout.take().unwrap()).lines();
     let err = BufReader::new(child.stderr.take().unwrap()).lines();
     (child, out, err)
