@@ -100,6 +100,7 @@ fn agents_by_agent_and_project() {
                 commit: "c".into(),
                 pod_namespace: "ns".into(),
                 pod_name: format!("agentk-{conn}"),
+                kubernetes_version: None,
                 connected_at_ms: 0,
                 kas: "grpc://kas1:8155".into(),
             })

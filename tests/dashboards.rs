@@ -554,6 +554,7 @@ mod kas {
                 commit: String::new(),
                 pod_namespace: String::new(),
                 pod_name: String::new(),
+                kubernetes_version: None,
                 connected_at_ms: 0,
                 kas: "grpc://127.0.0.1:1".into(),
             })

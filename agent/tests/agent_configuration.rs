@@ -1,7 +1,8 @@
 //! GitLab's agent configuration wire between kas and agentk:
 //! `AgentConfiguration/GetConfiguration` (the file as `agentcfg.AgentConfiguration`,
 //! resumed by commit id, posted to GitLab), `AgentRegistrar/Register` and
-//! registration by the stream, and Rails' `Notifications/GitPushEvent`.
+//! registration by the stream, and Rails' `Notifications/GitPushEvent` (to every
+//! kas on one Redis, in GitLab's `kas_events` format).
 
 use std::time::Duration;
 
@@ -17,13 +18,15 @@ use podgate_agent::proto::gitlab::agent::entity::AgentMeta;
 use podgate_agent::proto::gitlab::agent::event::{GitPushEvent, Project};
 use podgate_agent::proto::gitlab::agent::notifications::rpc::GitPushEventRequest;
 use podgate_agent::proto::gitlab::agent::notifications::rpc::notifications_client::NotificationsClient;
-use podgate_kas::Kas;
 use podgate_kas::agent_config::{AgentConfigSource, commit_id};
-use podgate_registry::AgentEvent;
+use podgate_kas::{Kas, KasConfig};
+use podgate_registry::testing::RedisServer;
+use podgate_registry::{AgentEvent, BackendConfig, Registry, RegistryConfig};
 use podgate_testkit::fixtures::{
     EXTERNAL_SECRET as EXTERNAL, agent_tokens, bearer, channel, configuration_stream, kas_config,
     memory_registry,
 };
+use prost::Message as _;
 use tonic::Code;
 
 use crate::gitlab_access::{FakeGitlab, assert_kas_jwt, metric, start_agentk, start_kas, write};
@@ -389,4 +392,124 @@ async fn a_git_push_event_refreshes_the_projects_open_streams() {
     let (cfg, commit) = next(&mut stream).await;
     assert_eq!(commit, commit_id(v2.as_bytes()));
     assert!(cfg.gitops.is_some());
+}
+
+/// A registry on the Redis server `redis`.
+async fn redis_registry(redis: &RedisServer) -> Registry {
+    Registry::connect(RegistryConfig {
+        backend: BackendConfig::Redis { url: redis.url() },
+        ..RegistryConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// `GitPushEvent` for `project`, as Rails sends it.
+fn push_request(project: i64, jwt: &str) -> tonic::Request<GitPushEventRequest> {
+    bearer(
+        tonic::Request::new(GitPushEventRequest {
+            event: Some(GitPushEvent {
+                project: Some(Project {
+                    id: project,
+                    full_path: "group/agents".into(),
+                }),
+            }),
+        }),
+        jwt,
+    )
+}
+
+/// Two kas on one Redis: a push Rails reports to kas A refreshes a stream held by
+/// kas B. What kas A publishes is GitLab's `kas_events` message (an `Any` of
+/// `gitlab.agent.event.GitPushEvent`, byte for byte as GitLab's types encode it),
+/// and an event a GitLab kas publishes there refreshes podgate's streams too. With
+/// Redis gone the push is refused `UNAVAILABLE`, as GitLab's kas refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_git_push_event_reaches_every_kas_on_redis_in_gitlabs_format() {
+    use crate::gitlab_wire::proto::gitlab::agent::event as gitlab;
+
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("7.yaml");
+    write(&file, "flux: {}\n");
+    let (keys, mint) = agent_tokens();
+    let start = |registry| {
+        let config = KasConfig {
+            agent_config: source(dir.path(), Duration::from_secs(3600)),
+            ..kas_config(keys.clone(), Duration::from_secs(10))
+        };
+        Kas::start(config, registry)
+    };
+    let kas_a = start(redis_registry(&redis).await).await.unwrap();
+    let kas_b = start(redis_registry(&redis).await).await.unwrap();
+    let observer = redis_registry(&redis).await;
+    let mut published = observer.kas_events();
+
+    let mut stream = get_configuration(&kas_b, &mint(Some(7)), "", true)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut stream).await.1, commit_id(b"flux: {}\n"));
+    let v2 = "gitops: {}\n";
+    write(&file, v2);
+    let jwt = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
+    let mut rails_a = NotificationsClient::new(channel(kas_a.external_addr()).await);
+    rails_a
+        .git_push_event(push_request(42, &jwt))
+        .await
+        .unwrap();
+    let (_, commit) = next(&mut stream).await;
+    assert_eq!(
+        commit,
+        commit_id(v2.as_bytes()),
+        "kas B's stream saw kas A's push"
+    );
+
+    let gitlab_event = gitlab::GitPushEvent {
+        project: Some(gitlab::Project {
+            id: 42,
+            full_path: "group/agents".into(),
+        }),
+    };
+    let gitlab_payload = crate::gitlab_wire::any(&gitlab_event).encode_to_vec();
+    let payload = tokio::time::timeout(Duration::from_secs(30), published.recv())
+        .await
+        .expect("the event was published")
+        .unwrap();
+    assert_eq!(
+        &payload[..],
+        &gitlab_payload[..],
+        "GitLab's kas_events bytes"
+    );
+
+    // A GitLab kas on the same Redis publishes a push (redis-cli -x: the payload
+    // from stdin, binary-safe).
+    let v3 = "gitops: {}\nflux: {}\n";
+    write(&file, v3);
+    let mut cli = tokio::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &redis.port().to_string()])
+        .args(["-x", "PUBLISH", "kas_events"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt as _;
+        let mut stdin = cli.stdin.take().unwrap();
+        stdin.write_all(&gitlab_payload).await.unwrap();
+    }
+    assert!(cli.wait().await.unwrap().success());
+    let (_, commit) = next(&mut stream).await;
+    assert_eq!(commit, commit_id(v3.as_bytes()), "GitLab's event was heard");
+
+    redis.kill();
+    let e = rails_a
+        .git_push_event(push_request(42, &jwt))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(
+        e.message()
+            .starts_with("Failed to publish received git push event"),
+        "{e:?}"
+    );
 }

@@ -35,8 +35,9 @@ struct Seen {
     headers: HeaderMap,
 }
 
-/// An HTTP server standing in for the cluster's API server: records every request,
-/// answers an empty `PodList` with CORS headers of its own (kas must drop them).
+/// An HTTP server standing in for the cluster's API server: records every request but
+/// agentk's own `/version`, answers an empty `PodList` with CORS headers of its own
+/// (kas must drop them).
 async fn capturing_upstream() -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -51,10 +52,14 @@ async fn capturing_upstream() -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(
                     move |req: Request<hyper::body::Incoming>| {
-                        record.lock().unwrap().push(Seen {
-                            uri: req.uri().to_string(),
-                            headers: req.headers().clone(),
-                        });
+                        // agentk's own read of the cluster's version (before each
+                        // `Register`) is not a request kas proxied.
+                        if req.uri().path() != "/version" {
+                            record.lock().unwrap().push(Seen {
+                                uri: req.uri().to_string(),
+                                headers: req.headers().clone(),
+                            });
+                        }
                         async move {
                             let body = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []});
                             let resp = http::Response::builder()
@@ -736,7 +741,7 @@ async fn a_watch_streams_events_while_the_client_keeps_it_open() {
 }
 
 /// A cluster whose every answer is a stream the test feeds: each request's sender
-/// comes out of the returned channel.
+/// comes out of the returned channel (but `/version`'s, which ends at once).
 async fn streaming_upstream() -> (
     SocketAddr,
     tokio::sync::mpsc::UnboundedReceiver<tokio::sync::mpsc::Sender<Bytes>>,
@@ -749,9 +754,13 @@ async fn streaming_upstream() -> (
             let senders = senders.clone();
             tokio::spawn(async move {
                 let service =
-                    hyper::service::service_fn(move |_req: Request<hyper::body::Incoming>| {
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
-                        let _ = senders.send(tx);
+                        // agentk's own read of the cluster's version (before each
+                        // `Register`) is answered at once, an empty stream.
+                        if req.uri().path() != "/version" {
+                            let _ = senders.send(tx);
+                        }
                         let body = http_body_util::StreamBody::new(futures_util::StreamExt::map(
                             tokio_stream::wrappers::ReceiverStream::new(rx),
                             |b| Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(b)),

@@ -162,7 +162,7 @@ async fn a_chunked_body_streams_to_the_agent_in_gitlabs_frames() {
         .await
         .unwrap();
     let req = format!(
-        "POST /k8s-proxy/api/v1/namespaces/default/configmaps?gitlab-agent-id=1&x=a+b HTTP/1.1\r\n\
+        "POST /-/kubernetes-agent/k8s-proxy/api/v1/namespaces/default/configmaps?gitlab-agent-id=1&x=a+b HTTP/1.1\r\n\
          Host: kas\r\nAuthorization: Bearer pat:1:{}\r\ncontent-type: application/json\r\n\
          Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n6\r\npart-1\r\n",
         s.pat
@@ -217,7 +217,7 @@ async fn an_upgrade_carries_bytes_both_ways_and_half_closes_as_gitlab() {
         .await
         .unwrap();
     let req = format!(
-        "GET /k8s-proxy/api/v1/namespaces/default/pods/web-1/exec HTTP/1.1\r\nHost: kas\r\n\
+        "GET /-/kubernetes-agent/k8s-proxy/api/v1/namespaces/default/pods/web-1/exec HTTP/1.1\r\nHost: kas\r\n\
          Authorization: Bearer pat:1:{}\r\nConnection: Upgrade\r\nUpgrade: test-proto\r\n\r\n",
         s.pat
     );

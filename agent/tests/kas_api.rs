@@ -27,6 +27,7 @@ fn conn(agent: i64, connection: i64, project: i64, kas: &str) -> AgentConnection
         commit: "abc".into(),
         pod_namespace: "gitlab-agent".into(),
         pod_name: format!("agentk-{connection}"),
+        kubernetes_version: None,
         connected_at_ms: 1_700_000_000_000,
         kas: KasAddress::from(kas),
     }

@@ -1,66 +1,39 @@
-//! The installed `kubectl` through podgate's kas (its Kubernetes API proxy, a
-//! personal access token as GitLab's user access takes it) to podgate's agentk and
-//! on to a kube-sim: `get`, `get -w` with a later `apply`, and the upgrades —
-//! `exec` (output and exit code), `port-forward` (bytes both ways), `logs -f`
-//! (lines as the container writes them).
+//! The installed `kubectl` through podgate's proxy (its TLS listener,
+//! `/-/kubernetes-agent/k8s-proxy/`) and kas (its Kubernetes API proxy, a personal
+//! access token as GitLab's user access takes it) to podgate's agentk and on to a
+//! kube-sim: `get`, `get -w` with a later `apply`, and the upgrades — `exec` (output
+//! and exit code), `port-forward` (bytes both ways), `logs -f` (lines as the
+//! container writes them).
 //!
-//! client-go sends a bearer token only over TLS, so kubectl reaches kas's proxy
-//! through [`tls_front`], a TLS terminator standing for the ingress in front of kas
-//! (it passes bytes through unchanged). Also the shared helpers of
-//! `gitlab_wire::podgate_kubectl` (the same commands to the GitLab-shaped agentk).
+//! Also the shared helpers of `gitlab_wire::podgate_kubectl` (the same commands to
+//! the GitLab-shaped agentk, which dials kas through the proxy too).
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use openssl::ssl::{Ssl, SslAcceptor, SslMethod};
 use podgate_agentk::Agentk;
 use podgate_kas::Kas;
 use podgate_kas::k8s_proxy::K8sProxyConfig;
 use podgate_loadtest::pod_sim::{AgentSpec, PodSim, PodSimConfig};
-use podgate_testkit::fixtures::{EXTERNAL_SECRET, agent_tokens, kas_config, memory_registry};
+use podgate_testkit::fixtures::{AgentTokens, EXTERNAL_SECRET, kas_config, memory_registry};
 use podgate_testkit::kube::KubeTestServer;
 use podgate_testkit::workspaces::agentk_config;
 use podgate_tokens::PodId;
 use serde_json::json;
 
-/// A TLS listener whose connections are passed, byte for byte, to `target`; its
-/// address and the certificate to trust (PEM, for `localhost` and `127.0.0.1`).
-pub async fn tls_front(target: SocketAddr) -> (SocketAddr, String) {
-    let (cert, key) = podgate_kube_sim::self_signed().unwrap();
-    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls_server()).unwrap();
-    b.set_certificate(&cert).unwrap();
-    b.set_private_key(&key).unwrap();
-    let acceptor = b.build();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let ssl = Ssl::new(acceptor.context()).unwrap();
-            tokio::spawn(async move {
-                let mut tls = tokio_openssl::SslStream::new(ssl, tcp).unwrap();
-                if std::pin::Pin::new(&mut tls).accept().await.is_err() {
-                    return;
-                }
-                let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
-            });
-        }
-    });
-    (addr, String::from_utf8(cert.to_pem().unwrap()).unwrap())
-}
+use crate::edge::{self, Edge, K8S_PROXY_PREFIX};
 
 /// GitLab (a Pod simulator, agent 1 open to its project's members), podgate's kas
-/// with its Kubernetes API proxy behind [`tls_front`], a kube-sim holding Pod
-/// `default/web-1` (container `c`, port 8080), and a kubeconfig for kubectl as
-/// root with a `k8s_proxy` token for agent 1.
+/// with its Kubernetes API proxy (prefix [`K8S_PROXY_PREFIX`]), podgate's proxy in
+/// front of both, a kube-sim holding Pod `default/web-1` (container `c`, port 8080),
+/// and a kubeconfig for kubectl as root with a `k8s_proxy` token for agent 1,
+/// naming the proxy's TLS listener.
 pub struct Stack {
     pub _sim: PodSim,
     pub kas: Kas,
+    pub edge: Edge,
     pub kube: KubeTestServer,
     pub config: PathBuf,
     pub dir: tempfile::TempDir,
@@ -76,12 +49,14 @@ pub async fn stack() -> Stack {
     sim_config.kas_secret = Some(EXTERNAL_SECRET.to_vec());
     sim_config.agents = vec![AgentSpec::with_user_access(1, pod)];
     let sim = PodSim::start(sim_config).await.unwrap();
-    let (keys, mint) = agent_tokens();
-    let mut config = kas_config(keys, Duration::from_secs(10));
-    config.k8s_proxy = Some(K8sProxyConfig::new(
+    let tokens = AgentTokens::new(1);
+    let mut config = kas_config(tokens.keys(), Duration::from_secs(10));
+    let mut k8s_proxy = K8sProxyConfig::new(
         "127.0.0.1:0".parse().unwrap(),
         &format!("http://{}", sim.addr()),
-    ));
+    );
+    k8s_proxy.url_prefix = K8S_PROXY_PREFIX.into();
+    config.k8s_proxy = Some(k8s_proxy);
     let kas = Kas::start(config, memory_registry().await).await.unwrap();
     let kube = KubeTestServer::start(100).await.unwrap();
     kube.put(
@@ -97,23 +72,40 @@ pub async fn stack() -> Stack {
     let pat = sim
         .create_personal_access_token("root", &["k8s_proxy"])
         .unwrap();
-    let (front, ca) = tls_front(kas.k8s_proxy_addr().expect("the proxy listens")).await;
     let dir = tempfile::tempdir().unwrap();
+    let pod = edge::Pod {
+        gitlab: sim.addr(),
+        kas: kas.agent_addr(),
+        kas_k8s_proxy: kas
+            .k8s_proxy_addr()
+            .expect("the Kubernetes API proxy listens"),
+        agent_key_pem: tokens.public_pem().to_owned(),
+    };
+    let edge = edge::start(&pod, dir.path()).await;
     let config = dir.path().join("kubeconfig");
-    let server = format!("https://127.0.0.1:{}/k8s-proxy", front.port());
+    let server = format!(
+        "https://{}{}",
+        edge.tls_addr,
+        K8S_PROXY_PREFIX.trim_end_matches('/')
+    );
     std::fs::write(
         &config,
-        podgate_kube_sim::kubeconfig_with(&server, Some(&format!("pat:1:{pat}")), Some(&ca)),
+        podgate_kube_sim::kubeconfig_with(
+            &server,
+            Some(&format!("pat:1:{pat}")),
+            Some(&edge.ca_pem),
+        ),
     )
     .unwrap();
     Stack {
         _sim: sim,
         kas,
+        edge,
         kube,
         config,
         dir,
         pat,
-        mint: Box::new(mint),
+        mint: Box::new(move |agent| tokens.mint(agent)),
     }
 }
 
@@ -280,14 +272,14 @@ async fn podgate_agentk(s: &Stack) -> Agentk {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_get_watch_and_apply_through_podgate_kas_to_podgate_agentk() {
+async fn kubectl_get_watch_and_apply_through_the_proxy_and_kas_to_podgate_agentk() {
     let s = stack().await;
     let _agentk = podgate_agentk(&s).await;
     get_watch_and_apply(&s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_exec_port_forward_and_logs_through_podgate_kas_to_podgate_agentk() {
+async fn kubectl_exec_port_forward_and_logs_through_the_proxy_and_kas_to_podgate_agentk() {
     let s = stack().await;
     let _agentk = podgate_agentk(&s).await;
     exec_port_forward_and_logs(&s).await;

@@ -11,6 +11,7 @@
 mod agent_configuration;
 mod agentk;
 mod agentk_rbac;
+mod edge;
 mod gitlab_access;
 mod gitlab_wire;
 mod graph_ws;

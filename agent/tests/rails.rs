@@ -3,7 +3,8 @@
 //! and a JWT as `JSONWebToken::HMACToken` signs it (HS256 with the shared secret,
 //! `iss` the GitLab host name, `aud` `gitlab-kas`, `iat`/`nbf`/`exp`/`jti`), sent as
 //! `authorization: bearer …`. Two kas share one real Redis: the agent connects to
-//! the first, and both list it, by project and by agent. What podgate kas does not
+//! the first, and both list it, by project and by agent, with the meta podgate's
+//! agentk registered (its cluster's version included). What podgate kas does not
 //! serve of GitLab's kas API answers `Unimplemented` naming it, after the same
 //! authentication; gzip is taken and given.
 
@@ -14,11 +15,15 @@ use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::get_connected_agent
 use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::{
     GetConnectedAgentsRequest, GetConnectedAgentsResponse,
 };
+use podgate_agent::proto::gitlab::agent::entity::KubernetesVersion;
+use podgate_agentk::Agentk;
 use podgate_kas::{Kas, KasConfig};
 use podgate_registry::{BackendConfig, Registry, RegistryConfig};
 use podgate_testkit::fixtures::{
     EXTERNAL_SECRET, agent_tokens, channel, configuration_stream, kas_config,
 };
+use podgate_testkit::kube::KubeTestServer;
+use podgate_testkit::workspaces::agentk_config;
 use tonic::Code;
 
 /// The host name Rails signs with (`Settings.gitlab.host`).
@@ -150,6 +155,54 @@ async fn rails_lists_connected_agents_by_project_and_by_agent_through_either_kas
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("GetConnectedAgentsRequest"), "{e:?}");
+}
+
+/// podgate's agentk registers as GitLab's agentk does: its pod and, read from the
+/// cluster's `/version` before the call, the Kubernetes version; Rails reads them
+/// back through the kas that does not hold the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rails_sees_the_meta_and_kubernetes_version_agentk_registered() {
+    let redis = podgate_registry::testing::RedisServer::start();
+    let (keys, mint) = agent_tokens();
+    let kas1 = kas_on(redis.url(), keys.clone()).await;
+    let kas2 = kas_on(redis.url(), keys).await;
+    let kube = KubeTestServer::start(10).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let agentk = Agentk::start(agentk_config(&kas1, mint(Some(7)), Some(kubeconfig)))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), agentk.connected())
+        .await
+        .expect("agentk connected");
+    let token = rails_token(
+        &EXTERNAL_SECRET,
+        GITLAB_HOST,
+        "gitlab-kas",
+        jsonwebtoken::Algorithm::HS256,
+    );
+    let agents = connected(&kas2, By::AgentId(7), "bearer", &token)
+        .await
+        .unwrap()
+        .agents;
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    let meta = agents[0].agent_meta.clone().expect("agent_meta");
+    assert_eq!(
+        (meta.pod_namespace.as_str(), meta.pod_name.as_str()),
+        ("default", "agentk-0")
+    );
+    assert_eq!(meta.version, env!("CARGO_PKG_VERSION"));
+    // kube-sim's `/version`.
+    assert_eq!(
+        meta.kubernetes_version,
+        Some(KubernetesVersion {
+            major: "1".into(),
+            minor: "32".into(),
+            git_version: "v1.32.0-podgate-test".into(),
+            platform: "linux/amd64".into(),
+        })
+    );
 }
 
 /// The external listener authenticates as GitLab's kas: HS256/384/512 with the

@@ -259,6 +259,7 @@ async fn put(registry: &Registry, agent: i64, conn: i64, kas_addr: &str) {
             commit: String::new(),
             pod_namespace: String::new(),
             pod_name: String::new(),
+            kubernetes_version: None,
             connected_at_ms: 0,
             kas: KasAddress::from(kas_addr),
         })

@@ -20,6 +20,7 @@ fn conn(i: i64) -> AgentConnection {
         commit: "0123abcd".into(),
         pod_namespace: "gitlab-agent".into(),
         pod_name: format!("agentk-7d9f8c6b5-{i:05}"),
+        kubernetes_version: None,
         connected_at_ms: 1_700_000_000_000,
         kas: "grpc://10.0.0.5:8155".into(),
     }

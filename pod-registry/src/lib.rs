@@ -40,6 +40,7 @@
 //! | `P:{kas}:instances` | hash | `<kas address>` → kas instance JSON |
 //! | `P:events:agents` | channel | `{"type": "connected" \| "disconnected", …}` |
 //! | `P:events:topology` | channel | the new topology version |
+//! | `kas_events` (no prefix, GitLab's name) | channel | a kas event for every kas: a protobuf `google.protobuf.Any` (GitLab's `gitlab.agent.event.GitPushEvent`) |
 //!
 //! ```text
 //! redis-cli HGETALL 'podgate:{p:42}:agent:7'
@@ -83,6 +84,6 @@ pub use backend::memory::MemoryBackend;
 pub use backend::redis::RedisTarget;
 pub use error::{Error, Result};
 pub use metrics::RegistryMetrics;
-pub use presence::{AgentConnection, AgentEvent, KasAddress, KasInstance};
+pub use presence::{AgentConnection, AgentEvent, KasAddress, KasInstance, KubernetesVersion};
 pub use registry::{BackendConfig, Registry, RegistryConfig};
 pub use topology::{Pod, PodState, Topology, TopologyFile};

@@ -45,10 +45,32 @@ pub struct AgentConnection {
     /// Name of the agentk pod.
     #[serde(default)]
     pub pod_name: String,
+    /// The version of the agent's cluster, as agentk last registered it (none: an
+    /// agentk that sent none, or one registered before this field existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<KubernetesVersion>,
     /// When the connection was established, Unix milliseconds.
     pub connected_at_ms: u64,
     /// The kas holding the connection.
     pub kas: KasAddress,
+}
+
+/// The Kubernetes API server's version an agent reports (GitLab's
+/// `entity.KubernetesVersion`, from the server's `/version`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubernetesVersion {
+    /// `major`, e.g. `1`.
+    #[serde(default)]
+    pub major: String,
+    /// `minor`, e.g. `32`.
+    #[serde(default)]
+    pub minor: String,
+    /// `gitVersion`, e.g. `v1.32.0`.
+    #[serde(default)]
+    pub git_version: String,
+    /// `platform`, e.g. `linux/amd64`.
+    #[serde(default)]
+    pub platform: String,
 }
 
 /// One running kas instance.

@@ -24,6 +24,7 @@ fn conn(agent: i64) -> AgentConnection {
         commit: "c".into(),
         pod_namespace: "ns".into(),
         pod_name: "agentk".into(),
+        kubernetes_version: None,
         connected_at_ms: 0,
         kas: "grpc://kas-a:8155".into(),
     }

@@ -18,7 +18,7 @@ use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::agent_configu
 use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::{
     ConfigurationRequest, ConfigurationResponse,
 };
-use podgate_agent::proto::gitlab::agent::entity::AgentMeta;
+use podgate_agent::proto::gitlab::agent::entity::{AgentMeta, KubernetesVersion};
 use podgate_agent::task::AbortOnDrop;
 
 /// Waits between connection attempts: a base doubling from 125 ms to 10 s, each
@@ -64,18 +64,22 @@ pub(super) async fn run<H: Handler>(
     watches: Watches,
 ) {
     let status = &watches.status;
-    let registrar = Registrar {
-        channel: channel.clone(),
-        token: token.clone(),
-        meta: AgentMeta {
+    let version_handler = handler.clone();
+    let registrar = Registrar::new(
+        channel.clone(),
+        token.clone(),
+        AgentMeta {
             version: env!("CARGO_PKG_VERSION").into(),
             commit_id: String::new(),
             pod_namespace: config.pod_namespace.clone(),
             pod_name: config.pod_name.clone(),
-            kubernetes_version: None,
+            // GitLab's agentk starts with an empty version (`agentkapp/app.go`) and
+            // fills it in its registrar's own copy only.
+            kubernetes_version: Some(KubernetesVersion::default()),
         },
-        pod_id: random_pod_id(),
-    };
+        random_pod_id(),
+        Arc::new(move || version_handler.kubernetes_version()),
+    );
     let pod_id = registrar.pod_id;
     let mut delays = RECONNECT.build();
     let mut attempts = 0;

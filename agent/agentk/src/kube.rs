@@ -9,6 +9,7 @@ use prost::Message as _;
 use tonic::Status;
 
 use super::tunnels::{Call, Handler, Responses, unary};
+use podgate_agent::proto::gitlab::agent::entity::KubernetesVersion;
 use podgate_agent::proto::{GetPodsRequest, GetPodsResponse, Pod};
 use podgate_agent::tunnel::{GET_PODS, MAKE_REQUEST, WATCH_GRAPH, WORKSPACE_REQUEST};
 
@@ -110,6 +111,26 @@ impl KubeHandler {
 impl Handler for KubeHandler {
     fn streams_requests(&self, method: &str) -> bool {
         method == MAKE_REQUEST
+    }
+
+    fn kubernetes_version(
+        &self,
+    ) -> futures_util::future::BoxFuture<'static, Option<KubernetesVersion>> {
+        let client = self.client.clone();
+        Box::pin(async move {
+            match client.apiserver_version().await {
+                Ok(v) => Some(KubernetesVersion {
+                    major: v.major,
+                    minor: v.minor,
+                    git_version: v.git_version,
+                    platform: v.platform,
+                }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Failed to fetch Kubernetes version");
+                    None
+                }
+            }
+        })
     }
 
     fn call(&self, call: Call) -> Responses {

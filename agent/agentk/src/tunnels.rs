@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder as _, ExponentialBuilder};
+use futures_util::future::BoxFuture;
 use futures_util::{Stream, StreamExt as _};
 use prost::Message as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -30,6 +31,7 @@ use tonic::transport::Channel;
 use tonic::{Status, Streaming};
 
 use super::metrics::AgentkMetrics;
+use podgate_agent::proto::gitlab::agent::entity::KubernetesVersion;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::info::AgentDescriptor;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::reverse_tunnel_client::ReverseTunnelClient;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::{
@@ -82,6 +84,13 @@ pub trait Handler: Send + Sync + 'static {
 
     /// Serve a call of `method` (`/<service>/<method>`) with one request message.
     fn handle(&self, method: String, payload: Vec<u8>) -> Responses;
+
+    /// The cluster's version for `Register`, asked before every registration as
+    /// GitLab's agentk asks the API server's `/version`; `None` when it cannot be
+    /// read (by default: no cluster).
+    fn kubernetes_version(&self) -> BoxFuture<'static, Option<KubernetesVersion>> {
+        Box::pin(async { None })
+    }
 }
 
 /// A response of exactly one message (a unary RPC).

@@ -203,7 +203,7 @@ impl Kas {
             ))
             .add_service(InterceptedService::new(
                 gzip_server!(NotificationsServer::new(
-                    notifications::NotificationsService(configs)
+                    notifications::NotificationsService(registry.clone())
                 )),
                 ext_auth.clone(),
             )),
@@ -218,6 +218,9 @@ impl Kas {
                 Ok(req)
             });
         let (ext_drain, int_drain) = (draining_rx.clone(), draining_rx);
+        // Subscribed before any listener serves: no push published after start is
+        // missed.
+        let pushes = tokio::spawn(notifications::relay(registry.kas_events(), configs));
         let mut drained = vec![
             tokio::spawn(async move {
                 if let Err(e) = tonic::transport::Server::builder()
@@ -244,22 +247,25 @@ impl Kas {
                 }
             }),
         ];
-        let mut tasks = vec![tokio::spawn(async move {
-            if let Err(e) = tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-                .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-                .add_service(gzip_server!(AgentConfigurationServer::new(configuration)))
-                .add_service(gzip_server!(AgentRegistrarServer::new(
-                    presence::Registrar(presence)
-                )))
-                .add_service(gzip_server!(ReverseTunnelServer::new(tunnel_service)))
-                .add_service(gzip_server!(GitlabAccessServer::new(gitlab_access)))
-                .serve_with_incoming(podgate_agent::transport::agent_incoming(agt))
-                .await
-            {
-                tracing::error!(error = %e, "kas agent listener stopped");
-            }
-        })];
+        let mut tasks = vec![
+            pushes,
+            tokio::spawn(async move {
+                if let Err(e) = tonic::transport::Server::builder()
+                    .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+                    .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+                    .add_service(gzip_server!(AgentConfigurationServer::new(configuration)))
+                    .add_service(gzip_server!(AgentRegistrarServer::new(
+                        presence::Registrar(presence)
+                    )))
+                    .add_service(gzip_server!(ReverseTunnelServer::new(tunnel_service)))
+                    .add_service(gzip_server!(GitlabAccessServer::new(gitlab_access)))
+                    .serve_with_incoming(podgate_agent::transport::agent_incoming(agt))
+                    .await
+                {
+                    tracing::error!(error = %e, "kas agent listener stopped");
+                }
+            }),
+        ];
         if let Some(obs) = obs {
             let report = Arc::new(Report {
                 metrics: metrics.clone(),

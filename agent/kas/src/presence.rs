@@ -35,7 +35,7 @@ use podgate_agent::proto::gitlab::agent::agent_registrar::rpc::{
 };
 use podgate_agent::proto::gitlab::agent::entity::AgentMeta;
 use podgate_agent::task::AbortOnDrop;
-use podgate_registry::{AgentConnection, KasAddress, Registry};
+use podgate_registry::{AgentConnection, KasAddress, KubernetesVersion, Registry};
 use tonic::{Request, Response, Status};
 
 use super::agent_auth::{AgentAuth, AgentIdentity};
@@ -172,6 +172,12 @@ impl Presence {
             commit: meta.commit_id,
             pod_namespace: meta.pod_namespace,
             pod_name: meta.pod_name,
+            kubernetes_version: meta.kubernetes_version.map(|v| KubernetesVersion {
+                major: v.major,
+                minor: v.minor,
+                git_version: v.git_version,
+                platform: v.platform,
+            }),
             connected_at_ms: now_ms(),
             kas: self.kas.clone(),
         };

@@ -22,7 +22,7 @@ use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::get_connected_agent
 use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::{
     GetConnectedAgentsRequest, GetConnectedAgentsResponse,
 };
-use podgate_agent::proto::gitlab::agent::entity::AgentMeta;
+use podgate_agent::proto::gitlab::agent::entity::{self, AgentMeta};
 
 /// A registry connection as GitLab's `ConnectedAgentInfo`.
 pub(crate) fn connected_agent_info(c: AgentConnection) -> ConnectedAgentInfo {
@@ -33,7 +33,12 @@ pub(crate) fn connected_agent_info(c: AgentConnection) -> ConnectedAgentInfo {
             commit_id: c.commit,
             pod_namespace: c.pod_namespace,
             pod_name: c.pod_name,
-            kubernetes_version: None,
+            kubernetes_version: c.kubernetes_version.map(|v| entity::KubernetesVersion {
+                major: v.major,
+                minor: v.minor,
+                git_version: v.git_version,
+                platform: v.platform,
+            }),
         }),
         connected_at: Some(prost_types::Timestamp {
             seconds: ms.div_euclid(1000),

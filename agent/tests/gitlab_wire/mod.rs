@@ -17,7 +17,7 @@
 //!   upgrades); [`peers`]: dialling kas as agentk does (h2c, WebSocket).
 //! - `tests`, `rails_tests`: the GitLab-shaped peers against each other, and the
 //!   Rails client against a kas stand-in that checks its JWT.
-//! - `podgate_kubectl`: the installed kubectl through podgate's kas to the
+//! - `podgate_kubectl`: the installed kubectl through podgate's proxy and kas to the
 //!   GitLab-shaped agentk (h2c and WebSocket). `podgate_e2e`: the GitLab-shaped
 //!   agentk against podgate's kas (configuration, registration, Rails' listing
 //!   through a second kas) and podgate's agentk against the GitLab-shaped kas.
@@ -62,6 +62,10 @@ pub trait FullName {
 
 impl FullName for proto::gitlab::agent::kubernetes_api::rpc::HeaderExtra {
     const FULL_NAME: &'static str = "gitlab.agent.kubernetes_api.rpc.HeaderExtra";
+}
+
+impl FullName for proto::gitlab::agent::event::GitPushEvent {
+    const FULL_NAME: &'static str = "gitlab.agent.event.GitPushEvent";
 }
 
 impl FullName for proto::gitlab::agent::gitlab_access::rpc::HeaderExtra {

@@ -1,6 +1,6 @@
-//! The installed `kubectl` through podgate's kas (its Kubernetes API proxy, a
-//! personal access token as GitLab's user access takes it) to the GitLab-shaped
-//! agentk and on to a kube-sim: `get`, `get -w` (an event caused by a later `apply`
+//! The installed `kubectl` through podgate's proxy and kas (its Kubernetes API
+//! proxy, a personal access token as GitLab's user access takes it) to the
+//! GitLab-shaped agentk, which dials kas through the proxy too, and on to a kube-sim: `get`, `get -w` (an event caused by a later `apply`
 //! arrives while the watch runs), `apply`, and the upgrades — `exec` (a command's
 //! output and exit code come back), `port-forward` (bytes both ways) and `logs -f`.
 //! The stack and the kubectl runs are `crate::kubectl`'s (the same commands to
@@ -13,12 +13,13 @@ use std::time::Duration;
 use super::agentk::{self, Config, Event, Transport};
 use crate::kubectl::{Stack, exec_port_forward_and_logs, get_watch_and_apply, stack};
 
-/// The GitLab-shaped agentk of agent 1 on `s`'s kas (over `transport`) and
-/// kube-sim, registered.
+/// The GitLab-shaped agentk of agent 1 on `s`'s kas through `s`'s proxy (over
+/// `transport`: h2c to the proxy's cleartext listener, or a WebSocket to its
+/// `/-/kubernetes-agent/`) and kube-sim, registered.
 async fn gitlab_agentk(s: &Stack, transport: Transport) -> agentk::Agentk {
     let address = match transport {
-        Transport::H2c => s.kas.agent_addr().to_string(),
-        Transport::WebSocket => format!("{}/-/kubernetes-agent/", s.kas.agent_addr()),
+        Transport::H2c => s.edge.addr.to_string(),
+        Transport::WebSocket => format!("{}{}", s.edge.addr, crate::edge::AGENT_PATH),
     };
     let mut cfg = Config::new(&address, &(s.mint)(Some(1)), &s.kube.url());
     cfg.tunnels = 4;
@@ -32,14 +33,14 @@ async fn gitlab_agentk(s: &Stack, transport: Transport) -> agentk::Agentk {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_get_watch_and_apply_through_podgate_kas_to_a_gitlab_agentk() {
+async fn kubectl_get_watch_and_apply_through_the_proxy_and_kas_to_a_gitlab_agentk() {
     let s = stack().await;
     let _agent = gitlab_agentk(&s, Transport::H2c).await;
     get_watch_and_apply(&s).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_exec_port_forward_and_logs_through_podgate_kas_to_a_gitlab_agentk() {
+async fn kubectl_exec_port_forward_and_logs_through_the_proxy_and_kas_to_a_gitlab_agentk() {
     let s = stack().await;
     let _agent = gitlab_agentk(&s, Transport::H2c).await;
     exec_port_forward_and_logs(&s).await;
@@ -48,8 +49,8 @@ async fn kubectl_exec_port_forward_and_logs_through_podgate_kas_to_a_gitlab_agen
 /// The same over a WebSocket (`ws-tunnel`), gzip on, as GitLab's agentk dials a
 /// `wss://` kas URL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_exec_port_forward_and_logs_through_podgate_kas_to_a_gitlab_agentk_over_websocket()
-{
+async fn kubectl_exec_port_forward_and_logs_through_the_proxy_and_kas_to_a_gitlab_agentk_over_websocket()
+ {
     let s = stack().await;
     let _agent = gitlab_agentk(&s, Transport::WebSocket).await;
     exec_port_forward_and_logs(&s).await;

@@ -72,6 +72,11 @@ impl Backend for MemoryBackend {
         self.events.subscribe()
     }
 
+    async fn publish_kas_event(&self, payload: &[u8]) -> Result<()> {
+        self.publish(BackendEvent::Kas(payload.into()));
+        Ok(())
+    }
+
     async fn load_topology(&self) -> Result<Topology> {
         Ok(self.lock().topology.clone())
     }

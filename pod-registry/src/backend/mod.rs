@@ -61,6 +61,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
     async fn kas_for_agent(&self, agent_id: i64) -> Result<Vec<KasAddress>>;
     /// Every live kas instance, sorted by address.
     async fn kas_instances(&self) -> Result<Vec<KasInstance>>;
+    /// Send `payload` to every kas on this store (itself included) as a
+    /// [`BackendEvent::Kas`].
+    async fn publish_kas_event(&self, payload: &[u8]) -> Result<()>;
 
     /// Test support: every stored entry, expired or not (the memory backend only).
     fn raw_len(&self) -> Option<usize> {
@@ -73,6 +76,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
 pub(crate) enum BackendEvent {
     /// Presence changed somewhere.
     Agent(AgentEvent),
+    /// A kas published an event for every kas (GitLab's `kas_events`).
+    Kas(Arc<[u8]>),
     /// The topology reached this version.
     Topology(u64),
     /// Events may have been lost (reconnect): re-read state.

@@ -96,6 +96,20 @@ impl Registry {
         self.inner.backend.kas_instances().await
     }
 
+    /// Publish `payload` to every kas on this registry's store, this one included
+    /// ([`Self::kas_events`]). On Redis it is `PUBLISH kas_events`, as GitLab's kas
+    /// publishes its events; the memory store hands it to the registries sharing it.
+    pub async fn publish_kas_event(&self, payload: &[u8]) -> Result<()> {
+        self.inner.backend.publish_kas_event(payload).await
+    }
+
+    /// The events kas instances publish ([`Self::publish_kas_event`]), as they
+    /// arrive. Pub/sub delivers at most once: events published while the
+    /// subscription was down are lost.
+    pub fn kas_events(&self) -> broadcast::Receiver<Arc<[u8]>> {
+        self.inner.kas_events.subscribe()
+    }
+
     /// Presence events (connects, disconnects, and `Resync` when some may be lost).
     pub fn subscribe(&self) -> broadcast::Receiver<AgentEvent> {
         self.inner.events.subscribe()

@@ -43,6 +43,9 @@ pub(super) async fn event_pump(weak: Weak<Inner>, mut rx: broadcast::Receiver<Ba
                 r.metrics().events.with_label_values(&[label]).inc();
                 let _ = r.inner.events.send(e);
             }
+            Ok(BackendEvent::Kas(payload)) => {
+                let _ = r.inner.kas_events.send(payload);
+            }
             Ok(BackendEvent::Topology(v)) => {
                 if v != r.topology().version {
                     let _ = r.reload_topology().await;

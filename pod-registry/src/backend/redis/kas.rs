@@ -1,5 +1,6 @@
 //! kas instances, in one hash (`P:{kas}:instances`): address → instance JSON with
-//! its own expiry. Written by the refresh, removed at shutdown.
+//! its own expiry. Written by the refresh, removed at shutdown. And the events one
+//! kas publishes to all (`kas_events`).
 
 use super::RedisBackend;
 use super::keys::decode;
@@ -19,6 +20,21 @@ impl RedisBackend {
                 .arg(key)
                 .arg(field)
                 .query_async(&mut c)
+                .await
+        })
+        .await
+    }
+
+    /// `PUBLISH kas_events payload`: GitLab's channel, not under the prefix, so kas
+    /// instances of GitLab's and of podgate's on one Redis hear each other.
+    pub(super) async fn publish_kas_event(&self, payload: &[u8]) -> Result<()> {
+        let channel = self.keys.kas_events_channel();
+        let payload = payload.to_vec();
+        self.run("publish", |mut c| async move {
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(payload)
+                .query_async::<()>(&mut c)
                 .await
         })
         .await

@@ -47,6 +47,12 @@ impl Keys {
     pub(crate) fn topology_channel(&self) -> String {
         format!("{}:events:topology", self.prefix)
     }
+    /// GitLab's kas events channel (`eventsRedisChannel` in
+    /// <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/cmd/kas/kasapp/server_api.go>),
+    /// which GitLab does not put under its key prefix either.
+    pub(crate) fn kas_events_channel(&self) -> String {
+        "kas_events".to_owned()
+    }
 }
 
 /// A connection's field in its project index: `<agent>:<connection>`.

@@ -153,6 +153,10 @@ impl Backend for RedisBackend {
         self.events.subscribe()
     }
 
+    async fn publish_kas_event(&self, payload: &[u8]) -> Result<()> {
+        self.publish_kas_event(payload).await
+    }
+
     async fn load_topology(&self) -> Result<Topology> {
         self.load_topology().await
     }

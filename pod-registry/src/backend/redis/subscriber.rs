@@ -1,5 +1,6 @@
-//! The pub/sub subscriber: one subscription to both event channels, kept alive by
-//! reconnecting with back-off, its messages forwarded as [`BackendEvent`]s.
+//! The pub/sub subscriber: one subscription to the event channels (agents,
+//! topology, kas events), kept alive by reconnecting with back-off, its messages
+//! forwarded as [`BackendEvent`]s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use crate::presence::AgentEvent;
 use crate::registry::reconnect_backoff;
 
 /// Keep one pub/sub subscription alive: (re)connect with back-off (pauses up to
-/// `backoff_max`, with jitter), subscribe to both channels, forward messages, and
+/// `backoff_max`, with jitter), subscribe to the channels, forward messages, and
 /// announce `Resync` after every (re)subscription. Every failure is recorded in
 /// `health` (logged once per outage, counted every time); a subscription that held
 /// starts the back-off over.
@@ -30,6 +31,7 @@ pub(super) async fn subscriber(
 ) {
     let agents = keys.agents_channel();
     let topology = keys.topology_channel();
+    let kas = keys.kas_events_channel();
     let urls = match &target {
         RedisTarget::Standalone(u) => vec![u.clone()],
         RedisTarget::Cluster(nodes) => nodes.clone(),
@@ -47,6 +49,7 @@ pub(super) async fn subscriber(
                 .await?;
             ps.subscribe(&agents).await?;
             ps.subscribe(&topology).await?;
+            ps.subscribe(&kas).await?;
             Ok(ps)
         }
         .await;
@@ -63,6 +66,8 @@ pub(super) async fn subscriber(
                         serde_json::from_slice::<AgentEvent>(payload)
                             .ok()
                             .map(BackendEvent::Agent)
+                    } else if channel == kas {
+                        Some(BackendEvent::Kas(payload.into()))
                     } else if channel == topology {
                         std::str::from_utf8(payload)
                             .ok()
