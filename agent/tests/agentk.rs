@@ -206,6 +206,10 @@ async fn an_agentk_whose_token_is_refused_is_not_ready_and_keeps_trying() {
     }
 }
 
+/// GitLab's `agent_info` answer for agent 7 of project 70, shaped as Rails'
+/// `lib/api/internal/kubernetes.rb` sends it (gitlabhq/gitlabhq).
+const AGENT_INFO: &str = r#"{"project_id":70,"agent_id":7,"agent_name":"prod","gitaly_info":{"address":"unix:/var/opt/gitlab/gitaly/gitaly.socket","token":"","features":{}},"gitaly_repository":{"storage_name":"default","relative_path":"@hashed/aa/bb/aabb.git","gl_repository":"project-70","gl_project_path":"group/agents"},"default_branch":"main"}"#;
+
 /// A stub of GitLab's `GET /api/v4/internal/kubernetes/agent_info`: 200 for
 /// `glagent-good…`, 401 for `glagent-bad…`, 500 for anything else; counts calls and
 /// checks kas's `Gitlab-Kas-Api-Request` JWT.
@@ -236,7 +240,7 @@ async fn gitlab_stub(calls: Arc<AtomicUsize>) -> std::net::SocketAddr {
                         .expect("kas signs its API requests with the shared secret");
                         let auth = req.headers()["authorization"].to_str().unwrap();
                         let (status, body) = if auth.starts_with("Bearer glagent-good") {
-                            (200, r#"{"agent_id":7,"project_id":70,"agent_name":"prod"}"#)
+                            (200, AGENT_INFO)
                         } else if auth.starts_with("Bearer glagent-bad") {
                             (401, r#"{"message":"401 Unauthorized"}"#)
                         } else {
@@ -292,6 +296,7 @@ async fn opaque_agent_tokens_are_asked_of_gitlab_and_the_answers_cached() {
         let cfg = connect(good.clone()).await.unwrap();
         let cfg = cfg.configuration.unwrap();
         assert_eq!((cfg.agent_id, cfg.project_id), (7, 70));
+        assert_eq!(cfg.project_path, "group/agents");
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     // No: Unauthenticated with no detail; asked once, then cached.

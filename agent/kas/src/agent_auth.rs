@@ -26,12 +26,16 @@ use sha2::{Digest as _, Sha256};
 use tonic::Status;
 
 /// Who an agent token says the caller is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentIdentity {
     /// Agent id.
     pub agent_id: i64,
     /// Configuration project.
     pub project_id: i64,
+    /// The configuration project's full path, as GitLab's `agent_info` names it
+    /// (`gitaly_repository.gl_project_path`); empty for podgate's JWT agent tokens,
+    /// which carry no path.
+    pub project_path: Arc<str>,
 }
 
 /// GitLab's `agent_info` endpoint, for opaque agent tokens.
@@ -61,10 +65,21 @@ struct AgentInfo {
     lookups: prometheus::IntCounterVec,
 }
 
+/// What kas reads of GitLab's `agent_info` answer (`lib/api/internal/kubernetes.rb`
+/// in gitlabhq/gitlabhq; `gitaly_repository` is the project's Gitaly repository,
+/// whose `gl_project_path` is the project's full path).
 #[derive(Deserialize)]
 struct AgentInfoResponse {
     agent_id: i64,
     project_id: i64,
+    #[serde(default)]
+    gitaly_repository: GitalyRepository,
+}
+
+#[derive(Default, Deserialize)]
+struct GitalyRepository {
+    #[serde(default)]
+    gl_project_path: String,
 }
 
 /// Agent authentication: local JWT verification, and the optional `agent_info`
@@ -159,6 +174,7 @@ impl AgentAuth {
                 Ok(AgentIdentity {
                     agent_id,
                     project_id,
+                    project_path: "".into(),
                 })
             }
             // Forged or malformed: never worth asking GitLab.
@@ -244,6 +260,7 @@ impl AgentInfo {
         Ok(Ok(AgentIdentity {
             agent_id: info.agent_id,
             project_id: info.project_id,
+            project_path: info.gitaly_repository.gl_project_path.into(),
         }))
     }
 }

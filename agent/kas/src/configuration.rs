@@ -10,8 +10,9 @@
 //!   agent has (the request's, then the last sent). A resumed stream whose commit
 //!   is current gets nothing until the next change.
 //! - The response's `AgentConfiguration` is the file's fields plus who the agent
-//!   is: `agent_id`, `project_id` (from its token), `project_path` (empty: podgate's
-//!   tokens do not carry the project's path) and `gitlab_external_url` (`[gitlab]
+//!   is: `agent_id`, `project_id` (from its token), `project_path` (GitLab's
+//!   `agent_info` for an opaque `glagent-` token; empty for podgate's JWT agent
+//!   tokens, which carry no path) and `gitlab_external_url` (`[gitlab]
 //!   external_url`), as `sendConfigResponse` builds it; `user_access` stays with
 //!   kas, as in GitLab.
 //! - A file GitLab would refuse ends the stream with `FailedPrecondition` (`Config:
@@ -62,7 +63,7 @@ impl Stream for ConfigStream {
 
 /// What the agent is sent for `snapshot` (`sendConfigResponse`).
 pub(crate) fn response(
-    who: AgentIdentity,
+    who: &AgentIdentity,
     gitlab_external_url: &str,
     snapshot: &Snapshot,
 ) -> ConfigurationResponse {
@@ -75,7 +76,7 @@ pub(crate) fn response(
             project_id: who.project_id,
             ci_access: file.ci_access,
             container_scanning: file.container_scanning,
-            project_path: String::new(),
+            project_path: who.project_path.to_string(),
             remote_development: file.remote_development,
             flux: file.flux,
             gitlab_external_url: gitlab_external_url.to_owned(),
@@ -102,7 +103,10 @@ impl AgentConfiguration for ConfigurationService {
         } else {
             let meta = req.agent_meta.clone().unwrap_or_default();
             let connection_id = random_connection_id();
-            let registered = self.presence.register(who, meta, connection_id).await?;
+            let registered = self
+                .presence
+                .register(who.clone(), meta, connection_id)
+                .await?;
             tracing::info!(agent_id = who.agent_id, connection_id, "agent connected");
             Some(registered)
         };
@@ -140,7 +144,7 @@ async fn follow(
             Ok(snapshot) if snapshot.commit_id != last => {
                 tracing::info!(agent_id, commit_id = %snapshot.commit_id, "Config: new commit");
                 configs.maybe_post(agent_id, &snapshot);
-                let message = response(who, &gitlab_external_url, &snapshot);
+                let message = response(&who, &gitlab_external_url, &snapshot);
                 if tx.send(Ok(message)).await.is_err() {
                     return;
                 }

@@ -215,7 +215,7 @@ impl Presence {
         let key = (who.agent_id, pod_id);
         // Written again every time: the registration's meta may have changed (a
         // new Kubernetes version, an upgraded agentk).
-        let fresh = self.register(who, meta, pod_id).await?;
+        let fresh = self.register(who.clone(), meta, pod_id).await?;
         let mut expiring = self.lock();
         let generation = expiring.get(&key).map_or(0, |e| e.generation + 1);
         let timer = AbortOnDrop::spawn(expire(

@@ -38,10 +38,13 @@ async fn presence(ttl: Duration) -> (Arc<Presence>, Registry) {
     (presence, registry)
 }
 
-const WHO: AgentIdentity = AgentIdentity {
-    agent_id: 7,
-    project_id: 42,
-};
+fn who() -> AgentIdentity {
+    AgentIdentity {
+        agent_id: 7,
+        project_id: 42,
+        project_path: "group/agents".into(),
+    }
+}
 
 fn meta(version: &str) -> AgentMeta {
     AgentMeta {
@@ -53,7 +56,7 @@ fn meta(version: &str) -> AgentMeta {
 
 async fn pods(registry: &Registry) -> Vec<(i64, String)> {
     registry
-        .connections_by_agent(WHO.agent_id)
+        .connections_by_agent(who().agent_id)
         .await
         .unwrap()
         .into_iter()
@@ -82,7 +85,7 @@ async fn a_registration_lasts_its_ttl_from_the_last_register() {
     let ttl = Duration::from_secs(600);
     let (presence, registry) = presence(ttl).await;
     presence
-        .register_for_ttl(WHO, meta("v1"), 99)
+        .register_for_ttl(who(), meta("v1"), 99)
         .await
         .unwrap();
     assert_eq!(pods(&registry).await, [(99, "v1".to_owned())]);
@@ -92,7 +95,7 @@ async fn a_registration_lasts_its_ttl_from_the_last_register() {
     // Refreshed before it expires: it lasts a TTL from the refresh, with the new meta.
     tokio::time::advance(ttl - Duration::from_secs(1)).await;
     presence
-        .register_for_ttl(WHO, meta("v2"), 99)
+        .register_for_ttl(who(), meta("v2"), 99)
         .await
         .unwrap();
     tokio::time::advance(Duration::from_secs(2)).await;
@@ -124,9 +127,15 @@ async fn a_registration_lasts_its_ttl_from_the_last_register() {
 async fn pods_expire_apart_and_pod_id_0_is_refused() {
     let ttl = Duration::from_secs(600);
     let (presence, registry) = presence(ttl).await;
-    presence.register_for_ttl(WHO, meta("v1"), 1).await.unwrap();
+    presence
+        .register_for_ttl(who(), meta("v1"), 1)
+        .await
+        .unwrap();
     tokio::time::advance(ttl / 2).await;
-    presence.register_for_ttl(WHO, meta("v1"), 2).await.unwrap();
+    presence
+        .register_for_ttl(who(), meta("v1"), 2)
+        .await
+        .unwrap();
     let mut events = registry.subscribe();
     tokio::time::advance(ttl / 2 + Duration::from_secs(1)).await;
     let event = disconnect(&mut events).await;
@@ -143,7 +152,7 @@ async fn pods_expire_apart_and_pod_id_0_is_refused() {
     assert_eq!(pods(&registry).await, [(2, "v1".to_owned())]);
 
     let refused = presence
-        .register_for_ttl(WHO, meta("v1"), 0)
+        .register_for_ttl(who(), meta("v1"), 0)
         .await
         .unwrap_err();
     assert!(matches!(refused, Error::ZeroPodId));
@@ -165,7 +174,7 @@ async fn a_draining_kas_registers_nothing() {
         expiring: Default::default(),
     });
     let e = presence
-        .register_for_ttl(WHO, meta("v1"), 5)
+        .register_for_ttl(who(), meta("v1"), 5)
         .await
         .unwrap_err();
     assert_eq!(Status::from(e).code(), tonic::Code::Unavailable);
