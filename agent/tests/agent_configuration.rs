@@ -363,21 +363,11 @@ async fn a_git_push_event_refreshes_the_projects_open_streams() {
     let v2 = "gitops: {}\n";
     write(&file, v2);
 
-    let push = |project: i64, token: &str| {
-        bearer(
-            tonic::Request::new(GitPushEventRequest {
-                event: Some(GitPushEvent {
-                    project: Some(Project {
-                        id: project,
-                        full_path: "group/agents".into(),
-                    }),
-                }),
-            }),
-            token,
-        )
-    };
     let mut rails = NotificationsClient::new(channel(kas.external_addr()).await);
-    let e = rails.git_push_event(push(42, "nope")).await.unwrap_err();
+    let e = rails
+        .git_push_event(push_request(42, "nope"))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated);
     let e = rails
         .git_push_event(bearer(
@@ -388,7 +378,7 @@ async fn a_git_push_event_refreshes_the_projects_open_streams() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     let jwt = mint_external(&EXTERNAL, "gitlab", 60).unwrap();
-    rails.git_push_event(push(42, &jwt)).await.unwrap();
+    rails.git_push_event(push_request(42, &jwt)).await.unwrap();
     let (cfg, commit) = next(&mut stream).await;
     assert_eq!(commit, commit_id(v2.as_bytes()));
     assert!(cfg.gitops.is_some());

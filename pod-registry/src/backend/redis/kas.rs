@@ -28,16 +28,8 @@ impl RedisBackend {
     /// `PUBLISH kas_events payload`: GitLab's channel, not under the prefix, so kas
     /// instances of GitLab's and of podgate's on one Redis hear each other.
     pub(super) async fn publish_kas_event(&self, payload: &[u8]) -> Result<()> {
-        let channel = self.keys.kas_events_channel();
-        let payload = payload.to_vec();
-        self.run("publish", |mut c| async move {
-            redis::cmd("PUBLISH")
-                .arg(channel)
-                .arg(payload)
-                .query_async::<()>(&mut c)
-                .await
-        })
-        .await
+        self.publish(self.keys.kas_events_channel(), payload.to_vec())
+            .await
     }
 
     pub(super) async fn kas_instances(&self) -> Result<Vec<KasInstance>> {

@@ -143,6 +143,21 @@ impl RedisBackend {
         self.health.record(op, &res);
         res
     }
+
+    /// `PUBLISH channel payload` (recorded as op `publish`).
+    async fn publish<P>(&self, channel: String, payload: P) -> Result<()>
+    where
+        P: redis::ToRedisArgs + Send,
+    {
+        self.run("publish", |mut c| async move {
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(payload)
+                .query_async::<()>(&mut c)
+                .await
+        })
+        .await
+    }
 }
 
 /// Each call goes to the inherent method of the same name, in the file of its

@@ -119,15 +119,7 @@ impl RedisBackend {
     }
 
     async fn publish_agent(&self, event: &AgentEvent) -> Result<()> {
-        let channel = self.keys.agents_channel();
         let payload = serde_json::to_string(event).map_err(|e| corrupt("event", e))?;
-        self.run("publish", |mut c| async move {
-            redis::cmd("PUBLISH")
-                .arg(channel)
-                .arg(payload)
-                .query_async::<()>(&mut c)
-                .await
-        })
-        .await
+        self.publish(self.keys.agents_channel(), payload).await
     }
 }

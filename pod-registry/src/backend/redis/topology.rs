@@ -44,16 +44,7 @@ impl RedisBackend {
             if version < 0 {
                 continue; // someone else changed it first: re-read and re-apply
             }
-            let channel = self.keys.topology_channel();
-            let _: () = self
-                .run("publish", |mut c| async move {
-                    redis::cmd("PUBLISH")
-                        .arg(channel)
-                        .arg(version)
-                        .query_async(&mut c)
-                        .await
-                })
-                .await?;
+            self.publish(self.keys.topology_channel(), version).await?;
             let mut next = next;
             next.version = version as u64;
             return Ok(next);
