@@ -42,7 +42,7 @@ use super::proto::gitlab::agent::agent_registrar::rpc::{
     RegisterRequest, agent_registrar_client::AgentRegistrarClient,
 };
 use super::proto::gitlab::agent::agentcfg::AgentConfiguration;
-use super::proto::gitlab::agent::entity::AgentMeta;
+use super::proto::gitlab::agent::entity::{AgentMeta, KubernetesVersion};
 use super::proto::gitlab::agent::grpctool::HttpRequest;
 use super::proto::gitlab::agent::reverse_tunnel::info::{AgentDescriptor, Method, Service};
 use super::proto::gitlab::agent::reverse_tunnel::rpc::{
@@ -121,7 +121,14 @@ impl Config {
                 commit_id: "e02ad05f".into(),
                 pod_namespace: "gitlab-agent".into(),
                 pod_name: "gitlab-agent-0".into(),
-                kubernetes_version: None,
+                // What the registrar read of the cluster's `/version`
+                // (`agent_registrar/agent/module.go`).
+                kubernetes_version: Some(KubernetesVersion {
+                    major: "1".into(),
+                    minor: "28".into(),
+                    git_version: "v1.28.2".into(),
+                    platform: "linux/amd64".into(),
+                }),
             },
             register_interval: Duration::from_secs(300),
             backoff: Duration::from_millis(100),

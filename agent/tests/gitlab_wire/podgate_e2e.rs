@@ -100,7 +100,14 @@ async fn gitlab_agentk_against_podgate_kas(transport: Transport) {
     );
     let by_agent = rails.connected_agents_by_agent(3).await.unwrap();
     assert_eq!(by_agent.len(), 1);
-    assert_eq!(by_agent[0].agent_meta.as_ref().unwrap().version, "v16.5.0");
+    let meta = by_agent[0].agent_meta.as_ref().unwrap();
+    assert_eq!(meta.version, "v16.5.0");
+    assert_eq!(
+        meta.kubernetes_version
+            .as_ref()
+            .map(|v| v.git_version.as_str()),
+        Some("v1.28.2")
+    );
     // kubectl through kas's Kubernetes API proxy and this agentk's tunnels:
     // `podgate_kubectl`.
 }
@@ -215,7 +222,10 @@ async fn podgate_agentk_against_gitlab_kas_run() {
             }
             KasEvent::Registered(r) => {
                 assert_ne!(r.pod_id, 0);
-                registered = true;
+                // The first registration, at connection, may precede agentk's
+                // first read of kube-sim's `/version`; the next carries it.
+                let version = r.agent_meta.and_then(|m| m.kubernetes_version);
+                registered |= version.is_some_and(|v| v.git_version == "v1.32.0-podgate-test");
             }
             KasEvent::Tunnel(d) => descriptor = Some(d),
         }
