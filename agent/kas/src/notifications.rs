@@ -5,7 +5,7 @@
 //!
 //! As GitLab's kas does, the service publishes the event to every kas through the
 //! registry (on Redis: `PUBLISH kas_events`, the event in a `google.protobuf.Any`),
-//! and answers `UNAVAILABLE` when it cannot; [`relay`] hands the events every kas
+//! and answers `UNAVAILABLE` when it cannot; `relay` hands the events every kas
 //! hears to its configuration streams, whose project matches poke their poll
 //! (`GitPushEvent` in
 //! <https://github.com/pluralsh/kubernetes-agent/blob/e02ad05f88598c93c414c52dd4a89e58a75adb4a/internal/module/notifications/server/server.go>,
