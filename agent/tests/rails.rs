@@ -18,7 +18,7 @@ use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::{
 use podgate_agent::proto::gitlab::agent::entity::KubernetesVersion;
 use podgate_agentk::Agentk;
 use podgate_kas::{Kas, KasConfig};
-use podgate_registry::{BackendConfig, Registry, RegistryConfig};
+use podgate_registry::{AgentEvent, BackendConfig, Registry, RegistryConfig};
 use podgate_testkit::fixtures::{
     EXTERNAL_SECRET, agent_tokens, channel, configuration_stream, kas_config,
 };
@@ -157,37 +157,62 @@ async fn rails_lists_connected_agents_by_project_and_by_agent_through_either_kas
     assert!(e.message().contains("GetConnectedAgentsRequest"), "{e:?}");
 }
 
-/// podgate's agentk registers as GitLab's agentk does: its pod and, read from the
-/// cluster's `/version` before the call, the Kubernetes version; Rails reads them
-/// back through the kas that does not hold the agent.
+/// podgate's agentk registers as GitLab's agentk does: its pod and the Kubernetes
+/// version read from the cluster's `/version`; Rails reads them back through the
+/// kas that does not hold the agent. The registration at connection carries the
+/// version agentk read last (none yet), the one right after it the version just
+/// read: the test looks at each registration the registry announces.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rails_sees_the_meta_and_kubernetes_version_agentk_registered() {
     let redis = podgate_registry::testing::RedisServer::start();
     let (keys, mint) = agent_tokens();
     let kas1 = kas_on(redis.url(), keys.clone()).await;
     let kas2 = kas_on(redis.url(), keys).await;
+    let observer = Registry::connect(RegistryConfig {
+        backend: BackendConfig::Redis { url: redis.url() },
+        ..RegistryConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut registrations = observer.subscribe();
     let kube = KubeTestServer::start(10).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
-    let agentk = Agentk::start(agentk_config(&kas1, mint(Some(7)), Some(kubeconfig)))
+    let _agentk = Agentk::start(agentk_config(&kas1, mint(Some(7)), Some(kubeconfig)))
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(30), agentk.connected())
-        .await
-        .expect("agentk connected");
     let token = rails_token(
         &EXTERNAL_SECRET,
         GITLAB_HOST,
         "gitlab-kas",
         jsonwebtoken::Algorithm::HS256,
     );
-    let agents = connected(&kas2, By::AgentId(7), "bearer", &token)
-        .await
-        .unwrap()
-        .agents;
-    assert_eq!(agents.len(), 1, "{agents:?}");
-    let meta = agents[0].agent_meta.clone().expect("agent_meta");
+    let meta = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match registrations.recv().await {
+                Ok(AgentEvent::Connected { agent_id: 7, .. } | AgentEvent::Resync)
+                | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Ok(_) => continue,
+                Err(e) => panic!("the registry's events: {e}"),
+            }
+            let agents = connected(&kas2, By::AgentId(7), "bearer", &token)
+                .await
+                .unwrap()
+                .agents;
+            assert_eq!(agents.len(), 1, "{agents:?}");
+            let meta = agents[0].agent_meta.clone().expect("agent_meta");
+            if meta
+                .kubernetes_version
+                .as_ref()
+                .is_some_and(|v| !v.git_version.is_empty())
+            {
+                return meta;
+            }
+        }
+    })
+    .await
+    .expect("a registration with the cluster's version");
     assert_eq!(
         (meta.pod_namespace.as_str(), meta.pod_name.as_str()),
         ("default", "agentk-0")
