@@ -83,8 +83,8 @@ impl GitlabClient {
         GitlabClient {
             base: base_url.trim_end_matches('/').to_owned(),
             secret,
-            client: Client::builder(TokioExecutor::new()).build_http(),
-            streaming: Client::builder(TokioExecutor::new()).build_http(),
+            client: Client::builder(TokioExecutor::new()).build(connector()),
+            streaming: Client::builder(TokioExecutor::new()).build(connector()),
         }
     }
 
@@ -172,4 +172,12 @@ impl GitlabClient {
             .to_bytes();
         Ok(Answer { status, body })
     }
+}
+
+/// Plain-HTTP connections to GitLab with Nagle's algorithm off (`TCP_NODELAY`, as
+/// Go's `net/http` dials): a streamed body's small chunks go out as written.
+fn connector() -> HttpConnector {
+    let mut c = HttpConnector::new();
+    c.set_nodelay(true);
+    c
 }

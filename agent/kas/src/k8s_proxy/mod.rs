@@ -309,6 +309,9 @@ pub(crate) async fn serve_http(
                         continue;
                     }
                 };
+                // Responses and upgraded streams go out as written, not held for
+                // the client's delayed ACK (Go's net/http sets TCP_NODELAY too).
+                let _ = stream.set_nodelay(true);
                 let (handle, mut drain) = (handle.clone(), draining.clone());
                 conns.spawn(async move {
                     let service = service_fn(move |req| {
