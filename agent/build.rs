@@ -54,6 +54,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // No `XClient::connect(url)` constructors: GitLab's `ReverseTunnel` has a
         // method of that name. Clients are built on a `Channel`.
         .build_transport(false)
+        // Small per-stream buffers: see `src/codec.rs`.
+        .codec_path("crate::codec::Small")
         .compile_protos(PROTOS, &["proto"])?;
 
     // Only where the tests are (the product build of a trimmed tree needs none).

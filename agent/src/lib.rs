@@ -30,6 +30,7 @@
 
 pub mod any;
 pub mod auth;
+pub mod codec;
 pub mod graph;
 pub mod httpz;
 pub mod obs;

@@ -49,7 +49,10 @@ pub(crate) struct ConfigurationService {
 /// A configuration stream; unregisters its connection (if it registered one) when
 /// dropped.
 pub struct ConfigStream {
-    rx: mpsc::Receiver<Result<ConfigurationResponse, Status>>,
+    /// Boxed: the channel allocates its first 32 slots when it is made, and every
+    /// connected agent holds one for hours (a slot of the response itself would be
+    /// over a kilobyte).
+    rx: mpsc::Receiver<Box<Result<ConfigurationResponse, Status>>>,
     _registered: Option<Registered>,
 }
 
@@ -57,7 +60,7 @@ impl Stream for ConfigStream {
     type Item = Result<ConfigurationResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx)
+        self.rx.poll_recv(cx).map(|r| r.map(|b| *b))
     }
 }
 
@@ -136,7 +139,7 @@ async fn follow(
     gitlab_external_url: String,
     mut last: String,
     mut pushes: broadcast::Receiver<i64>,
-    tx: mpsc::Sender<Result<ConfigurationResponse, Status>>,
+    tx: mpsc::Sender<Box<Result<ConfigurationResponse, Status>>>,
 ) {
     let agent_id = who.agent_id;
     loop {
@@ -145,7 +148,7 @@ async fn follow(
                 tracing::info!(agent_id, commit_id = %snapshot.commit_id, "Config: new commit");
                 configs.maybe_post(agent_id, &snapshot);
                 let message = response(&who, &gitlab_external_url, &snapshot);
-                if tx.send(Ok(message)).await.is_err() {
+                if tx.send(Box::new(Ok(message))).await.is_err() {
                     return;
                 }
                 last = snapshot.commit_id;
@@ -156,7 +159,9 @@ async fn follow(
             }
             Err(e) if e.is_user_error() => {
                 let _ = tx
-                    .send(Err(Status::failed_precondition(format!("Config: {e}"))))
+                    .send(Box::new(Err(Status::failed_precondition(format!(
+                        "Config: {e}"
+                    )))))
                     .await;
                 return;
             }

@@ -38,8 +38,13 @@ pub enum Frame {
     Trailer(Meta),
 }
 
+/// One frame kas sends down a tunnel, boxed: a channel allocates its first 32 slots
+/// when it is made, and every idle tunnel has one (a slot of the frame itself would
+/// be a few hundred bytes; a box is a pointer).
+pub(super) type DownFrame = Box<Result<ConnectResponse, Status>>;
+
 /// The sending half of a tunnel, as kas holds it.
-pub(super) type Down = mpsc::Sender<Result<ConnectResponse, Status>>;
+pub(super) type Down = mpsc::Sender<DownFrame>;
 
 /// Counts a tunnel as busy while a call uses it.
 pub(super) struct Busy(Arc<KasMetrics>);
@@ -105,7 +110,7 @@ impl TunnelCall {
 
     async fn down(&self, msg: connect_response::Msg) -> Result<(), Status> {
         self.down
-            .send(Ok(ConnectResponse { msg: Some(msg) }))
+            .send(Box::new(Ok(ConnectResponse { msg: Some(msg) })))
             .await
             .map_err(|_| Status::unavailable("the tunnel to the agent ended"))
     }
@@ -177,7 +182,7 @@ impl Drop for TunnelCall {
             // the frame cannot be queued, dropping `down` still ends the tunnel.
             let _ = self
                 .down
-                .try_send(Err(Status::cancelled("the caller went away")));
+                .try_send(Box::new(Err(Status::cancelled("the caller went away"))));
         }
     }
 }

@@ -37,7 +37,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::agent_auth::AgentAuth;
 use super::metrics::KasMetrics;
-use call::{Busy, Down};
+use call::{Busy, Down, DownFrame};
 pub use call::{Frame, Meta, TunnelCall};
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::info::AgentDescriptor;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::reverse_tunnel_server::ReverseTunnel;
@@ -222,7 +222,7 @@ impl Tunnels {
             };
             // Busy from the moment agentk has the call.
             let busy = Busy::new(self.metrics.clone());
-            if t.down.send(Ok(info)).await.is_err() {
+            if t.down.send(Box::new(Ok(info))).await.is_err() {
                 continue;
             }
             return Ok(Some(TunnelCall {
@@ -305,7 +305,10 @@ async fn read_descriptor(up: &mut Streaming<ConnectRequest>) -> Result<AgentDesc
 
 #[tonic::async_trait]
 impl ReverseTunnel for TunnelService {
-    type ConnectStream = ReceiverStream<Result<ConnectResponse, Status>>;
+    type ConnectStream = futures_util::stream::Map<
+        ReceiverStream<DownFrame>,
+        fn(DownFrame) -> Result<ConnectResponse, Status>,
+    >;
 
     async fn connect(
         &self,
@@ -368,6 +371,10 @@ impl ReverseTunnel for TunnelService {
         }
         self.tunnels.metrics.tunnels_idle.inc();
         self.tunnels.arrived(who.agent_id);
-        Ok(Response::new(ReceiverStream::new(rx)))
+        let unbox: fn(DownFrame) -> Result<ConnectResponse, Status> = |frame| *frame;
+        Ok(Response::new(futures_util::StreamExt::map(
+            ReceiverStream::new(rx),
+            unbox,
+        )))
     }
 }
