@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use podgate_proxy::config::ProxyConfig;
 use podgate_proxy::server::{RunOptions, run};
-use podgate_registry::testing::free_port;
+use podgate_registry::testing::{eventually, free_port};
 use podgate_testkit::fixtures::self_signed_cert;
 
 /// Where kubectl finds the Kubernetes API proxy in GitLab's Omnibus layout; kas's
@@ -94,15 +94,14 @@ pub async fn start(pod: &Pod, dir: &Path) -> Edge {
     edge
 }
 
-/// Returns once `addr` accepts a connection (within a minute): pingora binds its
-/// listeners on threads of its own after `run` has built the server.
+/// Returns once `addr` accepts a connection (within a minute). pingora binds its
+/// listeners on threads of its own after `run` has built the server and announces
+/// nothing, so this polls.
 async fn accepting(addr: SocketAddr) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the proxy accepts on {addr}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        Duration::from_secs(60),
+        &format!("the proxy to accept on {addr}"),
+        || async move { tokio::net::TcpStream::connect(addr).await.ok().map(|_| ()) },
+    )
+    .await;
 }
