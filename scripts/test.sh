@@ -16,6 +16,13 @@ podgate_ensure_kubectl
 # PODGATE_PY_RUNNER_VENV).
 podgate_ensure_py_runner
 
+# Every crate this machine builds, downloaded once, here, where a network failure is
+# reported first; every later step runs offline on what this fetched, so none of them
+# depends on what an earlier run left in the cargo cache ($CARGO_HOME).
+echo "==> cargo fetch (the host's crates)"
+cargo fetch --locked --target "$(rustc -vV | sed -n 's/^host: //p')"
+export CARGO_NET_OFFLINE=true
+
 # A clean CI clone builds everything once: incremental compilation's caches would only
 # cost time and disk (a developer's run keeps them for the next edit).
 if [ "${CI:-}" = true ]; then

@@ -33,8 +33,21 @@ const SIMULATORS: [&str; 3] = ["podgate-loadtest", "podgate-kube-sim", "podgate-
 fn normal_graph() -> BTreeMap<String, BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = Command::new(cargo)
+    // The graph for the host platform only: that is what a build here downloads, so
+    // `--offline` holds on a machine whose cargo cache has only this build's crates
+    // (without the filter, Cargo wants every platform's packages in Cargo.lock).
+    let version = Command::new(&cargo)
+        .arg("-vV")
+        .output()
+        .expect("cargo -vV runs");
+    let version = String::from_utf8_lossy(&version.stdout);
+    let host = version
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("cargo -vV names the host");
+    let out = Command::new(&cargo)
         .args(["metadata", "--format-version", "1", "--offline", "--locked"])
+        .args(["--filter-platform", host])
         .current_dir(&root)
         .output()
         .expect("cargo metadata runs");
