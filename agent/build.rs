@@ -24,6 +24,7 @@ const PROTOS: &[&str] = &[
     "proto/gitlab/agent_tracker_rpc.proto",
     "proto/gitlab/event.proto",
     "proto/gitlab/notifications.proto",
+    "proto/gitlab/job_router.proto",
 ];
 
 /// GitLab's protobufs as the tests transcribed them, GitLab's paths under

@@ -136,7 +136,12 @@ fn kubectl(config: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String, 
 fn kubectl_command(config: &Path, args: &[&str]) -> Command {
     let mut c = Command::new("kubectl");
     c.arg("--kubeconfig").arg(config).args(args);
-    c.env("HOME", std::env::temp_dir()); // no discovery cache from elsewhere
+    // kubectl's discovery cache (~/.kube/cache) in the test's own directory, not in
+    // one an earlier run left behind.
+    c.env(
+        "HOME",
+        config.parent().expect("the kubeconfig is in a directory"),
+    );
     c
 }
 

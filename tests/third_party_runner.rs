@@ -95,7 +95,8 @@ impl Up {
     fn start() -> Up {
         let (listen, admin) = (free_port(), free_port());
         let mut child = Command::new(env!("CARGO_BIN_EXE_podgate"))
-            .args(["up", "--no-fleet", "--duration", "15m"])
+            // Runners only: no kube-sim, agentk or Workspaces to start first.
+            .args(["up", "--no-fleet", "--no-kube", "--duration", "15m"])
             .args(["--listen", &format!("127.0.0.1:{listen}")])
             .args(["--admin", &format!("127.0.0.1:{admin}")])
             .stdout(Stdio::piped())

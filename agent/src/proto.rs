@@ -5,7 +5,9 @@
 //!   field numbers: `entity`, `prototool`, `grpctool`, `agentcfg`,
 //!   `agent_configuration::rpc`, `agent_registrar::rpc`, `reverse_tunnel::{rpc,
 //!   info}`, `kubernetes_api::rpc`, `gitlab_access::rpc`, `agent_tracker::{self,
-//!   rpc}`, `notifications::rpc`, `event`), and [`google::rpc::Status`];
+//!   rpc}`, `notifications::rpc`, `event`), GitLab's Job Router
+//!   (`job_router::rpc`, as gitlab-runner's `router/rpc/rpc.proto` declares it), and
+//!   [`google::rpc::Status`];
 //! - podgate's own, `podgate.kas.v1` (re-exported here): `KasApi`, `KasInternal`,
 //!   and the agent services GitLab's wire replaces.
 //!

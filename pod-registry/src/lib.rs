@@ -17,6 +17,9 @@
 //!   `memory.rs`, and `redis/` with a file per concern (connection, key schema, Lua
 //!   scripts, topology compare-and-set, presence writes and reads, the refresh by
 //!   slot, kas instances, GC, the pub/sub subscriber).
+//! - [`runner_queue`]: GitLab's runner queue keys (`runner:build_queue:<token>` in a
+//!   Pod's Redis), watched as Workhorse watches them, and long polls held on them:
+//!   the proxy's edge polls and kas's Job Router share one [`runner_queue::QueueWatch`].
 //! - `testing` (feature `test-util`): a real `redis-server` and a 3-master Redis
 //!   Cluster on ephemeral ports, for tests.
 //!
@@ -74,6 +77,7 @@ pub mod error;
 pub mod metrics;
 pub mod presence;
 pub mod registry;
+pub mod runner_queue;
 pub mod topology;
 
 #[cfg(feature = "test-util")]

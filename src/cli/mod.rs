@@ -25,8 +25,9 @@ pub(crate) mod token;
 #[cfg(feature = "sim")]
 pub(crate) mod up;
 #[cfg(feature = "sim")]
-pub(crate) mod up_console;
+pub(crate) mod up_cells;
 #[cfg(feature = "sim")]
+pub(crate) mod up_console;
 pub(crate) mod up_graph;
 #[cfg(feature = "sim")]
 pub(crate) mod up_prometheus;

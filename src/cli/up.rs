@@ -7,7 +7,10 @@
 //! per Pod and then `podgate up: ready`, so a script (or a test) can register its own
 //! runner (`--no-fleet`) and queue jobs through each Pod's control API.
 //!
-//! Unless `--no-kube`, Pod 1 also has a kas (with its Kubernetes API proxy) and an
+//! Every Pod has its kas, serving GitLab's Job Router to runners
+//! ([`super::up_cells`]); each `pod` line names its metrics (`kas_metrics=…`).
+//!
+//! Unless `--no-kube`, Pod 1's kas also has its Kubernetes API proxy, and an
 //! agentk watching a kube-sim cluster ([`super::up_graph`]); `podgate up` prints a
 //! `graph url=… bearer=…` line for the Graph API and a `kubeconfig path=…` line with
 //! which `kubectl` reaches that cluster through the proxy and kas.
@@ -105,6 +108,8 @@ pub(crate) struct UpArgs {
     /// for (GitLab's default 10; full ones every hour).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     workspaces_partial_interval: u64,
+    #[command(flatten)]
+    job_router: super::up_cells::JobRouterArgs,
     /// Write a Prometheus configuration scraping every process here (podgate's
     /// alert and recording rules beside it) to this file, for `prometheus
     /// --config.file <FILE>`.
@@ -149,6 +154,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         // Job payloads (`repo_url`, `CI_SERVER_URL`) name the proxy, so runners clone
         // through it like every other request.
         c.external_url = Some(format!("http://{}", args.listen));
+        c.job_router_url = args.job_router.discovery_url(id, args.listen);
         if id == 1 && !args.no_kube {
             c.kas_secret = Some(kas_secret.clone());
             c.agents = vec![podgate_loadtest::pod_sim::AgentSpec::with_user_access(
@@ -169,11 +175,31 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                 args.kube_objects,
                 args.kube_churn,
                 &sims[0],
-                kas_secret,
+                kas_secret.clone(),
                 vec![super::up_console::origin(args.admin)],
+                args.job_router
+                    .kas_config(1, queue_redis.as_ref().map(|q| q.url.as_str())),
             )
             .await?,
         )
+    };
+    // Every other Pod's kas (Pod 1's too without the Kubernetes side).
+    let mut cell_kas = BTreeMap::new();
+    for s in &sims {
+        let pod = s.state().pod().get();
+        if pod == 1 && kube.is_some() {
+            continue;
+        }
+        let config = args
+            .job_router
+            .kas_config(pod, queue_redis.as_ref().map(|q| q.url.as_str()));
+        let kas = super::up_cells::start_kas(s, kas_secret.clone(), config).await?;
+        cell_kas.insert(pod, kas);
+    }
+    let kas_agent = |pod: u64| match (&kube, cell_kas.get(&pod)) {
+        (_, Some(k)) => vec![k.agent.to_string()],
+        (Some(k), None) if pod == 1 => vec![k.kas_agent.to_string()],
+        _ => Vec::new(),
     };
     let pods: Vec<Pod> = sims
         .iter()
@@ -181,11 +207,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             id: s.state().pod(),
             name: format!("pod-{}", s.state().pod()),
             web: vec![s.addr().to_string()],
-            kas: kube
-                .as_ref()
-                .filter(|_| s.state().pod().get() == 1)
-                .map(|k| vec![k.kas_agent.to_string()])
-                .unwrap_or_default(),
+            kas: kas_agent(s.state().pod().get()),
             kas_k8s_proxy: kube
                 .as_ref()
                 .filter(|_| s.state().pod().get() == 1)
@@ -260,12 +282,20 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         (None, _) => "  queues     redis-server is not installed: long polls held by each Pod's Workhorse, not at the proxy".to_owned(),
     });
     for s in &sims {
+        let pod = s.state().pod().get();
+        let kas_metrics = match (cell_kas.get(&pod), &kube) {
+            (Some(k), _) => format!("http://{}/metrics", k.observability),
+            (None, Some(k)) => format!("http://{}/metrics", k.kas_observability),
+            (None, None) => "-".into(),
+        };
         say(&format!(
-            "  pod id={} address=http://{} registration_token={} control_api=http://{}/-/podsim/jobs",
-            s.state().pod(),
+            "  pod id={pod} address=http://{} registration_token={} control_api=http://{}/-/podsim/jobs kas_metrics={kas_metrics} job_router={}",
             s.addr(),
             s.state().registration_token(),
-            s.addr()
+            s.addr(),
+            args.job_router
+                .discovery_url(pod, args.listen)
+                .unwrap_or_else(|| "off".into()),
         ));
     }
     say(&format!(
@@ -439,6 +469,9 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         code = ExitCode::from(1);
     }
     if let Some(k) = kube {
+        k.shutdown().await;
+    }
+    for (_, k) in cell_kas {
         k.shutdown().await;
     }
     Ok(code)

@@ -1,5 +1,6 @@
 //! The Kubernetes side of `podgate up`: a kube-sim cluster (generated objects, light
-//! churn), Pod 1's kas with its Kubernetes API proxy, and one agentk connected
+//! churn), Pod 1's kas with its Kubernetes API proxy (and the Pod's Job Router,
+//! [`super::up_cells`]), and one agentk connected
 //! through the podgate proxy. Users reach the cluster the way GitLab users do:
 //! `kubectl` and the Graph API through the proxy's `/-/kubernetes-agent/k8s-proxy/`
 //! with `Bearer pat:<agent id>:<personal access token>`, which the proxy routes by the
@@ -102,6 +103,7 @@ pub(crate) async fn start(
     gitlab: &PodSim,
     kas_secret: Vec<u8>,
     allowed_origins: Vec<String>,
+    job_router: podgate_kas::job_router::JobRouterConfig,
 ) -> anyhow::Result<KubeSide> {
     let sim = KubeSim::new(10_000);
     let objects = sim.generate(objects, 1);
@@ -153,6 +155,7 @@ pub(crate) async fn start(
                 any,
                 &format!("http://{}", gitlab.addr()),
             )),
+            job_router: Some(job_router),
         },
         registry,
     )

@@ -61,6 +61,8 @@ fn transport_error(e: &(dyn std::error::Error + 'static)) -> String {
 pub struct Answer {
     /// Its status.
     pub status: StatusCode,
+    /// Its headers.
+    pub headers: HeaderMap,
     /// Its body.
     pub body: Bytes,
 }
@@ -159,6 +161,7 @@ impl GitlabClient {
             .await
             .map_err(|e| Error::Transport(e.to_string()))?;
         let status = response.status();
+        let headers = response.headers().clone();
         let body = Limited::new(response.into_body(), MAX_RESPONSE)
             .collect()
             .await
@@ -170,7 +173,11 @@ impl GitlabClient {
                 }
             })?
             .to_bytes();
-        Ok(Answer { status, body })
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
     }
 }
 

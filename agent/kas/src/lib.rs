@@ -5,7 +5,9 @@
 //!   `AgentRegistrar/Register` ([`presence`]: registered connections), reverse
 //!   tunnels ([`tunnel`]) and modules' requests to GitLab ([`gitlab_access`]), over
 //!   h2c or WebSocket ([`podgate_agent::transport`]); agents authenticated by
-//!   [`agent_auth`].
+//!   [`agent_auth`]. Runners call GitLab's Job Router (`JobRouter/GetJob`) on the
+//!   same listener ([`job_router`]: long polls held on the Cell's runner queue keys,
+//!   jobs from the Cell's Rails).
 //! - *external*: Rails' `AgentTracker` (GitLab's kas API, `tracker.rs`),
 //!   `Notifications/GitPushEvent` ([`notifications`]) and the seed's `KasApi`, with
 //!   GitLab's JWT ([`podgate_agent::auth`]); the rest of GitLab's kas API answers
@@ -35,6 +37,7 @@ pub mod configuration;
 pub mod external;
 pub mod gitlab;
 pub mod gitlab_access;
+pub mod job_router;
 pub mod k8s_proxy;
 pub mod metrics;
 pub mod notifications;
@@ -128,4 +131,6 @@ pub struct KasConfig {
     pub agent_config: Option<agent_config::AgentConfigSource>,
     /// The Workspaces HTTP server's listener (`[workspaces]`), if any.
     pub workspaces: Option<workspaces::WorkspacesConfig>,
+    /// GitLab's Job Router (`[job_router]`); `None`: off, runners poll REST.
+    pub job_router: Option<job_router::JobRouterConfig>,
 }

@@ -18,13 +18,14 @@ use super::metrics::KasMetrics;
 use super::routing::{self, AgentRouter};
 use super::{
     Error, KasConfig, agent_auth, agent_config, configuration, external, gitlab, gitlab_access,
-    k8s_proxy, notifications, presence, tracker, tunnel, workspaces,
+    job_router, k8s_proxy, notifications, presence, tracker, tunnel, workspaces,
 };
 use podgate_agent::auth::JwtAuth;
 use podgate_agent::gzip_server;
 use podgate_agent::proto::gitlab::agent::agent_configuration::rpc::agent_configuration_server::AgentConfigurationServer;
 use podgate_agent::proto::gitlab::agent::agent_registrar::rpc::agent_registrar_server::AgentRegistrarServer;
 use podgate_agent::proto::gitlab::agent::agent_tracker::rpc::agent_tracker_server::AgentTrackerServer;
+use podgate_agent::proto::gitlab::agent::job_router::rpc::job_router_server::JobRouterServer;
 use podgate_agent::proto::gitlab::agent::notifications::rpc::notifications_server::NotificationsServer;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::reverse_tunnel_server::ReverseTunnelServer;
 use podgate_agent::proto::gitlab_access::gitlab_access_server::GitlabAccessServer;
@@ -43,6 +44,7 @@ pub struct Kas {
     tunnels: Arc<tunnel::Tunnels>,
     router: Arc<AgentRouter>,
     metrics: Arc<KasMetrics>,
+    job_router: Arc<job_router::JobRouterService>,
     draining: tokio::sync::watch::Sender<bool>,
     /// The external and internal servers: drained at shutdown.
     drained: Vec<tokio::task::JoinHandle<()>>,
@@ -128,6 +130,12 @@ impl Kas {
                 config.external_secret.clone(),
             ))
         });
+        let job_router = Arc::new(job_router::JobRouterService::new(
+            config.job_router.clone(),
+            gitlab.clone(),
+            classifier.clone(),
+            job_router::JobRouterMetrics::new(metrics.registry()),
+        ));
         let agent_auth = Arc::new(
             agent_auth::AgentAuth::new(classifier, config.agent_info.clone(), metrics.registry())
                 .counted_in(metrics.clone()),
@@ -241,6 +249,7 @@ impl Kas {
                 }
             }),
         ];
+        let agent_job_router = job_router.clone();
         let mut tasks = vec![
             pushes,
             tokio::spawn(async move {
@@ -253,6 +262,7 @@ impl Kas {
                     )))
                     .add_service(gzip_server!(ReverseTunnelServer::new(tunnel_service)))
                     .add_service(gzip_server!(GitlabAccessServer::new(gitlab_access)))
+                    .add_service(gzip_server!(JobRouterServer::from_arc(agent_job_router)))
                     .serve_with_incoming(podgate_agent::transport::agent_incoming(agt))
                     .await
                 {
@@ -305,6 +315,7 @@ impl Kas {
             tunnels,
             router,
             metrics,
+            job_router,
             draining,
             drained,
             tasks,
@@ -325,6 +336,11 @@ impl Kas {
     /// connected (the Kubernetes API proxy and the Graph API use it).
     pub fn router(&self) -> Arc<AgentRouter> {
         self.router.clone()
+    }
+
+    /// This kas's Job Router.
+    pub fn job_router(&self) -> &job_router::JobRouterService {
+        &self.job_router
     }
 
     /// This kas's metrics.
@@ -361,6 +377,8 @@ impl Kas {
     /// 3. close everything.
     pub async fn shutdown_with_grace(mut self, grace: std::time::Duration) -> Result<(), Error> {
         let _ = self.draining.send(true);
+        // Held `GetJob` calls answer now (empty, their ticket unchanged).
+        self.job_router.shutdown();
         let cleanup = self.registry.shutdown().await.map_err(Error::Registry);
         let drained = std::mem::take(&mut self.drained);
         if tokio::time::timeout(grace, futures_util::future::join_all(drained))

@@ -103,6 +103,10 @@ pub struct PodSimConfig {
     pub agent_tokens: Vec<(String, i64)>,
     /// Workspaces.
     pub workspaces: WorkspacesSimConfig,
+    /// What `GET /api/v4/runners/router/discovery` names as the Job Router's URL
+    /// (a kas runners reach: `grpc://…`, `grpcs://…`, `ws://…`, `wss://…`);
+    /// `None`: the router is off here, and discovery answers 501.
+    pub job_router_url: Option<String>,
 }
 
 impl PodSimConfig {
@@ -128,6 +132,7 @@ impl PodSimConfig {
             agents: Vec::new(),
             agent_tokens: Vec::new(),
             workspaces: WorkspacesSimConfig::default(),
+            job_router_url: None,
         }
     }
 

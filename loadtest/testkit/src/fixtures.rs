@@ -45,6 +45,7 @@ pub fn kas_config(keys: KeySet, max_wait: Duration) -> KasConfig {
         gitlab_external_url: None,
         agent_config: None,
         workspaces: None,
+        job_router: None,
     }
 }
 

@@ -90,22 +90,26 @@ impl Drop for KubeTestServer {
 /// The installed `kubectl`, pointed at a [`KubeTestServer`] by a kubeconfig file of
 /// its own (and a `HOME` with no discovery cache from elsewhere).
 pub struct Kubectl {
-    config: tempfile::NamedTempFile,
+    /// The kubeconfig, and kubectl's `HOME` (its discovery cache): this test's
+    /// alone, never one an earlier run left behind.
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
 }
 
 impl Kubectl {
     /// For `server`.
     pub fn new(server: &KubeTestServer) -> Self {
-        let config = tempfile::NamedTempFile::new().expect("a temporary file");
-        std::fs::write(config.path(), server.kubeconfig()).expect("writing the kubeconfig");
-        Kubectl { config }
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let config = dir.path().join("kubeconfig");
+        std::fs::write(&config, server.kubeconfig()).expect("writing the kubeconfig");
+        Kubectl { dir, config }
     }
 
     /// `kubectl --kubeconfig <ours> ARGS…`, not started.
     pub fn command(&self, args: &[&str]) -> std::process::Command {
         let mut c = std::process::Command::new("kubectl");
-        c.arg("--kubeconfig").arg(self.config.path()).args(args);
-        c.env("HOME", std::env::temp_dir());
+        c.arg("--kubeconfig").arg(&self.config).args(args);
+        c.env("HOME", self.dir.path());
         c
     }
 

@@ -2,33 +2,28 @@
 //! (`runner_queue_redis` on its [`Pod`](podgate_registry::Pod)) wait **in the proxy**,
 //! with no upstream connection, exactly as the Pod's Workhorse would hold them.
 //!
-//! GitLab keeps one queue key per runner in the Pod's Redis,
-//! `runner:build_queue:<runner token>`, and announces every new value on
-//! `workhorse:notifications:runner:build_queue:<runner token>`
-//! (`Gitlab::Workhorse.set_key_and_notify`). Workhorse holds a poll while the key
-//! still equals the runner's `last_update` (`workhorse/internal/builds/register.go`
-//! `RegisterHandler`, `workhorse/internal/redis/keywatcher.go` `WatchKey`). The proxy
-//! does the same for every opted-in Pod ([`PodPolls::hold`]), in keywatcher order:
+//! The watch and the hold itself are the registry's
+//! [`QueueWatch`](podgate_registry::runner_queue::QueueWatch), which kas's Job
+//! Router holds its `GetJob` calls on too. Here, per poll:
 //!
 //! 1. eligible like Workhorse ([`RunnerRequest::read`]: JSON, ≤ 32 KiB, non-empty
 //!    `token` and `last_update`), else forwarded (`ineligible`);
-//! 2. the waiter is registered on the Pod's watch ([`watcher`]), then the key is read
-//!    with `GET`; no live watch, or the `GET` fails: forwarded (`fail_open`);
-//! 3. the key differs from `last_update` (or is missing): forwarded at once
-//!    (`stale`, Workhorse's `already-changed`: Rails answers);
-//! 4. else held up to `edge_poll_hold_secs` (GitLab.com's `apiCiLongPollingDuration`,
-//!    50 s):
+//! 2. [`QueueWatch::hold`](podgate_registry::runner_queue::QueueWatch::hold) on the
+//!    Pod's watch, then by its outcome:
+//!    - no live watch, a failed `GET`, Redis gone during the hold: forwarded
+//!      (`fail_open`), never stuck;
+//!    - the key differs from `last_update` (or is missing): forwarded at once
+//!      (`stale`, Workhorse's `already-changed`: Rails answers);
 //!    - a notification with another value: **forwarded** at once (`changed`). Here
 //!      the edge departs from Workhorse, which answers `seen-change` with a 204 and
 //!      lets the runner ask again: the forwarded poll reaches the Pod's Workhorse
 //!      with the old `last_update`, which sees `already-changed` and passes it to
 //!      Rails, so the runner gets its job one round trip sooner;
 //!    - a notification with the same value: 204 at once (`no_change`, as Workhorse);
-//!    - the hold ends: the proxy answers **204** itself, with
+//!    - the hold (`edge_poll_hold_secs`, GitLab.com's `apiCiLongPollingDuration`,
+//!      50 s) ends: the proxy answers **204** itself, with
 //!      `X-GitLab-Last-Update: <last_update>` and `Gitlab-Ci-Builds-Polling: yes`
 //!      (`timeout`);
-//!    - the Pod's Redis goes away during the hold: forwarded (`fail_open`), never
-//!      stuck;
 //!    - the client goes away: its waiter is released (`client_gone`);
 //!    - the proxy shuts down: 204 at once (Workhorse's `kw.shutdown`, counted as
 //!      `no_change`).
@@ -41,7 +36,6 @@
 //! its token's fingerprint only.
 
 pub mod request;
-pub mod watcher;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -55,37 +49,18 @@ use pingora::server::ShutdownWatch;
 use pingora::services::ServiceReadyNotifier;
 use pingora::services::background::BackgroundService;
 use podgate_registry::Topology;
+use podgate_registry::runner_queue::{Outcome, QueueWatch, Stop, WatchMetrics};
 use podgate_tokens::PodId;
 use prometheus::{IntCounter, IntGauge};
-use thiserror::Error;
 use tokio::sync::watch;
 
 use crate::metrics::METRICS;
 use crate::server::RegistryHandle;
+pub use podgate_registry::runner_queue::{CHANNEL_PREFIX, KEY_PREFIX};
 pub use request::RunnerRequest;
-use watcher::{Wake, Watcher};
 
-/// The queue key prefix (Workhorse's `runnerBuildQueue`).
-pub const KEY_PREFIX: &str = "runner:build_queue:";
-/// The notification channel prefix (Workhorse's `channelPrefix`).
-pub const CHANNEL_PREFIX: &str = "workhorse:notifications:";
 /// `edge_poll_hold_secs` by default: GitLab.com's `apiCiLongPollingDuration`.
 pub const DEFAULT_HOLD_SECS: u64 = 50;
-
-/// Why a Pod's runner queue Redis could not be watched. Never fatal: that Pod's
-/// polls are forwarded meanwhile.
-#[derive(Debug, Error)]
-pub enum Error {
-    /// Redis refused or failed a command, or the connection failed.
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    /// No answer in time.
-    #[error("{0}: no answer in time")]
-    Timeout(&'static str),
-    /// The pub/sub connection closed.
-    #[error("the pub/sub connection closed")]
-    Closed,
-}
 
 /// How one poll ended, as counted in `podgate_proxy_edge_polls_total{result}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,9 +123,9 @@ pub enum Verdict {
 #[derive(Clone)]
 pub(crate) struct PodMetrics {
     held: IntGauge,
-    pub(crate) up: IntGauge,
-    pub(crate) errors: IntCounter,
-    pub(crate) notifications: IntCounter,
+    up: IntGauge,
+    errors: IntCounter,
+    notifications: IntCounter,
     results: [IntCounter; 7],
 }
 
@@ -180,6 +155,16 @@ impl PodMetrics {
         self.results[r as usize].inc();
     }
 
+    /// The children the Pod's watch keeps itself.
+    fn watch(&self) -> WatchMetrics {
+        WatchMetrics {
+            up: self.up.clone(),
+            errors: self.errors.clone(),
+            notifications: self.notifications.clone(),
+            held: self.held.clone(),
+        }
+    }
+
     fn forget(pod: PodId) {
         let pod = pod.to_string();
         let _ = METRICS
@@ -189,26 +174,23 @@ impl PodMetrics {
     }
 }
 
-/// `podgate_proxy_edge_polls_held{pod}` for as long as it lives.
-struct Held(IntGauge);
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 /// Every opted-in Pod's watch.
 pub struct EdgePolls {
     hold: Duration,
-    watchers: ArcSwap<HashMap<PodId, Arc<Watcher>>>,
+    watchers: ArcSwap<HashMap<PodId, Arc<PodWatch>>>,
     shutting_down: AtomicBool,
+}
+
+/// One opted-in Pod's watch and metrics.
+struct PodWatch {
+    watch: QueueWatch,
+    metrics: PodMetrics,
 }
 
 /// One opted-in Pod, for one poll.
 pub struct PodPolls {
     hold: Duration,
-    watcher: Arc<Watcher>,
+    watcher: Arc<PodWatch>,
 }
 
 impl EdgePolls {
@@ -248,8 +230,12 @@ impl EdgePolls {
                 continue;
             };
             let w = match old.get(&pod.id) {
-                Some(w) if &w.url == url => w.clone(),
-                _ => Arc::new(Watcher::start(pod.id, url, PodMetrics::new(pod.id))),
+                Some(w) if w.watch.url() == url => w.clone(),
+                _ => {
+                    let metrics = PodMetrics::new(pod.id);
+                    let watch = QueueWatch::start(pod.id.to_string(), url, metrics.watch());
+                    Arc::new(PodWatch { watch, metrics })
+                }
             };
             next.insert(pod.id, w);
         }
@@ -259,9 +245,9 @@ impl EdgePolls {
         for (id, w) in old.iter() {
             match next.get(id) {
                 Some(n) if Arc::ptr_eq(n, w) => {}
-                Some(_) => w.stop(&Wake::Broken),
+                Some(_) => w.watch.stop(Stop::Replaced),
                 None => {
-                    w.stop(&Wake::Broken);
+                    w.watch.stop(Stop::Replaced);
                     PodMetrics::forget(*id);
                 }
             }
@@ -273,7 +259,7 @@ impl EdgePolls {
         self.shutting_down.store(true, Ordering::Relaxed);
         let old = self.watchers.swap(Arc::default());
         for w in old.values() {
-            w.stop(&Wake::Shutdown);
+            w.watch.stop(Stop::Shutdown);
         }
     }
 
@@ -315,77 +301,32 @@ impl PodPolls {
         request: Option<RunnerRequest>,
         client_gone: F,
     ) -> Verdict {
-        let verdict = self.decide(request, client_gone).await;
-        let metrics = &self.watcher.shared.metrics;
+        let verdict = match request {
+            None => Verdict::Forward(PollResult::Ineligible),
+            Some(r) => {
+                let outcome = self
+                    .watcher
+                    .watch
+                    .hold(&r.token, &r.last_update, self.hold, client_gone)
+                    .await;
+                match outcome {
+                    Outcome::Timeout => Verdict::NoContent(PollResult::Timeout, r.last_update),
+                    Outcome::NoChange | Outcome::Shutdown => {
+                        Verdict::NoContent(PollResult::NoChange, r.last_update)
+                    }
+                    Outcome::Changed => Verdict::Forward(PollResult::Changed),
+                    Outcome::Stale => Verdict::Forward(PollResult::Stale),
+                    Outcome::FailOpen => Verdict::Forward(PollResult::FailOpen),
+                    Outcome::ClientGone => Verdict::ClientGone,
+                }
+            }
+        };
+        let metrics = &self.watcher.metrics;
         match &verdict {
             Verdict::Forward(r) | Verdict::NoContent(r, _) => metrics.count(*r),
             Verdict::ClientGone => metrics.count(PollResult::ClientGone),
         }
         verdict
-    }
-
-    async fn decide<F: Future<Output = ()>>(
-        &self,
-        request: Option<RunnerRequest>,
-        client_gone: F,
-    ) -> Verdict {
-        let shared = &self.watcher.shared;
-        let Some(request) = request else {
-            return Verdict::Forward(PollResult::Ineligible);
-        };
-        // `WatchKey`: subscribe first, then read the key, so no change between the
-        // two is missed.
-        let Some((mut registration, mut conn)) = shared.register(&request.token) else {
-            return Verdict::Forward(PollResult::FailOpen);
-        };
-        let key = format!("{KEY_PREFIX}{}", request.token);
-        let current = tokio::time::timeout(
-            watcher::RESPONSE_TIMEOUT,
-            redis::cmd("GET")
-                .arg(&key)
-                .query_async::<Option<Vec<u8>>>(&mut conn),
-        )
-        .await;
-        let current = match current {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => {
-                return self.get_failed(&request, &e.to_string());
-            }
-            Err(_) => return self.get_failed(&request, "no answer in time"),
-        };
-        // A missing key reads as "" (which `last_update` never is).
-        if current.as_deref().unwrap_or_default() != request.last_update.as_bytes() {
-            return Verdict::Forward(PollResult::Stale);
-        }
-        shared.metrics.held.inc();
-        let _held = Held(shared.metrics.held.clone());
-        tokio::select! {
-            woken = &mut registration.rx => match woken {
-                Ok(Wake::Value(v)) if v == request.last_update.as_bytes() => {
-                    Verdict::NoContent(PollResult::NoChange, request.last_update)
-                }
-                Ok(Wake::Value(_)) => Verdict::Forward(PollResult::Changed),
-                Ok(Wake::Shutdown) => Verdict::NoContent(PollResult::NoChange, request.last_update),
-                Ok(Wake::Broken) | Err(_) => Verdict::Forward(PollResult::FailOpen),
-            },
-            () = tokio::time::sleep(self.hold) => {
-                Verdict::NoContent(PollResult::Timeout, request.last_update)
-            }
-            () = client_gone => Verdict::ClientGone,
-        }
-    }
-
-    fn get_failed(&self, request: &RunnerRequest, error: &str) -> Verdict {
-        let shared = &self.watcher.shared;
-        shared.metrics.errors.inc();
-        shared.suspect();
-        tracing::warn!(
-            pod = %shared.pod,
-            runner = %podgate_tokens::fingerprint(&request.token),
-            error,
-            "edge polls: GET of the runner's queue key failed; forwarded"
-        );
-        Verdict::Forward(PollResult::FailOpen)
     }
 }
 

@@ -53,21 +53,19 @@ async fn tick(redis: &RedisServer, token: &str, value: &str) {
 async fn watched(polls: &EdgePolls, pod: u64) -> PodPolls {
     let id = PodId::new(pod).unwrap();
     eventually(Duration::from_secs(10), "the watch to be up", || async {
-        polls
-            .pod(id)
-            .filter(|p| p.watcher.shared.metrics.up.get() == 1)
+        polls.pod(id).filter(|p| p.watcher.watch.is_up())
     })
     .await
 }
 
 fn count(p: &PodPolls, r: PollResult) -> u64 {
-    p.watcher.shared.metrics.results[r as usize].get()
+    p.watcher.metrics.results[r as usize].get()
 }
 
 /// Until `p` holds `n` polls (registered and past their `GET`).
 async fn held(p: &PodPolls, n: i64) {
     eventually(Duration::from_secs(5), "polls to be held", || async {
-        (p.watcher.shared.metrics.held.get() == n).then_some(())
+        (p.watcher.metrics.held.get() == n).then_some(())
     })
     .await;
 }
@@ -100,7 +98,7 @@ async fn held_until_the_hold_ends_a_change_or_the_client_goes() {
         p.hold(req("t1", "v1"), never()).await,
         Verdict::NoContent(PollResult::Timeout, "v1".into())
     );
-    assert_eq!(p.watcher.shared.waiting(), 0, "the waiter is released");
+    assert_eq!(p.watcher.watch.waiting(), 0, "the waiter is released");
 
     // A new value wakes exactly the polls on that runner's key.
     let long = EdgePolls::new(Duration::from_secs(60));
@@ -124,8 +122,8 @@ async fn held_until_the_hold_ends_a_change_or_the_client_goes() {
     assert_eq!(a, Verdict::Forward(PollResult::Changed));
     assert_eq!(b, Verdict::Forward(PollResult::Changed));
     assert_eq!(other, Verdict::ClientGone, "t2's poll was still held");
-    assert_eq!(lp.watcher.shared.waiting(), 0);
-    assert_eq!(lp.watcher.shared.metrics.held.get(), 0);
+    assert_eq!(lp.watcher.watch.waiting(), 0);
+    assert_eq!(lp.watcher.metrics.held.get(), 0);
 
     // The same value published again: 204 at once, as Workhorse's `no-change`.
     let (r, ()) = tokio::join!(lp.hold(req("t1", "v2"), never()), async {
@@ -163,13 +161,13 @@ async fn redis_going_away_forwards_held_and_new_polls() {
         redis.kill();
     });
     assert_eq!(r, Verdict::Forward(PollResult::FailOpen));
-    assert_eq!(p.watcher.shared.metrics.up.get(), 0);
+    assert_eq!(p.watcher.metrics.up.get(), 0);
     assert_eq!(
         p.hold(req("t", "v"), never()).await,
         Verdict::Forward(PollResult::FailOpen),
         "no watch, no hold"
     );
-    assert!(p.watcher.shared.metrics.errors.get() >= 1);
+    assert!(p.watcher.metrics.errors.get() >= 1);
     // Back (empty): watched again; the key is gone, so the ticket is stale.
     redis.restart_empty();
     let p = watched(&polls, 103).await;

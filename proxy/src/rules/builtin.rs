@@ -118,6 +118,7 @@ const KAS_K8S_PROXY: &[&str] = &["kas-bearer"];
 /// |---|---|---|---|
 /// | `jobs-request` | `POST /api/v4/jobs/request` | `param:token`, `header:runner-token` | `lib/api/ci/runner.rb`, `lib/api/ci/helpers/runner.rb` (`current_runner`: `params[:token]`); Rails never reads `RUNNER-TOKEN` for these, routers do |
 /// | `runners` | `POST /api/v4/runners`, `POST …/verify`, `POST …/reset_authentication_token`, `DELETE /api/v4/runners`, `DELETE …/managers` | `param:token`, `header:runner-token` | same |
+/// | `runner-router-discovery` | `GET /api/v4/runners/router/discovery` (GitLab 18.7+) | `header:runner-token` | GitLab's runners API docs ("Discover Job Router information"); gitlab-runner `network/gitlab.go` `GetRouterDiscovery` sends only `Runner-Token` |
 /// | `job-update` | `PUT /api/v4/jobs/:id` | `param:token`, `header:job-token` | `lib/api/ci/helpers/runner.rb` `job_token`: `params[:token] \|\| env['HTTP_JOB_TOKEN']` |
 /// | `job-trace` | `PATCH /api/v4/jobs/:id/trace` | `param:token`, `header:job-token` | same (the text body is not parameters) |
 /// | `job-artifacts-upload` | `POST /api/v4/jobs/:id/artifacts`, `…/authorize` | `param:token`, `header:job-token` | same; Workhorse's `/authorize` call carries the headers and query only (`workhorse/internal/api/api.go`), the final call the multipart fields |
@@ -126,7 +127,7 @@ const KAS_K8S_PROXY: &[&str] = &["kas-bearer"];
 /// | `registry-auth` | `/jwt/auth` | `basic` | `app/controllers/jwt_controller.rb` (Basic only, `find_for_git_client`) |
 /// | `kas-k8s-proxy` | `/-/kubernetes-agent/k8s-proxy/…` (Omnibus layout) → the Pod's `kas_k8s_proxy` pool | `kas-bearer`; no token: the `_gitlab_kas` cookie's Pod prefix, the `_gitlab_session` cookie's, else the default Pod | kas `internal/module/kubernetes_api/server/proxy.go`; `lib/gitlab/kas/user_access.rb` |
 /// | `kas-k8s-proxy-host`, `kas-k8s-proxy-host-cookie` | `/k8s-proxy/…` (kas's own host) with a `pat:`/`ci:` bearer, or with the `_gitlab_kas` cookie | same | same; `lib/gitlab/path_regex.rb` (`k8s-proxy` is not reserved on GitLab's host) |
-/// | `kas-agent`, `kas-grpc` | agentk's gRPC (GitLab's agent wire) and WebSocket | `bearer` | kas: `Authorization: Bearer <agent token>` |
+/// | `kas-agent`, `kas-grpc` | agentk's gRPC (GitLab's agent wire) and WebSocket; runners' Job Router (`/gitlab.agent.job_router.rpc.JobRouter/GetJob`, or a `ws-tunnel` WebSocket to `/-/kubernetes-agent/`) | `bearer` | kas: `Authorization: Bearer <agent token>`; gitlab-runner `router/token_creds.go` (`authorization: Bearer <runner token>` on every call) and `router/client_conn_factory.go` (the WebSocket upgrade's `Authorization`) |
 /// | `api-token` | any other `/api/…` | `basic`, `header:deploy-token`, `rails-param:access_token`, `bearer`, `rails-param:bearer_token`, `rails-param:private_token`, `header:private-token`, `rails-param:job_token`, `rails-param:token`, `header:job-token` | `lib/api/api_guard.rb` `find_user_from_sources`, `lib/gitlab/auth/auth_finders.rb`; packages: `lib/api/helpers/authentication.rb` |
 /// | `kas-workspaces` (only with `[workspaces] host_suffix`, before every other rule; [`workspaces_rule`]) | any request whose host ends with the suffix → the Pod's `kas_workspaces` pool | `bearer` (the user's personal access token) | kas's Workspaces HTTP server; `charts/gitlab/charts/kas/templates/ingress-workspaces.yaml` |
 /// | `session` | anything with `_gitlab_session` | the cookie's `cell-<n>-` prefix | the Cells HTTP router |
@@ -154,6 +155,15 @@ pub fn builtin() -> Vec<Rule> {
             60,
         )
         .token_required(),
+        // The Job Router's discovery: the runner's token in `Runner-Token` only.
+        rule(
+            "runner-router-discovery",
+            &["GET"],
+            re(r"^/api/v4/runners/router/discovery$"),
+            &["header:runner-token"],
+            Pool::Web,
+            60,
+        ),
         rule(
             "job-trace",
             &["PATCH"],

@@ -32,6 +32,14 @@ fn every_runner_endpoint_has_its_rule() {
         "runners"
     );
     assert_eq!(name("POST", "/api/v4/jobs/request", &[]), "jobs-request");
+    assert_eq!(
+        name("GET", "/api/v4/runners/router/discovery", &[]),
+        "runner-router-discovery"
+    );
+    assert_eq!(
+        name("POST", "/gitlab.agent.job_router.rpc.JobRouter/GetJob", &[]),
+        "kas-grpc"
+    );
     assert_eq!(name("PUT", "/api/v4/jobs/123", &[]), "job-update");
     assert_eq!(name("PATCH", "/api/v4/jobs/123/trace", &[]), "job-trace");
     assert_eq!(

@@ -44,16 +44,24 @@
 //! negative_ttl = "5s"                   # GitLab's no to a token
 //! timeout = "5s"                        # one GitLab call
 //! max_request_body = 16777216           # bytes; 413 above
+//! [job_router]                         # optional: GitLab's Job Router (GetJob) for runners
+//! enabled = true                       # false: UNIMPLEMENTED, runners poll REST
+//! runner_queue_redis = "redis://redis:6379" # the Cell's runner queue keys: hold
+//!                                      # long polls here (none: ask Rails at once)
+//! hold = "50s"                          # longest hold (ends 1 s before the deadline)
+//! max_held = 50000                      # calls held at once; more go to Rails
+//! max_held_per_runner = 4               # per runner token
 //! [registry]
 //! backend = { kind = "redis", url = "redis://127.0.0.1:6379" }
 //! ```
 //!
 //! Layout: this module holds the file's top level ([`KasFileConfig`], its loading
 //! and the shared checks); `validate.rs` checks it all and builds the runtime
-//! [`KasConfig`]; `k8s_proxy.rs` and `workspaces.rs` hold those sections (type,
+//! [`KasConfig`]; `k8s_proxy.rs`, `workspaces.rs` and `job_router.rs` hold those sections (type,
 //! defaults, checks); `sections.rs` the small ones (`[gitlab]`,
 //! `[agent_configuration]`, `[agent_info]`); unit tests in `config/tests.rs`.
 
+mod job_router;
 mod k8s_proxy;
 mod sections;
 #[cfg(test)]
@@ -67,6 +75,7 @@ use std::time::Duration;
 use podgate_registry::RegistryConfig;
 use serde::Deserialize;
 
+pub use self::job_router::JobRouterFile;
 pub use self::k8s_proxy::K8sProxyFile;
 pub use self::sections::{AgentConfigurationFile, AgentInfoFile, GitlabFile};
 pub use self::workspaces::WorkspacesFile;
@@ -150,6 +159,9 @@ pub struct KasFileConfig {
     /// The Workspaces HTTP server, if any.
     #[serde(default)]
     pub workspaces: Option<WorkspacesFile>,
+    /// GitLab's Job Router, if any.
+    #[serde(default)]
+    pub job_router: Option<JobRouterFile>,
 }
 
 /// `http://host[:port][/path]` with a host.

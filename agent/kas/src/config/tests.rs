@@ -218,3 +218,38 @@ fn gitlab_external_url_is_optional() {
         None
     );
 }
+
+#[test]
+fn job_router_defaults_and_bad_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = with_secrets(
+        dir.path(),
+        "[gitlab]\nurl = \"http://gitlab:8080\"\n[job_router]\nrunner_queue_redis = \"redis://redis:6379\"",
+    );
+    let (config, _) = file.validate("kas.toml").unwrap();
+    let j = config.job_router.unwrap();
+    assert!(j.enabled);
+    assert_eq!(j.runner_queue_redis.as_deref(), Some("redis://redis:6379"));
+    assert_eq!(j.hold, crate::job_router::DEFAULT_HOLD);
+    assert_eq!(j.max_held, crate::job_router::DEFAULT_MAX_HELD);
+    assert_eq!(
+        j.max_held_per_runner,
+        crate::job_router::DEFAULT_MAX_HELD_PER_RUNNER
+    );
+    let (config, _) = with_secrets(dir.path(), "").validate("kas.toml").unwrap();
+    assert!(config.job_router.is_none(), "off unless configured");
+    let file = with_secrets(
+        dir.path(),
+        "[job_router]\nrunner_queue_redis = \"redis.example:6379\"\nhold = \"0s\"\nmax_held = 0\nmax_held_per_runner = 0",
+    );
+    let err = file.validate("kas.toml").unwrap_err().to_string();
+    for needle in [
+        "job_router: needs [gitlab] url",
+        "job_router.runner_queue_redis",
+        "job_router.hold",
+        "job_router.max_held:",
+        "job_router.max_held_per_runner",
+    ] {
+        assert!(err.contains(needle), "{needle} missing: {err}");
+    }
+}

@@ -123,6 +123,10 @@ impl KasFileConfig {
             .workspaces
             .as_ref()
             .and_then(|w| w.validate(gitlab_url.as_deref(), &mut bad));
+        let job_router = self
+            .job_router
+            .as_ref()
+            .map(|j| j.validate(gitlab_url.is_some(), &mut bad));
         let agent_config = self.agent_configuration.as_ref().map(|a| {
             if !a.dir.is_dir() {
                 bad.push(format!(
@@ -191,6 +195,7 @@ impl KasFileConfig {
                             .and_then(|g| g.external_url.clone()),
                         agent_config,
                         workspaces,
+                        job_router,
                     },
                     self.registry.clone(),
                 ))

@@ -169,6 +169,9 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> (&'static str, Respon
             "runners_managers_delete",
             runners::managers(shared, req).await,
         ),
+        (&M::GET, ["runners", "router", "discovery"]) => {
+            ("runners_router_discovery", runners::discovery(shared, &req))
+        }
         (&M::POST, ["runners", "reset_authentication_token"]) => {
             ("runners_reset_token", runners::reset(shared, req).await)
         }

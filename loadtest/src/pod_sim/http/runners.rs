@@ -160,6 +160,26 @@ pub(crate) async fn verify(shared: &Shared, req: Request<Incoming>) -> Response<
     }
 }
 
+/// `GET /runners/router/discovery` (GitLab 18.7+, "Discover Job Router information"
+/// in GitLab's runners API documentation; gitlab-runner's `GetRouterDiscovery` in
+/// `network/gitlab.go` sends `Runner-Token` and reads `server_url`): the runner of
+/// the `Runner-Token` header authenticated (403 otherwise), then `200
+/// {"server_url": …}` with the Job Router's URL, or `501` when the router is off
+/// on this Pod (gitlab-runner then polls `jobs/request`).
+pub(crate) fn discovery(shared: &Shared, req: &Request<Incoming>) -> Response<Body> {
+    let token = super::header(req.headers(), "runner-token").unwrap_or_default();
+    if let Err(r) = authenticate_runner(shared, &token) {
+        return r;
+    }
+    match &shared.config.job_router_url {
+        Some(url) => reply(StatusCode::OK, json!({ "server_url": url })),
+        None => message(
+            StatusCode::NOT_IMPLEMENTED,
+            "501 Not Implemented - the Job Router is not enabled",
+        ),
+    }
+}
+
 /// `authenticate_runner!` with `ensure_runner_manager: true` records the manager of
 /// `params[:system_id]`, `<legacy>` without one.
 pub(crate) fn ensure_manager(shared: &Shared, runner: u64, params: &super::super::params::Params) {

@@ -1,17 +1,18 @@
-//! One Pod's watch on its runners' queue keys, as Workhorse's `KeyWatcher`
-//! (`workhorse/internal/redis/keywatcher.go`) keeps it, for every runner at once:
+//! One Redis's watch on its runners' queue keys, as Workhorse's `KeyWatcher`
+//! (`workhorse/internal/redis/keywatcher.go` in gitlabhq/gitlabhq) keeps it, for
+//! every runner at once:
 //!
 //! - **one pub/sub connection** with one `PSUBSCRIBE
 //!   workhorse:notifications:runner:build_queue:*` (Workhorse subscribes per key on its
-//!   one connection; a pattern covers every runner of the Pod without a subscription
-//!   per poll), and a multiplexed connection for `GET`;
+//!   one connection; a pattern covers every runner without a subscription per
+//!   hold), and a multiplexed connection for `GET`;
 //! - a **waiter map** keyed by runner token: a notification wakes every poll held on
 //!   that token with the published value (`notifySubscribers`); one nobody waits on is
 //!   dropped (`drop-message`);
 //! - **fail open**: no connection → no waiter can register (`addSubscription`'s "no
 //!   redis connection"); when the connection breaks every held waiter is woken with
-//!   `Wake::Broken` (`receivePubSubStream` closing its channels) and the poll is
-//!   forwarded. A `PING` every [`PING_EVERY`] (and after a failed `GET`) notices a
+//!   `Wake::Broken` (`receivePubSubStream` closing its channels) and the hold fails
+//!   open. A `PING` every [`PING_EVERY`] (and after a failed `GET`) notices a
 //!   connection that died without closing;
 //! - **reconnect** with back-off, 100 ms doubling to [`BACKOFF_MAX`], each pause
 //!   lengthened by up to as much again at random (`reconnectBackoff`; `backoff`),
@@ -24,34 +25,33 @@ use std::time::Duration;
 use backon::BackoffBuilder;
 
 use futures_util::StreamExt;
-use podgate_tokens::PodId;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{Notify, oneshot};
 
-use super::{CHANNEL_PREFIX, Error, KEY_PREFIX, PodMetrics};
+use super::{CHANNEL_PREFIX, Error, KEY_PREFIX, WatchMetrics};
 
 /// The pattern every queue key's notifications match.
 pub const PATTERN: &str = "workhorse:notifications:runner:build_queue:*";
 /// Connecting (each connection) may take this long.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// A `GET` (or `PING`) may take this long; then the poll is forwarded.
+/// A `GET` (or `PING`) may take this long; then the hold fails open.
 pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often both connections are pinged.
 pub const PING_EVERY: Duration = Duration::from_secs(5);
 /// First pause before reconnecting (Workhorse: 100 ms).
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
-/// Longest pause before reconnecting (Workhorse: 60 s; shorter here, since every poll
-/// is forwarded meanwhile).
+/// Longest pause before reconnecting (Workhorse: 60 s; shorter here, since every hold
+/// fails open meanwhile).
 pub const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
-/// Why a held poll was woken.
+/// Why a held call was woken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Wake {
     /// A notification on its key carried this value.
     Value(Vec<u8>),
-    /// The connection broke (or the Pod's watch was stopped): forward.
+    /// The connection broke (or the watch was stopped): fail open.
     Broken,
-    /// The proxy is shutting down: answer now (Workhorse's `kw.shutdown`).
+    /// The holder is shutting down: answer now (Workhorse's `kw.shutdown`).
     Shutdown,
 }
 
@@ -64,7 +64,7 @@ struct Slot {
 struct State {
     /// `Some` while the subscription is live: waiters may register.
     conn: Option<MultiplexedConnection>,
-    /// Held polls by runner token.
+    /// Held calls by runner token.
     waiters: HashMap<String, Vec<Slot>>,
     next_id: u64,
     /// No more waiters, ever.
@@ -82,16 +82,26 @@ impl State {
     }
 }
 
-/// What the watch task and the request path share.
+/// What the watch task and the holds share.
 pub(crate) struct Shared {
-    pub(crate) pod: PodId,
+    /// Names the watch in logs.
+    pub(crate) name: String,
     state: Mutex<State>,
     /// Ping now (a `GET` failed).
     suspect: Notify,
-    pub(crate) metrics: PodMetrics,
+    pub(crate) metrics: WatchMetrics,
 }
 
 impl Shared {
+    pub(crate) fn new(name: String, metrics: WatchMetrics) -> Shared {
+        Shared {
+            name,
+            state: Mutex::default(),
+            suspect: Notify::new(),
+            metrics,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -145,7 +155,7 @@ impl Shared {
         }
     }
 
-    /// The subscription is gone: forward every held poll, register none.
+    /// The subscription is gone: every held call fails open, none registers.
     fn down(&self) {
         let mut st = self.lock();
         st.conn = None;
@@ -161,8 +171,7 @@ impl Shared {
         st.wake_all(why);
     }
 
-    /// Polls held now.
-    #[cfg(test)]
+    /// Calls registered now.
     pub(crate) fn waiting(&self) -> usize {
         self.lock().waiters.values().map(Vec::len).sum()
     }
@@ -189,50 +198,8 @@ impl Drop for Registration {
     }
 }
 
-/// A Pod's watch: its shared state and the task keeping the subscription. Dropping
-/// it stops the task and forwards the polls it held.
-pub(crate) struct Watcher {
-    /// The Redis URL watched.
-    pub(crate) url: String,
-    pub(crate) shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Watcher {
-    /// Start watching `url` for Pod `pod` (on the current tokio runtime).
-    pub(crate) fn start(pod: PodId, url: &str, metrics: PodMetrics) -> Watcher {
-        metrics.up.set(0);
-        let shared = Arc::new(Shared {
-            pod,
-            state: Mutex::default(),
-            suspect: Notify::new(),
-            metrics,
-        });
-        let task = tokio::spawn(run(url.to_owned(), shared.clone()));
-        Watcher {
-            url: url.to_owned(),
-            shared,
-            task,
-        }
-    }
-}
-
-impl Watcher {
-    /// Stop the task; held polls are woken with `why`, none register any more.
-    pub(crate) fn stop(&self, why: &Wake) {
-        self.task.abort();
-        self.shared.stop(why);
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.stop(&Wake::Broken);
-    }
-}
-
 /// The pauses before each reconnection attempt, from [`BACKOFF_MIN`] doubling to
-/// [`BACKOFF_MAX`], each lengthened by up to as much again at random so Pods whose
+/// [`BACKOFF_MAX`], each lengthened by up to as much again at random so watches whose
 /// Redis came back together do not reconnect in step. Endless.
 pub(crate) fn backoff() -> impl Iterator<Item = Duration> {
     backon::ExponentialBuilder::new()
@@ -275,13 +242,13 @@ async fn ping(
 }
 
 /// `Process`: keep the subscription, deliver notifications, reconnect.
-async fn run(url: String, shared: Arc<Shared>) {
-    let pod = shared.pod;
+pub(crate) async fn run(url: String, shared: Arc<Shared>) {
+    let pod = shared.name.clone();
     let client = match redis::Client::open(url.as_str()) {
         Ok(c) => c,
         Err(e) => {
             shared.metrics.errors.inc();
-            tracing::error!(%pod, error = %e, "edge polls: runner_queue_redis cannot be used; this Pod's polls are forwarded");
+            tracing::error!(%pod, error = %e, "runner queue: the Redis URL cannot be used; holds fail open");
             return;
         }
     };
@@ -294,9 +261,9 @@ async fn run(url: String, shared: Arc<Shared>) {
                 shared.metrics.errors.inc();
                 let backoff = pauses.next().unwrap_or(BACKOFF_MAX);
                 if failing {
-                    tracing::debug!(%pod, error = %e, retry_in = ?backoff, "edge polls: runner queue Redis still unreachable");
+                    tracing::debug!(%pod, error = %e, retry_in = ?backoff, "runner queue: Redis still unreachable");
                 } else {
-                    tracing::warn!(%pod, error = %e, retry_in = ?backoff, "edge polls: runner queue Redis unreachable; this Pod's polls are forwarded");
+                    tracing::warn!(%pod, error = %e, retry_in = ?backoff, "runner queue: Redis unreachable; holds fail open until it answers");
                 }
                 failing = true;
                 tokio::time::sleep(backoff).await;
@@ -307,7 +274,7 @@ async fn run(url: String, shared: Arc<Shared>) {
         shared.up(conn.clone());
         pauses = backoff();
         failing = false;
-        tracing::info!(%pod, "edge polls: watching the Pod's runner queue keys");
+        tracing::info!(%pod, "runner queue: watching the runners' queue keys");
         let mut tick = tokio::time::interval(PING_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.reset();
@@ -338,7 +305,7 @@ async fn run(url: String, shared: Arc<Shared>) {
         shared.down();
         shared.metrics.errors.inc();
         let backoff = pauses.next().unwrap_or(BACKOFF_MAX);
-        tracing::warn!(%pod, error = %broken, retry_in = ?backoff, "edge polls: runner queue Redis connection lost; held polls forwarded");
+        tracing::warn!(%pod, error = %broken, retry_in = ?backoff, "runner queue: Redis connection lost; held calls failed open");
         drop((sink, stream, conn));
         tokio::time::sleep(backoff).await;
     }

@@ -1,0 +1,127 @@
+//! Every Pod's kas in `podgate up`, as every Cell has one, and GitLab's Job Router
+//! on it: each Pod simulator answers `GET /api/v4/runners/router/discovery` with
+//! the Job Router's URL on the proxy (`--job-router-scheme`: `grpc://` h2c, as
+//! agentk's gRPC goes, or `ws://…/-/kubernetes-agent/`, `ws-tunnel`, as agentk's
+//! WebSocket goes), and the proxy routes each runner's `GetJob` by its token to its
+//! own Pod's kas, which holds the long poll on the Pod's runner queue keys.
+//! `--job-router-off N` turns the router off on Pod N (discovery 501, `GetJob`
+//! `UNIMPLEMENTED`), as a Cell whose `job_router` feature flag is off.
+//!
+//! Pod 1's kas with the Kubernetes side is [`super::up_graph`]'s; the others (and
+//! Pod 1's with `--no-kube`) are started here: the Job Router only, each with its
+//! own in-memory presence registry.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use podgate_kas::job_router::JobRouterConfig;
+use podgate_kas::{Kas, KasConfig};
+use podgate_loadtest::pod_sim::PodSim;
+use podgate_registry::{Registry, RegistryConfig};
+use podgate_tokens::KeySet;
+
+/// How runners reach the Job Router through the proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Scheme {
+    /// `grpc://<proxy>`: gRPC over h2c.
+    Grpc,
+    /// `ws://<proxy>/-/kubernetes-agent/`: gRPC inside a `ws-tunnel` WebSocket.
+    Ws,
+}
+
+/// The Job Router's flags of `podgate up`.
+#[derive(Debug, Args)]
+pub(crate) struct JobRouterArgs {
+    /// The URL form each Pod's discovery answers runners with.
+    #[arg(long, value_enum, default_value = "grpc")]
+    job_router_scheme: Scheme,
+    /// Turn the Job Router off on this Pod (repeatable): its discovery answers 501
+    /// and its kas `UNIMPLEMENTED`, so runners poll `jobs/request`.
+    #[arg(long, value_name = "POD")]
+    job_router_off: Vec<u64>,
+}
+
+impl JobRouterArgs {
+    /// What Pod `pod`'s discovery names (`None`: off), runners reaching the proxy
+    /// at `listen`.
+    pub(crate) fn discovery_url(&self, pod: u64, listen: SocketAddr) -> Option<String> {
+        (!self.job_router_off.contains(&pod)).then(|| match self.job_router_scheme {
+            Scheme::Grpc => format!("grpc://{listen}"),
+            Scheme::Ws => format!("ws://{listen}/-/kubernetes-agent/"),
+        })
+    }
+
+    /// Pod `pod`'s kas Job Router, watching the runner queue keys in `queue_redis`.
+    pub(crate) fn kas_config(&self, pod: u64, queue_redis: Option<&str>) -> JobRouterConfig {
+        JobRouterConfig {
+            enabled: !self.job_router_off.contains(&pod),
+            runner_queue_redis: queue_redis.map(str::to_owned),
+            ..JobRouterConfig::default()
+        }
+    }
+}
+
+/// A Pod's own kas (the Job Router only).
+pub(crate) struct CellKas {
+    kas: Option<Kas>,
+    /// Its agent listener (the Pod's `kas` pool).
+    pub(crate) agent: SocketAddr,
+    /// Its observability listener (`/metrics` needs no token here: loopback).
+    pub(crate) observability: SocketAddr,
+}
+
+impl CellKas {
+    /// Drain it.
+    pub(crate) async fn shutdown(mut self) {
+        if let Some(k) = self.kas.take() {
+            let _ = k.shutdown_with_grace(Duration::from_secs(2)).await;
+        }
+    }
+}
+
+/// Start a kas for `sim` (its Rails) with `job_router`, on loopback ports.
+pub(crate) async fn start_kas(
+    sim: &PodSim,
+    kas_secret: Vec<u8>,
+    job_router: JobRouterConfig,
+) -> anyhow::Result<CellKas> {
+    let any: SocketAddr = "127.0.0.1:0".parse()?;
+    let registry = Registry::connect(RegistryConfig::default())
+        .await
+        .context("a kas registry")?;
+    let kas = Kas::start(
+        KasConfig {
+            external_listen: any,
+            internal_listen: any,
+            external_secret: kas_secret,
+            internal_secret: super::up_graph::secret(),
+            issuer: String::new(),
+            agent_listen: any,
+            agent_keys: KeySet::new(),
+            advertise_internal: None,
+            max_wait: Duration::from_secs(30),
+            max_idle_tunnels_per_agent: podgate_kas::DEFAULT_MAX_IDLE_TUNNELS_PER_AGENT,
+            observability_listen: Some(any),
+            agent_info: None,
+            metrics_token: None,
+            k8s_proxy: None,
+            gitlab_url: Some(format!("http://{}", sim.addr())),
+            gitlab_external_url: None,
+            agent_config: None,
+            workspaces: None,
+            job_router: Some(job_router),
+        },
+        registry,
+    )
+    .await
+    .with_context(|| format!("starting Pod {}'s kas", sim.state().pod()))?;
+    Ok(CellKas {
+        agent: kas.agent_addr(),
+        observability: kas
+            .observability_addr()
+            .context("kas's observability listener")?,
+        kas: Some(kas),
+    })
+}
