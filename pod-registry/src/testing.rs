@@ -317,6 +317,34 @@ impl RedisCluster {
     }
 }
 
+/// Set runner `token`'s queue key to `value` and announce it, as Rails does
+/// (`Gitlab::Workhorse.set_key_and_notify` with `overwrite: true`: `SET
+/// runner:build_queue:<token> <value> EX 3600`, then `PUBLISH
+/// workhorse:notifications:runner:build_queue:<token> <value>`), on the Redis at
+/// `url`.
+pub async fn set_runner_queue_key(url: &str, token: &str, value: &str) {
+    use crate::runner_queue::{CHANNEL_PREFIX, KEY_PREFIX};
+    let client = redis::Client::open(url).expect("a Redis URL");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connecting to Redis");
+    redis::pipe()
+        .cmd("SET")
+        .arg(format!("{KEY_PREFIX}{token}"))
+        .arg(value)
+        .arg("EX")
+        .arg(3600)
+        .ignore()
+        .cmd("PUBLISH")
+        .arg(format!("{CHANNEL_PREFIX}{KEY_PREFIX}{token}"))
+        .arg(value)
+        .ignore()
+        .query_async::<()>(&mut c)
+        .await
+        .expect("SET and PUBLISH");
+}
+
 /// Poll `check` until it returns `Some`, or panic after `timeout`. For conditions
 /// that only time brings about (a TTL running out), where no event can be awaited.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T

@@ -20,24 +20,8 @@ fn metrics() -> WatchMetrics {
     }
 }
 
-/// `Gitlab::Workhorse.set_key_and_notify` with `overwrite: true`.
 async fn tick(redis: &RedisServer, token: &str, value: &str) {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    redis::pipe()
-        .cmd("SET")
-        .arg(format!("{KEY_PREFIX}{token}"))
-        .arg(value)
-        .arg("EX")
-        .arg(3600)
-        .ignore()
-        .cmd("PUBLISH")
-        .arg(format!("{CHANNEL_PREFIX}{KEY_PREFIX}{token}"))
-        .arg(value)
-        .ignore()
-        .query_async::<()>(&mut c)
-        .await
-        .unwrap();
+    crate::testing::set_runner_queue_key(&redis.url(), token, value).await;
 }
 
 async fn up(w: &QueueWatch) {

@@ -29,24 +29,8 @@ fn req(token: &str, last_update: &str) -> Option<RunnerRequest> {
     })
 }
 
-/// `Gitlab::Workhorse.set_key_and_notify` with `overwrite: true`.
 async fn tick(redis: &RedisServer, token: &str, value: &str) {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    redis::pipe()
-        .cmd("SET")
-        .arg(format!("{KEY_PREFIX}{token}"))
-        .arg(value)
-        .arg("EX")
-        .arg(3600)
-        .ignore()
-        .cmd("PUBLISH")
-        .arg(format!("{CHANNEL_PREFIX}{KEY_PREFIX}{token}"))
-        .arg(value)
-        .ignore()
-        .query_async::<()>(&mut c)
-        .await
-        .unwrap();
+    podgate_registry::testing::set_runner_queue_key(&redis.url(), token, value).await;
 }
 
 /// The Pod's polls, once its watch is up.

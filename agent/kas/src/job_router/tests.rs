@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
-use podgate_registry::runner_queue::{CHANNEL_PREFIX, KEY_PREFIX};
 use podgate_registry::testing::{RedisServer, eventually};
 use tonic::Code;
 
@@ -115,23 +114,10 @@ async fn answer(
         .unwrap()
 }
 
-/// `Gitlab::Workhorse.set_key_and_notify`, and Rails' own copy of the value.
+/// The runner's queue value moves on: in Redis (as Rails writes it) and in Rails.
 async fn tick(redis: &RedisServer, rails: &Rails, token: &str, value: &str) {
     rails.state.lock().unwrap().queue_value = value.to_owned();
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    redis::pipe()
-        .cmd("SET")
-        .arg(format!("{KEY_PREFIX}{token}"))
-        .arg(value)
-        .ignore()
-        .cmd("PUBLISH")
-        .arg(format!("{CHANNEL_PREFIX}{KEY_PREFIX}{token}"))
-        .arg(value)
-        .ignore()
-        .query_async::<()>(&mut c)
-        .await
-        .unwrap();
+    podgate_registry::testing::set_runner_queue_key(&redis.url(), token, value).await;
 }
 
 struct Setup {
