@@ -25,6 +25,7 @@ mod drills_smoke;
 mod fleet_storm;
 mod gitlab_fidelity;
 mod graph_api;
+mod job_router;
 mod k8s_proxy;
 mod product_binary;
 mod prometheus;

@@ -10,6 +10,7 @@
 
 mod common;
 mod fleet_gitlab;
+mod fleet_job_router;
 mod fleet_report;
 mod fleet_retries;
 mod fleet_scheduling;

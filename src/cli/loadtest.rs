@@ -103,9 +103,22 @@ pub(crate) struct RunnersArgs {
     /// (default: the measured rate of jobs handed out).
     #[arg(long)]
     pub(crate) job_rate: Option<f64>,
+    /// Share of the runners, 0 to 1, with gitlab-runner's `FF_USE_JOB_ROUTER` on: they
+    /// ask the Job Router that `runners/router/discovery` names (`GetJob` over gRPC)
+    /// and fall back to `jobs/request` as gitlab-runner does.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_share)]
+    pub(crate) job_router_share: f64,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub(crate) json: Option<PathBuf>,
+}
+
+/// A share of the runners: a number from 0 to 1 (clap names the flag in its error).
+pub(crate) fn parse_share(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share between 0 and 1")),
+    }
 }
 
 fn parse_tag_set(s: &str) -> Result<TagSet, String> {
@@ -131,6 +144,7 @@ impl RunnersArgs {
             c.tag_sets = self.tag_sets.clone();
         }
         c.job_rate = self.job_rate;
+        c.job_router_share = self.job_router_share;
         c
     }
 }
@@ -266,6 +280,8 @@ mod tests {
             ":untagged",
             "--job-rate",
             "100",
+            "--job-router-share",
+            "0.25",
         ])
         .unwrap();
         assert_eq!(c.check_interval, Duration::from_secs(5));
@@ -281,6 +297,7 @@ mod tests {
             ]
         );
         assert_eq!(c.job_rate, Some(100.0));
+        assert_eq!(c.job_router_share, 0.25);
         c.validate().unwrap();
     }
 
@@ -291,6 +308,12 @@ mod tests {
         assert_eq!((c.concurrent, c.request_concurrency), (2, 1));
         assert_eq!(c.tag_sets, fleet::default_tag_sets());
         assert_eq!(c.job_rate, None);
+        assert_eq!(c.job_router_share, 0.0);
         assert!(config(&["--tag-set", "docker:sometimes"]).is_err());
+        for bad in ["2", "-0.1", "NaN", "half"] {
+            let flag = format!("--job-router-share={bad}");
+            let e = config(&[&flag]).unwrap_err().to_string();
+            assert!(e.contains("--job-router-share"), "{e}");
+        }
     }
 }

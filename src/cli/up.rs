@@ -110,6 +110,11 @@ pub(crate) struct UpArgs {
     workspaces_partial_interval: u64,
     #[command(flatten)]
     job_router: super::up_cells::JobRouterArgs,
+    /// Share of the fleet's runners, 0 to 1, with gitlab-runner's `FF_USE_JOB_ROUTER`
+    /// on: they ask their Pod's Job Router (the kas discovery names) for jobs over
+    /// gRPC and fall back to `jobs/request` as gitlab-runner does.
+    #[arg(long, default_value_t = 0.0, value_parser = super::loadtest::parse_share)]
+    job_router_share: f64,
     /// Write a Prometheus configuration scraping every process here (podgate's
     /// alert and recording rules beside it) to this file, for `prometheus
     /// --config.file <FILE>`.
@@ -417,6 +422,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         config.check_interval = Duration::from_secs(args.check_interval);
         config.concurrent = args.concurrent as usize;
         config.job_rate = Some(job_rate * sims.len() as f64);
+        config.job_router_share = args.job_router_share;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(fleet::run(config, progress.clone(), async move {
             let _ = rx.await;

@@ -17,6 +17,11 @@
 //! - three 403s in a row make the runner unhealthy: it is not fed for 60 minutes;
 //! - the `X-GitLab-Last-Update` ticket is kept when a response carries one.
 //!
+//! A share of the runners ([`FleetConfig::job_router_share`]) have gitlab-runner's
+//! `FF_USE_JOB_ROUTER` on: they ask kas's Job Router (`GetJob` over gRPC) for jobs
+//! where discovery names one, and fall back to `jobs/request` as gitlab-runner does
+//! (`router`).
+//!
 //! Runners register (tags and `run_untagged` from [`FleetConfig::tag_sets`]) and run
 //! the jobs they get: running update, trace patches, an artifact upload, the final
 //! update. A share of them are *old* runners that send their token in the body only
@@ -31,8 +36,8 @@
 //! predicts.
 //!
 //! Layout: this file holds the configuration and [`run`]; `scheduler` the feeder,
-//! workers and slots; `client` sending, recording and retries; `job` running a job;
-//! `report` the report.
+//! workers and slots; `client` sending, recording and retries; `router` the Job
+//! Router client; `job` running a job; `report` the report.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,11 +53,12 @@ use thiserror::Error;
 mod client;
 mod job;
 mod report;
+mod router;
 mod scheduler;
 
 pub use report::{
-    EndpointStats, EndpointSummary, Expected, JobCounts, JobsRequestCounts, RateSummary, Report,
-    SchedulerCounts,
+    EndpointStats, EndpointSummary, Expected, Fallbacks, JobCounts, JobRouterCounts,
+    JobsRequestCounts, RateSummary, Report, SchedulerCounts,
 };
 
 /// Fleet errors. A configuration error does not go away on retry.
@@ -144,6 +150,11 @@ pub struct FleetConfig {
     /// Jobs per second queued over all Pods, for the predicted `jobs/request` rate
     /// (`None`: the measured rate of jobs handed out).
     pub job_rate: Option<f64>,
+    /// Share of the runners, 0..=1, with gitlab-runner's `FF_USE_JOB_ROUTER` on: they
+    /// ask the Job Router that `runners/router/discovery` names and fall back to
+    /// `jobs/request` (default 0: none). They are the last runners, so the old ones
+    /// (the first [`old_share`](Self::old_share)) are taken last.
+    pub job_router_share: f64,
 }
 
 impl FleetConfig {
@@ -170,6 +181,7 @@ impl FleetConfig {
             tag_sets: default_tag_sets(),
             strict_check_interval: false,
             job_rate: None,
+            job_router_share: 0.0,
         }
     }
 
@@ -187,6 +199,12 @@ impl FleetConfig {
         }
         if !(0.0..=1.0).contains(&self.old_share) {
             bad.push(format!("old_share = {}: between 0 and 1", self.old_share));
+        }
+        if !(0.0..=1.0).contains(&self.job_router_share) {
+            bad.push(format!(
+                "job_router_share = {}: between 0 and 1",
+                self.job_router_share
+            ));
         }
         if self.check_interval.is_zero() {
             bad.push("check_interval: more than 0".into());
@@ -238,6 +256,11 @@ impl FleetConfig {
     fn is_old(&self, n: usize) -> bool {
         (n as f64) < self.old_share * self.runners as f64
     }
+
+    /// Whether runner `n` uses the Job Router: the last `job_router_share` of them.
+    fn uses_job_router(&self, n: usize) -> bool {
+        ((self.runners - 1 - n) as f64) < self.job_router_share * self.runners as f64
+    }
 }
 
 /// Live counters, readable while the fleet runs.
@@ -275,6 +298,18 @@ impl Shared {
             report.jobs_by_pod.resize(pod + 1, JobCounts::default());
         }
         count(&mut report.jobs_by_pod[pod]);
+    }
+
+    /// Count a Job Router event of runner `n` under its registration token (its Pod).
+    fn count_router(&self, n: usize, count: impl FnOnce(&mut JobRouterCounts)) {
+        let pod = n % self.config.registration_tokens.len();
+        let mut report = self.report.lock().expect("report lock");
+        if report.job_router_by_pod.len() <= pod {
+            report
+                .job_router_by_pod
+                .resize(pod + 1, JobRouterCounts::default());
+        }
+        count(&mut report.job_router_by_pod[pod]);
     }
 }
 
@@ -328,6 +363,12 @@ pub async fn run(
     report.concurrent = config.concurrent;
     report.request_concurrency = config.request_concurrency;
     report.job_rate = config.job_rate;
+    report.job_router_share = config.job_router_share;
+    if config.job_router_share > 0.0 {
+        report
+            .job_router_by_pod
+            .resize(config.registration_tokens.len(), JobRouterCounts::default());
+    }
     report.scheduler = shared.counters.snapshot();
     report.runner_requests_per_minute = shared
         .runners
@@ -366,8 +407,10 @@ mod tests {
         c.request_concurrency = 0;
         c.tag_sets = vec![(vec![], false)];
         c.job_rate = Some(-1.0);
+        c.job_router_share = 1.5;
         let e = c.validate().unwrap_err().to_string();
         for field in [
+            "job_router_share",
             "check_interval",
             "concurrent",
             "request_concurrency",
@@ -394,5 +437,16 @@ mod tests {
                 .collect();
             assert_eq!(sets, default_tag_sets());
         }
+    }
+
+    #[test]
+    fn job_router_runners_are_the_last_ones() {
+        let mut c = FleetConfig::new("http://127.0.0.1:1", vec!["a".into()], 10, Duration::ZERO);
+        assert!((0..10).all(|n| !c.uses_job_router(n)));
+        c.job_router_share = 0.3;
+        let on: Vec<usize> = (0..10).filter(|&n| c.uses_job_router(n)).collect();
+        assert_eq!(on, [7, 8, 9]);
+        c.job_router_share = 1.0;
+        assert!((0..10).all(|n| c.uses_job_router(n)));
     }
 }

@@ -25,6 +25,10 @@
 //! answers are unhealthy is `RequestJob`'s call in `network/gitlab.go`: only 403 (and
 //! the client's own errors); 204, 409, 503, other statuses and connection errors are
 //! healthy.
+//!
+//! A runner with the Job Router on (`super::router`) asks it first, in the same worker
+//! turn and under the same request slot (`router/client.go` wraps `RequestJob`); a
+//! job it gets is handled as a `jobs/request` 201.
 
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -159,6 +163,8 @@ pub(super) struct Runner {
     workers: Arc<Semaphore>,
     /// Free request slots (`request_concurrency`).
     requests: Arc<Semaphore>,
+    /// The Job Router client, when `FF_USE_JOB_ROUTER` is on.
+    router: Option<super::router::RouterClient>,
 }
 
 impl Runner {
@@ -201,6 +207,9 @@ pub(super) async fn runner(shared: Arc<Shared>, n: usize, run_started: Instant) 
         health: Mutex::new(Health::new(Instant::now())),
         workers: Arc::new(Semaphore::new(config.concurrent)),
         requests: Arc::new(Semaphore::new(config.request_concurrency)),
+        router: config
+            .uses_job_router(n)
+            .then(super::router::RouterClient::new),
     });
     // Each permit that arrives here is an idle worker the runner was handed to.
     let (tx, mut rx) = mpsc::unbounded_channel::<OwnedSemaphorePermit>();
@@ -307,13 +316,12 @@ async fn process(
             .fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let answer = request_job(shared, runner).await;
-    let status = answer.as_ref().map_or(0, |a| a.status.as_u16());
+    let (healthy, job) = poll(shared, runner).await;
     let now_unhealthy = runner
         .health
         .lock()
         .expect("health lock")
-        .mark(healthy_answer(status), Instant::now());
+        .mark(healthy, Instant::now());
     if now_unhealthy {
         shared
             .counters
@@ -324,16 +332,16 @@ async fn process(
             "runner unhealthy: not fed for 60 minutes"
         );
     }
-    let job = match answer {
-        Some(a) if status == 201 => {
+    let job = match job {
+        Some(payload) => {
             shared.count_job(runner.n, |c| c.received += 1);
-            let job = super::job::start(shared, runner, a.json()).await;
+            let job = super::job::start(shared, runner, payload).await;
             if job.is_none() {
                 shared.count_job(runner.n, |c| c.not_run += 1);
             }
             job
         }
-        _ => None,
+        None => None,
     };
     // `requestJob` covers the running update; the slot is released after it.
     drop(request_slot);
@@ -356,8 +364,27 @@ async fn process(
     super::job::finish(shared, runner, job).await;
 }
 
-/// `POST jobs/request` with the runner's ticket; the ticket is updated from the answer.
-async fn request_job(shared: &Shared, runner: &Runner) -> Option<super::client::Answer> {
+/// One request for a job: through the Job Router when the runner has it on (and it
+/// does not fall back), else `jobs/request`. Whether the answer is healthy, and the
+/// job's payload if one came.
+async fn poll(shared: &Shared, runner: &Runner) -> (bool, Option<Value>) {
+    use super::router::Routed;
+    if let Some(router) = &runner.router {
+        match router.request_job(shared, runner).await {
+            Routed::Job(payload) => return (true, Some(payload)),
+            Routed::NoJob { healthy } => return (healthy, None),
+            Routed::Fallback(_) => {}
+        }
+    }
+    let answer = request_job(shared, runner).await;
+    let status = answer.as_ref().map_or(0, |a| a.status.as_u16());
+    let job = answer.filter(|_| status == 201).map(|a| a.json());
+    (healthy_answer(status), job)
+}
+
+/// `PrepareJobRequest` (`network/gitlab.go`): the ticket sent and the body of
+/// `jobs/request`, which is also the Job Router's `job_request`.
+pub(super) fn job_request_body(runner: &Runner) -> (String, Value) {
     let sent = runner.last_update();
     let body = json!({
         "token": runner.token,
@@ -365,6 +392,12 @@ async fn request_job(shared: &Shared, runner: &Runner) -> Option<super::client::
         "last_update": sent,
         "info": info(),
     });
+    (sent, body)
+}
+
+/// `POST jobs/request` with the runner's ticket; the ticket is updated from the answer.
+async fn request_job(shared: &Shared, runner: &Runner) -> Option<super::client::Answer> {
+    let (sent, body) = job_request_body(runner);
     let header = [("runner-token", runner.token.as_str())];
     let headers: &[(&str, &str)] = if runner.old { &[] } else { &header };
     let answer = shared

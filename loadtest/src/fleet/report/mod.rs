@@ -1,6 +1,8 @@
 //! What a fleet run measured: per endpoint statuses and latencies, the `jobs/request`
 //! answers by kind, requests per runner per minute, the predicted request rate beside
-//! the measured one, and the scheduler's counts.
+//! the measured one, the scheduler's counts, and the Job Router's calls and fallbacks.
+
+mod job_router;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -93,6 +95,8 @@ impl JobCounts {
             .saturating_sub(self.not_run + self.done + self.failed)
     }
 }
+
+pub use job_router::{Fallbacks, JobRouterCounts};
 
 /// Scheduling events over the fleet (gitlab-runner's `commands/multi.go` terms).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -205,6 +209,10 @@ pub struct Report {
     pub request_concurrency: usize,
     /// The job rate given for the prediction (`None`: measured).
     pub job_rate: Option<f64>,
+    /// Share of the runners with `FF_USE_JOB_ROUTER` on.
+    pub job_router_share: f64,
+    /// The Job Router's calls and fallbacks, per registration token (one per Pod).
+    pub job_router_by_pod: Vec<JobRouterCounts>,
 }
 
 /// A serialisable summary of one endpoint.
@@ -325,7 +333,9 @@ impl Report {
                 "concurrent": self.concurrent,
                 "request_concurrency": self.request_concurrency,
                 "job_rate": self.job_rate,
+                "job_router_share": self.job_router_share,
             },
+            "job_router_by_pod": self.job_router_by_pod,
             "jobs_request": self.jobs_request,
             "jobs_request_per_runner_per_minute": self.per_runner_per_minute(),
             "expected": self.expected(),
@@ -376,6 +386,9 @@ impl Report {
             e.job_rate_source,
             e.ratio
         ));
+        if self.job_router_share > 0.0 {
+            out.push_str(&self.job_router_table());
+        }
         let c = &self.scheduler;
         out.push_str(&format!(
             "scheduler: feeds {}   skipped unhealthy {}   request slot full {}   requeues {} (no idle worker {})   retries {}   became unhealthy {}   registration failures {}\n",
