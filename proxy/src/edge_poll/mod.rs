@@ -3,12 +3,12 @@
 //! with no upstream connection, exactly as the Pod's Workhorse would hold them.
 //!
 //! The watch and the hold itself are the registry's
-//! [`QueueWatch`](podgate_registry::runner_queue::QueueWatch), which kas's Job
+//! [`QueueWatch`], which kas's Job
 //! Router holds its `GetJob` calls on too. Here, per poll:
 //!
 //! 1. eligible like Workhorse ([`RunnerRequest::read`]: JSON, ≤ 32 KiB, non-empty
 //!    `token` and `last_update`), else forwarded (`ineligible`);
-//! 2. [`QueueWatch::hold`](podgate_registry::runner_queue::QueueWatch::hold) on the
+//! 2. [`QueueWatch::hold`] on the
 //!    Pod's watch, then by its outcome:
 //!    - no live watch, a failed `GET`, Redis gone during the hold: forwarded
 //!      (`fail_open`), never stuck;

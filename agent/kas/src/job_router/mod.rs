@@ -26,8 +26,8 @@
 //!    [`JobRouterConfig::hold`], shortened to end a second before the call's
 //!    `grpc-timeout`; at most [`JobRouterConfig::max_held`] in all and
 //!    [`JobRouterConfig::max_held_per_runner`] per runner, a call over either going
-//!    to Rails at once ([`limits`]);
-//! 4. Rails' answer mapped as [`rails`] says.
+//!    to Rails at once (`limits.rs`);
+//! 4. Rails' answer mapped as `rails.rs` says.
 //!
 //! A call whose client goes away is dropped by tonic: its waiter, its slot and the
 //! Rails request in flight are released with it (counted `client_gone`).

@@ -54,7 +54,7 @@ impl Fallbacks {
 pub struct JobRouterCounts {
     /// `GetJob` calls answered (or failed).
     pub get_job: u64,
-    /// Jobs got through `GetJob` (each also counted in [`JobCounts::received`]).
+    /// Jobs got through `GetJob` (each also counted in [`super::JobCounts::received`]).
     pub jobs: u64,
     /// Empty answers: no job.
     pub empty: u64,
