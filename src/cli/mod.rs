@@ -28,6 +28,7 @@ pub(crate) mod up;
 pub(crate) mod up_cells;
 #[cfg(feature = "sim")]
 pub(crate) mod up_console;
+#[cfg(feature = "sim")]
 pub(crate) mod up_graph;
 #[cfg(feature = "sim")]
 pub(crate) mod up_prometheus;
