@@ -1,10 +1,14 @@
 //! The admin listener: `/metrics` (Prometheus), `/healthz` (the process serves) and
-//! `/readyz` (a topology with a usable default Pod is loaded), and with `[console]
+//! `/readyz` (the proxy's listener accepts connections and a topology with a usable
+//! default Pod is loaded), and with `[console]
 //! enabled` the web console under `/console/` ([`crate::console`]): the page and
 //! its event stream. Its own address, never the proxy's, so operations endpoints
 //! are not exposed to runners.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -29,6 +33,9 @@ pub struct Admin {
     classifier: Arc<Classifier>,
     registry: RegistryHandle,
     console: Option<ConsoleHandle>,
+    /// Where the proxy's own listener accepts, checked until it does once.
+    listener: Option<SocketAddr>,
+    listening: AtomicBool,
 }
 
 impl Admin {
@@ -43,12 +50,51 @@ impl Admin {
             classifier,
             registry,
             console,
+            listener: None,
+            listening: AtomicBool::new(false),
         }
+    }
+
+    /// Ready only once the proxy's listener `listen` (`ip:port`; a name is not
+    /// checked) accepts a connection: pingora starts the admin and the proxy
+    /// services side by side, and the proxy's binds its socket only as it starts,
+    /// so without this `/readyz` could answer 200 before a client can connect.
+    #[must_use]
+    pub fn checking_listener(mut self, listen: &str) -> Self {
+        self.listener = listen.parse::<SocketAddr>().ok().map(|mut a| {
+            // A wildcard address is reached on the loopback of its family.
+            if a.ip().is_unspecified() {
+                a.set_ip(match a.ip() {
+                    IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+                });
+            }
+            a
+        });
+        self
+    }
+
+    /// Whether the proxy's listener has accepted a connection (once it has, it is
+    /// not asked again).
+    fn listening(&self) -> bool {
+        if self.listening.load(Ordering::Relaxed) {
+            return true;
+        }
+        let ok = self.listener.is_none_or(|a| {
+            std::net::TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_ok()
+        });
+        if ok {
+            self.listening.store(true, Ordering::Relaxed);
+        }
+        ok
     }
 
     /// Ready when the default Pod exists and takes traffic: only then does every
     /// request have somewhere to go.
     fn ready(&self) -> Result<String, String> {
+        if !self.listening() {
+            return Err("not ready: the proxy's listener does not accept connections yet\n".into());
+        }
         let t = self.registry.topology();
         match t.legacy_pod() {
             Some(p) if p.state == PodState::Active => Ok(format!(
@@ -241,5 +287,32 @@ impl HttpServerApp for Admin {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admin(listen: &str) -> Admin {
+        let classifier = Arc::new(Classifier::with_keys(podgate_tokens::KeySet::new()));
+        Admin::new(classifier, RegistryHandle::default(), None).checking_listener(listen)
+    }
+
+    #[test]
+    fn not_ready_until_the_proxys_listener_accepts() {
+        // A port nothing listens on: bound, then released.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let a = admin(&format!("0.0.0.0:{port}"));
+        assert!(!a.listening(), "nothing accepts on {port}");
+        let err = a.ready().unwrap_err();
+        assert!(err.contains("listener"), "{err}");
+        // Now the proxy binds it (the wildcard is reached on loopback).
+        let _bound = std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+        assert!(a.listening());
+        // A name is not checked.
+        assert!(admin("localhost:1").listening());
     }
 }

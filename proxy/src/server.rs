@@ -325,7 +325,7 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
         });
         let mut admin = Service::new(
             "podgate admin".into(),
-            Admin::new(classifier, registry, console),
+            Admin::new(classifier, registry, console).checking_listener(&config.listen),
         );
         admin.add_tcp(&config.admin_listen);
         server.add_service(admin).add_dependency(&registry_service);
