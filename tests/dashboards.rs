@@ -245,7 +245,7 @@ mod proxy {
     const DASHBOARD: &str = include_str!("../proxy/dashboards/podgate-proxy.json");
 
     /// Every metric the proxy defines in `metrics.rs`.
-    const EXPECTED: [&str; 18] = [
+    const EXPECTED: [&str; 19] = [
         "podgate_proxy_requests_total",
         "podgate_proxy_request_duration_seconds",
         "podgate_proxy_decision_duration_seconds",
@@ -264,6 +264,7 @@ mod proxy {
         "podgate_proxy_edge_poll_redis_up",
         "podgate_proxy_edge_poll_redis_errors_total",
         "podgate_proxy_edge_poll_notifications_total",
+        "podgate_proxy_kas_open",
     ];
 
     /// EXPECTED is what `metrics.rs` declares: a metric added there and touched
@@ -316,6 +317,7 @@ mod proxy {
         m.edge_poll_redis_up.with_label_values(&["2"]).set(1);
         m.edge_poll_redis_errors.with_label_values(&["2"]).inc();
         m.edge_poll_notifications.with_label_values(&["2"]).inc();
+        m.kas_open.with_label_values(&["2", "runner"]).set(0);
         m.set_cache(1, 1);
         // `render` is the whole default registry. A running proxy also serves its
         // presence registry's `podgate_registry_*` families there (charted on the
@@ -369,7 +371,7 @@ mod kas {
 
     /// Every metric kas, the presence registry it serves beside them and agentk
     /// define (in [`SOURCES`]).
-    const EXPECTED: [&str; 41] = [
+    const EXPECTED: [&str; 47] = [
         "podgate_kas_connected_agents",
         "podgate_kas_tunnels",
         "podgate_kas_routing_duration_seconds",
@@ -388,6 +390,12 @@ mod kas {
         "podgate_kas_module_requests_total",
         "podgate_kas_k8s_proxy_gitlab_lookups_total",
         "podgate_kas_workspace_requests_total",
+        "podgate_kas_job_router_calls_total",
+        "podgate_kas_job_router_holds_total",
+        "podgate_kas_job_router_held",
+        "podgate_kas_job_router_queue_redis_up",
+        "podgate_kas_job_router_queue_redis_errors_total",
+        "podgate_kas_job_router_notifications_total",
         "podgate_registry_backend_up",
         "podgate_registry_backend_errors_total",
         "podgate_registry_corrupt_values_total",
@@ -414,13 +422,14 @@ mod kas {
     ];
 
     /// Where kas, agentk and the presence registry declare their metrics.
-    const SOURCES: [&str; 8] = [
+    const SOURCES: [&str; 9] = [
         include_str!("../agent/kas/src/metrics.rs"),
         include_str!("../agent/kas/src/agent_auth.rs"),
         include_str!("../agent/kas/src/agent_config/mod.rs"),
         include_str!("../agent/kas/src/gitlab_access/mod.rs"),
         include_str!("../agent/kas/src/k8s_proxy/auth/mod.rs"),
         include_str!("../agent/kas/src/workspaces/mod.rs"),
+        include_str!("../agent/kas/src/job_router/metrics.rs"),
         include_str!("../agent/agentk/src/metrics.rs"),
         include_str!("../pod-registry/src/metrics.rs"),
     ];
@@ -479,6 +488,7 @@ mod kas {
             &tonic::metadata::MetadataMap::new(),
         );
         agent_info_lookup(&kas).await;
+        podgate_kas::job_router::JobRouterMetrics::new(kas.registry());
         // Each registry has its own metrics (a kas serves its registry's).
         let mut families = touch_memory_registry().await;
         families.extend(touch_redis_registry().await);

@@ -45,6 +45,10 @@ pub struct Metrics {
     /// `podgate_proxy_edge_polls_held{pod}`: `jobs/request` polls held at the edge
     /// now, with no upstream connection ([`crate::edge_poll`]).
     pub edge_polls_held: IntGaugeVec,
+    /// `podgate_proxy_kas_open{pod,client}`: requests open now to a Pod's kas pool
+    /// (a gRPC call, or a WebSocket for its whole life), by who holds them:
+    /// `runner` (a runner token: GitLab's Job Router, `GetJob`) or `agent`.
+    pub kas_open: IntGaugeVec,
     /// `podgate_proxy_edge_polls_total{pod,result}`: opted-in Pods' polls by how
     /// they ended (`timeout`, `changed`, `no_change`, `stale`, `fail_open`,
     /// `ineligible`, `client_gone`).
@@ -137,6 +141,13 @@ impl Metrics {
                 ),
                 &["pod"],
             )?,
+            kas_open: IntGaugeVec::new(
+                Opts::new(
+                    "podgate_proxy_kas_open",
+                    "Requests open now to a Pod's kas (gRPC calls, WebSockets), by client: runner (Job Router) or agent.",
+                ),
+                &["pod", "client"],
+            )?,
             edge_polls: IntCounterVec::new(
                 Opts::new(
                     "podgate_proxy_edge_polls_total",
@@ -214,6 +225,7 @@ impl Metrics {
         registry.register(Box::new(m.cache_misses.clone()))?;
         registry.register(Box::new(m.edge_polls_held.clone()))?;
         registry.register(Box::new(m.edge_polls.clone()))?;
+        registry.register(Box::new(m.kas_open.clone()))?;
         registry.register(Box::new(m.edge_poll_redis_up.clone()))?;
         registry.register(Box::new(m.edge_poll_redis_errors.clone()))?;
         registry.register(Box::new(m.edge_poll_notifications.clone()))?;

@@ -230,6 +230,15 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         })
         .collect();
 
+    // Instance and project runners on every Pod: each Pod's instance registration
+    // token, then its projects' tokens.
+    let (tokens, token_pods) = super::up_cells::fleet_tokens(&sims);
+    let progress = Arc::new(Progress::default());
+    let runner_metrics = if args.no_fleet {
+        None
+    } else {
+        Some(super::up_cells::serve_runner_metrics(progress.clone(), token_pods).await?)
+    };
     let ProxyFiles { dir, path, ca } = super::up_proxy::write_config(
         &ProxySettings {
             listen: args.listen,
@@ -237,6 +246,11 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             tls_listen: args.tls_listen,
             long_poll: args.long_poll,
             redis: args.redis.as_deref(),
+            cell_kas: cell_kas
+                .iter()
+                .map(|(pod, k)| (*pod, k.observability))
+                .collect(),
+            runner_metrics: runner_metrics.as_ref().map(|m| m.addr),
         },
         &pods,
         &sims,
@@ -376,6 +390,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             kas: kube
                 .as_ref()
                 .map(|k| (k.kas_observability, k.metrics_token.clone())),
+            cell_kas: cell_kas.values().map(|k| k.observability).collect(),
             agentk: kube.as_ref().and_then(|k| k.agentk_observability),
             pods: sims.iter().map(|s| s.addr()).collect(),
         };
@@ -398,24 +413,10 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             _ = tokio::time::sleep(duration) => {}
         }
     };
-    let progress = Arc::new(Progress::default());
     let fleet = (!args.no_fleet).then(|| {
-        // Instance and project runners on every Pod: each Pod's instance
-        // registration token, then its projects' tokens.
-        let tokens = sims
-            .iter()
-            .flat_map(|s| {
-                std::iter::once(s.state().registration_token().to_owned()).chain(
-                    s.state()
-                        .project_registration_tokens()
-                        .into_iter()
-                        .map(|(_, t)| t),
-                )
-            })
-            .collect();
         let mut config = FleetConfig::new(
             format!("http://{}", args.listen),
-            tokens,
+            tokens.clone(),
             args.runners,
             duration,
         );
@@ -447,7 +448,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             _ = &mut stop => break,
             _ = tick.tick() => {
                 let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
-                say(&format!("\n{}{}", table(&sims, &metrics), workspaces_table(&sims, &kube)));
+                say(&format!(
+                    "\n{}{}{}",
+                    table(&sims, &metrics),
+                    super::up_cells::job_router_lines(kube.as_ref(), &cell_kas, &metrics, runner_metrics.as_ref()),
+                    workspaces_table(&sims, &kube)
+                ));
             }
         }
     }
@@ -466,8 +472,14 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     }
     let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
     say(&format!(
-        "\nfinal\n{}{}",
+        "\nfinal\n{}{}{}",
         table(&sims, &metrics),
+        super::up_cells::job_router_lines(
+            kube.as_ref(),
+            &cell_kas,
+            &metrics,
+            runner_metrics.as_ref()
+        ),
         workspaces_table(&sims, &kube)
     ));
     let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();

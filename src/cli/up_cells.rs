@@ -11,13 +11,16 @@
 //! Pod 1's with `--no-kube`) are started here: the Job Router only, each with its
 //! own in-memory presence registry.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use podgate_kas::job_router::JobRouterConfig;
 use podgate_kas::{Kas, KasConfig};
+use podgate_loadtest::fleet::Progress;
 use podgate_loadtest::pod_sim::PodSim;
 use podgate_registry::{Registry, RegistryConfig};
 use podgate_tokens::KeySet;
@@ -73,6 +76,14 @@ pub(crate) struct CellKas {
 }
 
 impl CellKas {
+    /// Its metrics (Prometheus text), read in process.
+    pub(crate) fn metrics_text(&self) -> String {
+        self.kas
+            .as_ref()
+            .map(|k| k.metrics().render())
+            .unwrap_or_default()
+    }
+
     /// Drain it.
     pub(crate) async fn shutdown(mut self) {
         if let Some(k) = self.kas.take() {
@@ -124,4 +135,104 @@ pub(crate) async fn start_kas(
             .context("kas's observability listener")?,
         kas: Some(kas),
     })
+}
+
+/// The fleet's runners' own metrics, as each gitlab-runner serves them on its
+/// metrics listener, for the whole fleet with a `pod` label:
+/// `gitlab_runner_job_router_fallbacks_total{pod,reason}` (`router/metrics.go`).
+/// The console scrapes it as the source `runners`; served until dropped.
+pub(crate) struct RunnerMetrics {
+    pub(crate) addr: SocketAddr,
+    report: Arc<FleetReport>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunnerMetrics {
+    /// What the listener serves now.
+    pub(crate) fn text(&self) -> String {
+        podgate_agent::obs::Report::metrics(&*self.report)
+    }
+}
+
+impl Drop for RunnerMetrics {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct FleetReport {
+    progress: Arc<Progress>,
+    /// The Pod of each registration token, by its index in the fleet's list.
+    token_pods: Vec<u64>,
+}
+
+impl podgate_agent::obs::Report for FleetReport {
+    fn metrics(&self) -> String {
+        self.progress.job_router_fallbacks_metrics(|i| {
+            self.token_pods
+                .get(i)
+                .map_or_else(|| "0".into(), u64::to_string)
+        })
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Serve `progress`'s runner metrics on a loopback port.
+pub(crate) async fn serve_runner_metrics(
+    progress: Arc<Progress>,
+    token_pods: Vec<u64>,
+) -> anyhow::Result<RunnerMetrics> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("a listener for the fleet's metrics")?;
+    let addr = listener.local_addr()?;
+    let report = Arc::new(FleetReport {
+        progress,
+        token_pods,
+    });
+    let task = tokio::spawn(podgate_agent::obs::serve(listener, report.clone()));
+    Ok(RunnerMetrics { addr, report, task })
+}
+
+/// The fleet's registration tokens (every Pod's instance token, then its projects'),
+/// and the Pod of each.
+pub(crate) fn fleet_tokens(sims: &[PodSim]) -> (Vec<String>, Vec<u64>) {
+    sims.iter()
+        .flat_map(|s| {
+            let pod = s.state().pod().get();
+            std::iter::once(s.state().registration_token().to_owned())
+                .chain(
+                    s.state()
+                        .project_registration_tokens()
+                        .into_iter()
+                        .map(|(_, t)| t),
+                )
+                .map(move |t| (t, pod))
+        })
+        .unzip()
+}
+
+/// The live table's Job Router lines ([`super::up_table::job_router_table`]): every
+/// Pod's kas (Pod 1's the Kubernetes side's, if it runs), the proxy's metrics, and
+/// the fleet's fallbacks.
+pub(crate) fn job_router_lines(
+    kube: Option<&super::up_graph::KubeSide>,
+    cells: &BTreeMap<u64, CellKas>,
+    proxy_metrics: &str,
+    runners: Option<&RunnerMetrics>,
+) -> String {
+    let mut kas: Vec<(u64, String)> = kube
+        .map(|k| (1, k.kas_metrics_text()))
+        .into_iter()
+        .collect();
+    kas.extend(cells.iter().map(|(pod, k)| (*pod, k.metrics_text())));
+    kas.sort_by_key(|(pod, _)| *pod);
+    super::up_table::job_router_table(
+        &kas,
+        proxy_metrics,
+        &runners.map(RunnerMetrics::text).unwrap_or_default(),
+    )
 }

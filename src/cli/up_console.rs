@@ -21,10 +21,13 @@ pub(crate) fn origin(admin: SocketAddr) -> String {
 }
 
 /// The `[console]` section of the proxy's configuration: the Pods' and kas's
-/// `/metrics` (kas's token in a 0600 file in `dir`).
+/// `/metrics` (kas's token in a 0600 file in `dir`), each kas labelled with its Pod
+/// (`cell_kas`: the other Pods' kas), and the fleet's runner metrics.
 pub(crate) fn config_section(
     sims: &[PodSim],
     kube: Option<&KubeSide>,
+    cell_kas: &[(u64, SocketAddr)],
+    runner_metrics: Option<SocketAddr>,
     dir: &Path,
 ) -> anyhow::Result<String> {
     let mut out = String::from("[console]\nenabled = true\ninterval_ms = 1000\n");
@@ -39,9 +42,19 @@ pub(crate) fn config_section(
         let token = dir.join("kas-metrics-token");
         super::up_prometheus::write_secret(&token, &k.metrics_token)?;
         out.push_str(&format!(
-            "[[console.sources]]\nname = \"kas\"\nurl = \"http://{}/metrics\"\nbearer_token_file = \"{}\"\n",
+            "[[console.sources]]\nname = \"kas\"\nurl = \"http://{}/metrics\"\nbearer_token_file = \"{}\"\nlabels = {{ pod = \"1\" }}\n",
             k.kas_observability,
             token.display()
+        ));
+    }
+    for (pod, addr) in cell_kas {
+        out.push_str(&format!(
+            "[[console.sources]]\nname = \"kas-pod-{pod}\"\nurl = \"http://{addr}/metrics\"\nlabels = {{ pod = \"{pod}\" }}\n"
+        ));
+    }
+    if let Some(addr) = runner_metrics {
+        out.push_str(&format!(
+            "[[console.sources]]\nname = \"runners\"\nurl = \"http://{addr}/metrics\"\n"
         ));
     }
     Ok(out)

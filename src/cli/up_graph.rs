@@ -224,6 +224,14 @@ async fn settle(sim: &KubeSim, timeout: Duration) -> bool {
 }
 
 impl KubeSide {
+    /// Its kas's metrics (Prometheus text), read in process.
+    pub(crate) fn kas_metrics_text(&self) -> String {
+        self.kas
+            .as_ref()
+            .map(|k| k.metrics().render())
+            .unwrap_or_default()
+    }
+
     /// Start kube-sim's controllers, wait (a bounded time) until their first
     /// rollout settled ([`KubeSide::settled`] tells whether it did), then start the
     /// churn.

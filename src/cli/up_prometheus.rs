@@ -26,6 +26,9 @@ pub(crate) struct Targets {
     pub(crate) proxy_admin: SocketAddr,
     /// kas's observability listener and its `/metrics` bearer token.
     pub(crate) kas: Option<(SocketAddr, String)>,
+    /// The other Pods' kas instances' observability listeners (no token), in the
+    /// same `podgate-kas` job: the Job Router's panels sum over every Cell's kas.
+    pub(crate) cell_kas: Vec<SocketAddr>,
     pub(crate) agentk: Option<SocketAddr>,
     pub(crate) pods: Vec<SocketAddr>,
 }
@@ -84,11 +87,22 @@ fn config(t: &Targets, every: Duration) -> String {
          scrape_configs:\n"
     );
     out.push_str(&job("podgate-proxy", &[t.proxy_admin], ""));
-    if let Some((addr, _)) = &t.kas {
+    // A kas that wants no token ignores the one sent.
+    let kas: Vec<SocketAddr> = t
+        .kas
+        .iter()
+        .map(|(a, _)| *a)
+        .chain(t.cell_kas.iter().copied())
+        .collect();
+    if !kas.is_empty() {
         out.push_str(&job(
             "podgate-kas",
-            &[*addr],
-            "    authorization:\n      type: Bearer\n      credentials_file: podgate-kas-metrics-token\n",
+            &kas,
+            if t.kas.is_some() {
+                "    authorization:\n      type: Bearer\n      credentials_file: podgate-kas-metrics-token\n"
+            } else {
+                ""
+            },
         ));
     }
     if let Some(addr) = t.agentk {
@@ -111,6 +125,7 @@ mod tests {
         let targets = Targets {
             proxy_admin: "127.0.0.1:9191".parse().unwrap(),
             kas: Some(("127.0.0.1:4000".parse().unwrap(), "s3cret".into())),
+            cell_kas: vec!["127.0.0.1:4002".parse().unwrap()],
             agentk: Some("127.0.0.1:4001".parse().unwrap()),
             pods: vec![
                 "127.0.0.1:5001".parse().unwrap(),
@@ -141,7 +156,7 @@ mod tests {
             jobs,
             vec![
                 ("podgate-proxy", vec!["127.0.0.1:9191"]),
-                ("podgate-kas", vec!["127.0.0.1:4000"]),
+                ("podgate-kas", vec!["127.0.0.1:4000", "127.0.0.1:4002"]),
                 ("podgate-agentk", vec!["127.0.0.1:4001"]),
                 ("podgate-pod-sim", vec!["127.0.0.1:5001", "127.0.0.1:5002"]),
             ]

@@ -22,6 +22,11 @@ pub(crate) struct ProxySettings<'a> {
     pub(crate) long_poll: u64,
     /// The topology's Redis, else inline.
     pub(crate) redis: Option<&'a str>,
+    /// Each Pod's own kas's observability listener (not Pod 1's with the
+    /// Kubernetes side: that is `kube`'s), for the console.
+    pub(crate) cell_kas: Vec<(u64, SocketAddr)>,
+    /// The fleet's runner metrics, for the console.
+    pub(crate) runner_metrics: Option<SocketAddr>,
 }
 
 /// The proxy's files: its directory (removed when dropped), `proxy.toml` in it,
@@ -71,7 +76,13 @@ pub(crate) async fn write_config(
         ));
         ca = Some(cert);
     }
-    config.push_str(&super::up_console::config_section(sims, kube, dir.path())?);
+    config.push_str(&super::up_console::config_section(
+        sims,
+        kube,
+        &s.cell_kas,
+        s.runner_metrics,
+        dir.path(),
+    )?);
     match s.redis {
         Some(url) => {
             let registry = Registry::connect(RegistryConfig {

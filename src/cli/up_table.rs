@@ -101,3 +101,84 @@ pub(crate) fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
     let _ = writeln!(out, "  misroutes: {misroutes}");
     out
 }
+
+/// The Job Router's lines, one per Pod with a kas: from that kas's own metrics
+/// (`kas`: Pod id and its `/metrics` text) its `GetJob` calls, those held now, those
+/// woken by a queue change, those answered empty; the proxy's runner requests open
+/// to it (`podgate_proxy_kas_open{client="runner"}`); and from the runners'
+/// `gitlab_runner_job_router_fallbacks_total{pod}` (`fallbacks`) their fallbacks to
+/// `jobs/request`. Empty when no kas has the Job Router.
+pub(crate) fn job_router_table(
+    kas: &[(u64, String)],
+    proxy_metrics: &str,
+    fallbacks: &str,
+) -> String {
+    if !kas
+        .iter()
+        .any(|(_, m)| m.contains("podgate_kas_job_router_calls_total"))
+    {
+        return String::new();
+    }
+    let mut out = String::from(
+        "  job router  Pod  GetJob calls  held now  woken  answered empty  jobs  open at proxy  fallbacks\n",
+    );
+    for (pod, m) in kas {
+        let calls = |result: Option<&str>| {
+            sum_samples(m, "podgate_kas_job_router_calls_total{", |l| {
+                result.is_none_or(|r| label(l, "result") == Some(r))
+            })
+        };
+        let pod_label = pod.to_string();
+        let at_pod = |l: &str| label(l, "pod") == Some(pod_label.as_str());
+        let _ = writeln!(
+            out,
+            "              {:<4} {:>12}  {:>8}  {:>5}  {:>14}  {:>4}  {:>13}  {:>9}",
+            pod,
+            calls(None),
+            sum_samples(m, "podgate_kas_job_router_held ", |_| true),
+            sum_samples(m, "podgate_kas_job_router_holds_total{", |l| {
+                label(l, "outcome") == Some("changed")
+            }),
+            calls(Some("empty")),
+            calls(Some("job")),
+            sum_samples(proxy_metrics, "podgate_proxy_kas_open{", |l| {
+                at_pod(l) && label(l, "client") == Some("runner")
+            }),
+            sum_samples(
+                fallbacks,
+                "gitlab_runner_job_router_fallbacks_total{",
+                at_pod
+            ),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::job_router_table;
+
+    #[test]
+    fn job_router_lines_per_pod_from_kas_proxy_and_runners() {
+        let kas2 = "podgate_kas_job_router_calls_total{result=\"empty\"} 4\n\
+                    podgate_kas_job_router_calls_total{result=\"job\"} 3\n\
+                    podgate_kas_job_router_calls_total{result=\"unavailable\"} 1\n\
+                    podgate_kas_job_router_held 7\n\
+                    podgate_kas_job_router_holds_total{outcome=\"changed\"} 2\n\
+                    podgate_kas_job_router_holds_total{outcome=\"timeout\"} 4\n";
+        let proxy = "podgate_proxy_kas_open{client=\"runner\",pod=\"2\"} 7\n\
+                     podgate_proxy_kas_open{client=\"agent\",pod=\"2\"} 1\n\
+                     podgate_proxy_kas_open{client=\"runner\",pod=\"3\"} 5\n";
+        let fallbacks = "gitlab_runner_job_router_fallbacks_total{pod=\"2\",reason=\"no_discovery\"} 1\n\
+                         gitlab_runner_job_router_fallbacks_total{pod=\"2\",reason=\"router_disabled\"} 2\n\
+                         gitlab_runner_job_router_fallbacks_total{pod=\"3\",reason=\"no_discovery\"} 9\n";
+        let t = job_router_table(&[(2, kas2.into())], proxy, fallbacks);
+        let row: Vec<&str> = t.lines().nth(1).unwrap().split_whitespace().collect();
+        // Pod, calls, held, woken, empty, jobs, open, fallbacks.
+        assert_eq!(row, ["2", "8", "7", "2", "4", "3", "7", "3"], "{t}");
+        assert_eq!(
+            job_router_table(&[(2, "other 1\n".into())], proxy, fallbacks),
+            ""
+        );
+    }
+}

@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::job_router::client::Client as JobRouterClient;
+use crate::job_router::gitlab::RunnerConfig;
 use common::metrics;
 use podgate_registry::testing::{eventually, free_port};
 use serde_json::{Value, json};
@@ -182,6 +184,7 @@ async fn the_console_in_chromium_agrees_with_the_pods_and_the_cluster() {
 
     // Runner traffic through the proxy, a different amount per Pod: a
     // registration, then 2 × id verifications.
+    let mut runner_tokens = BTreeMap::new();
     for (id, (_, registration)) in &pods {
         let body = json!({"token": registration}).to_string();
         let reply = common::request(
@@ -200,6 +203,7 @@ async fn the_console_in_chromium_agrees_with_the_pods_and_the_cluster() {
             .as_str()
             .unwrap()
             .to_owned();
+        runner_tokens.insert(id.clone(), token.clone());
         let body = json!({"token": token}).to_string();
         for _ in 0..2 * id.parse::<u32>().unwrap() {
             let reply = common::request(
@@ -211,6 +215,24 @@ async fn the_console_in_chromium_agrees_with_the_pods_and_the_cluster() {
             assert_eq!(reply.status, 200);
         }
     }
+
+    // One runner of each Pod on the Job Router (gitlab-runner's `router/`, as
+    // tests/job_router has it), polling: its first GetJob is answered at once
+    // (no `last_update` yet), the next held at its Pod's kas.
+    let pollers: Vec<_> = runner_tokens
+        .values()
+        .map(|token| {
+            let client = JobRouterClient::new(RunnerConfig::new(
+                &format!("http://127.0.0.1:{listen}"),
+                token,
+            ));
+            tokio::spawn(async move {
+                loop {
+                    client.request_job().await;
+                }
+            })
+        })
+        .collect();
 
     let browser = cdp::Browser::launch().await;
     let page = browser.page().await;
@@ -251,6 +273,30 @@ async fn the_console_in_chromium_agrees_with_the_pods_and_the_cluster() {
                 "Pod {id}"
             );
         }
+    }
+
+    // The Job Router: each Pod's runner held at its own kas, and open at the proxy.
+    let jr = |pod: &str, k: &str| {
+        format!(
+            "(document.querySelector('#jr tr[data-pod=\"{pod}\"] td[data-k=\"{k}\"]') || {{}}).textContent"
+        )
+    };
+    for id in pods.keys() {
+        eventually(
+            Duration::from_secs(30),
+            "the Job Router row shows the held call",
+            || async {
+                let held = page.eval(&jr(id, "held")).await.ok()?;
+                let open = page.eval(&jr(id, "open")).await.ok()?;
+                let calls = page.eval(&jr(id, "calls")).await.ok()?;
+                let calls: u64 = calls.as_str()?.replace(',', "").parse().ok()?;
+                (held == "1" && open == "1" && calls >= 1).then_some(())
+            },
+        )
+        .await;
+    }
+    for p in pollers {
+        p.abort();
     }
 
     // kas: podgate up's agentk is connected.

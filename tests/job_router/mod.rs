@@ -29,10 +29,10 @@
 //! starts `podgate up`, which the tests below run against.
 
 mod breaker;
-mod client;
+pub mod client;
 mod client_tests;
 mod fakes;
-mod gitlab;
+pub mod gitlab;
 mod rpc;
 mod up;
 mod wstunnel;

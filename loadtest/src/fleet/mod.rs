@@ -274,6 +274,41 @@ pub struct Progress {
     pub misroutes: AtomicU64,
     /// Unexpected statuses seen.
     pub unexpected: AtomicU64,
+    /// Job Router fallbacks to REST so far, by registration token (its index in
+    /// [`FleetConfig::registration_tokens`]) and reason.
+    job_router_fallbacks: std::sync::Mutex<std::collections::BTreeMap<(usize, &'static str), u64>>,
+}
+
+impl Progress {
+    /// The fallbacks as gitlab-runner exposes them
+    /// (`gitlab_runner_job_router_fallbacks_total{reason}`, `router/metrics.go`),
+    /// here for a whole fleet: a `pod` label from `pod_of(registration token index)`.
+    pub fn job_router_fallbacks_metrics(&self, pod_of: impl Fn(usize) -> String) -> String {
+        let counts = self.job_router_fallbacks.lock().expect("progress lock");
+        let mut by_pod = std::collections::BTreeMap::<(String, &str), u64>::new();
+        for (&(token, reason), &n) in counts.iter() {
+            *by_pod.entry((pod_of(token), reason)).or_default() += n;
+        }
+        let mut out = String::from(
+            "# HELP gitlab_runner_job_router_fallbacks_total Total number of job requests that fell back from the job router to direct GitLab polling, partitioned by reason.\n\
+             # TYPE gitlab_runner_job_router_fallbacks_total counter\n",
+        );
+        for ((pod, reason), n) in by_pod {
+            out.push_str(&format!(
+                "gitlab_runner_job_router_fallbacks_total{{pod=\"{pod}\",reason=\"{reason}\"}} {n}\n"
+            ));
+        }
+        out
+    }
+
+    fn count_fallback(&self, token: usize, reason: &'static str) {
+        *self
+            .job_router_fallbacks
+            .lock()
+            .expect("progress lock")
+            .entry((token, reason))
+            .or_default() += 1;
+    }
 }
 
 /// What every runner shares: the HTTP client, the report being filled, the stop flag.
@@ -301,6 +336,13 @@ impl Shared {
     }
 
     /// Count a Job Router event of runner `n` under its registration token (its Pod).
+    /// Count a fallback of runner `n` to REST, in the report and the progress.
+    fn count_fallback(&self, n: usize, reason: router::Fallback) {
+        let token = n % self.config.registration_tokens.len();
+        self.progress.count_fallback(token, reason.label());
+        self.count_router(n, |c| c.fallbacks.count(reason));
+    }
+
     fn count_router(&self, n: usize, count: impl FnOnce(&mut JobRouterCounts)) {
         let pod = n % self.config.registration_tokens.len();
         let mut report = self.report.lock().expect("report lock");

@@ -74,6 +74,19 @@ pub(super) enum Fallback {
     RouterDisabled,
 }
 
+impl Fallback {
+    /// gitlab-runner's `reason` label (`router/metrics.go`).
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            Fallback::NoDiscovery => "no_discovery",
+            Fallback::BreakerOpen => "breaker_open",
+            Fallback::DialFailed => "dial_failed",
+            Fallback::BreakerTripped => "breaker_tripped",
+            Fallback::RouterDisabled => "router_disabled",
+        }
+    }
+}
+
 /// What a runner's turn at the router came to.
 #[derive(Debug)]
 pub(super) enum Routed {
@@ -203,7 +216,7 @@ impl RouterClient {
     pub(super) async fn request_job(&self, shared: &Shared, runner: &Runner) -> Routed {
         let routed = self.route(shared, runner).await;
         if let Routed::Fallback(reason) = routed {
-            shared.count_router(runner.n, |c| c.fallbacks.count(reason));
+            shared.count_fallback(runner.n, reason);
         }
         routed
     }

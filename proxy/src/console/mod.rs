@@ -72,6 +72,11 @@ pub struct SourceConfig {
     /// token), read at each scrape.
     #[serde(default)]
     pub bearer_token_file: Option<PathBuf>,
+    /// Labels added to every sample of this source, as Prometheus adds a target's
+    /// labels (`static_configs: labels:`), replacing a scraped label of the same
+    /// name: `labels = { pod = "2" }` says which Pod a kas serves.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 fn default_interval() -> u64 {
@@ -113,6 +118,13 @@ impl ConsoleConfig {
                     s.url
                 )),
             }
+            for name in s.labels.keys() {
+                if !is_label_name(name) {
+                    bad.push(format!(
+                        "console.sources[{i}].labels.{name:?}: a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not __-prefixed)"
+                    ));
+                }
+            }
             if let Some(p) = &s.bearer_token_file
                 && !p.is_file()
             {
@@ -124,6 +136,16 @@ impl ConsoleConfig {
         }
         bad
     }
+}
+
+/// A label name Prometheus accepts for a target label (`__` names are reserved).
+fn is_label_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with("__")
 }
 
 /// One source in an event.
@@ -244,7 +266,16 @@ impl Console {
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
-            SourceSnapshot::new(&s.name, result)
+            let labelled = result.map(|mut samples| {
+                for sample in &mut samples {
+                    for (k, v) in &s.labels {
+                        sample.labels.retain(|(name, _)| name != k);
+                        sample.labels.push((k.clone(), v.clone()));
+                    }
+                }
+                samples
+            });
+            SourceSnapshot::new(&s.name, labelled)
         });
         let mut sources = vec![SourceSnapshot::new(
             "proxy",
@@ -339,17 +370,20 @@ mod tests {
             [[sources]]
             name = "kas"
             url = "http://127.0.0.1:2/metrics"
+            labels = { pod = "1", "9x" = "no", __name__ = "no" }
             "#,
         )
         .unwrap();
         let p = c.problems();
-        assert_eq!(p.len(), 5, "{p:#?}");
+        assert_eq!(p.len(), 7, "{p:#?}");
         for needle in [
             "console.interval_ms = 5",
             "console.sources[0].name = \"proxy\"",
             "console.sources[0].url",
             "console.sources[1].bearer_token_file",
             "console.sources[2].name = \"kas\"",
+            "console.sources[2].labels.\"9x\"",
+            "console.sources[2].labels.\"__name__\"",
         ] {
             assert!(p.iter().any(|x| x.contains(needle)), "{needle}: {p:#?}");
         }
@@ -413,16 +447,23 @@ mod tests {
                     name: "good".into(),
                     url: format!("http://{good_addr}/metrics"),
                     bearer_token_file: Some(token),
+                    labels: [
+                        ("pod".to_owned(), "2".to_owned()),
+                        ("x".to_owned(), "z".to_owned()),
+                    ]
+                    .into(),
                 },
                 SourceConfig {
                     name: "closed".into(),
                     url: format!("http://{closed}/metrics"),
                     bearer_token_file: None,
+                    labels: Default::default(),
                 },
                 SourceConfig {
                     name: "bad".into(),
                     url: format!("http://{bad_addr}/metrics"),
                     bearer_token_file: None,
+                    labels: Default::default(),
                 },
             ],
         };
@@ -448,7 +489,8 @@ mod tests {
         assert_eq!(sources[1]["up"], true);
         assert_eq!(
             sources[1]["samples"],
-            serde_json::json!([["b", {"x": "y"}, 2.0]])
+            // The source's labels added, replacing the scraped `x`.
+            serde_json::json!([["b", {"pod": "2", "x": "z"}, 2.0]])
         );
         assert_eq!(sources[2]["up"], false);
         assert!(sources[2]["error"].as_str().unwrap().len() > 3);

@@ -34,10 +34,12 @@ use crate::sources::{self, Candidate, Place, TokenSource};
 use crate::upstreams::Upstreams;
 
 mod hold;
+mod kas_open;
 mod steps;
 mod upstream;
 
 pub(crate) use hold::Held;
+pub(crate) use kas_open::KasOpen;
 pub(crate) use upstream::Added;
 
 /// Per-request state.
@@ -58,6 +60,9 @@ pub struct Ctx {
     /// The request's slot among those in flight to its upstream address
     /// (`upstreams.max_connections_per_address`), held until the request ends.
     pub(crate) slot: Option<crate::upstreams::Slot>,
+    /// Counted in `podgate_proxy_kas_open` while the request is open, when it goes
+    /// to a Pod's kas.
+    pub(crate) kas_open: Option<KasOpen>,
 }
 
 impl Ctx {
@@ -338,7 +343,13 @@ impl ProxyHttp for PodGate {
                 self.answer(session, ctx, &answer).await?;
                 Ok(true)
             }
-            None => self.edge_hold(session, ctx, &self.rules[idx], body).await,
+            None => {
+                let rule = &self.rules[idx];
+                if let Some(pod) = ctx.forwarded() {
+                    ctx.kas_open = KasOpen::open(rule, pod, ctx.token.as_ref());
+                }
+                self.edge_hold(session, ctx, rule, body).await
+            }
         }
     }
 

@@ -206,6 +206,62 @@ window.podgateConsole = window.podgateConsole || {};
     return out;
   }
 
+  // Per Pod: its kas's Job Router (a source labelled `pod`), the proxy's runner
+  // requests open to that kas, and the runners' fallbacks to REST (gitlab-runner's
+  // `gitlab_runner_job_router_fallbacks_total`, here with a `pod` label).
+  function jobRouter(by, dt) {
+    const pods = new Map();
+    const row = (id) => {
+      if (!pods.has(id)) pods.set(id, { id, calls: null, held: null, woken: null, empty: null, jobs: null, open: 0, fallbacks: null });
+      return pods.get(id);
+    };
+    for (const src of by.values()) {
+      if (!has(src, 'podgate_kas_job_router_calls_total')) continue;
+      const pod = src.samples.find(([n]) => n === 'podgate_kas_job_router_calls_total')[1].pod;
+      if (pod === undefined) continue;
+      const r = row(pod);
+      r.calls = sum(src, 'podgate_kas_job_router_calls_total');
+      r.empty = sum(src, 'podgate_kas_job_router_calls_total', (l) => l.result === 'empty');
+      r.jobs = sum(src, 'podgate_kas_job_router_calls_total', (l) => l.result === 'job');
+      r.held = sum(src, 'podgate_kas_job_router_held');
+      r.woken = sum(src, 'podgate_kas_job_router_holds_total', (l) => l.outcome === 'changed');
+    }
+    const proxy = by.get('proxy');
+    for (const [pod, n] of group(proxy, 'podgate_proxy_kas_open', 'pod', (l) => l.client === 'runner')) {
+      if (pods.has(pod)) row(pod).open = n;
+    }
+    for (const src of by.values()) {
+      for (const [pod, n] of group(src, 'gitlab_runner_job_router_fallbacks_total', 'pod')) {
+        const r = row(pod);
+        r.fallbacks = (r.fallbacks ?? 0) + n;
+      }
+    }
+    const before = prev && prev.jobRouter;
+    const ids = [...pods.keys()].sort((a, b) => Number(a) - Number(b));
+    const out = {};
+    fill($('jr').tBodies[0], ids.map((id) => {
+      const r = pods.get(id);
+      r.rate = r.calls === null ? null : rate(r.calls, before && before[id] && before[id].calls, dt);
+      out[id] = r;
+      return {
+        data: { pod: id },
+        cells: [
+          cell(id),
+          cell(fmtRate(r.rate), { k: 'rate' }),
+          cell(fmt(r.calls), { k: 'calls' }),
+          cell(fmt(r.held), { k: 'held' }),
+          cell(fmt(r.woken), { k: 'woken' }),
+          cell(fmt(r.empty), { k: 'empty' }),
+          cell(fmt(r.jobs), { k: 'jobs' }),
+          cell(fmt(r.open), { k: 'open' }),
+          cell(fmt(r.fallbacks), { k: 'fallbacks' }),
+        ],
+      };
+    }));
+    $('jr-empty').hidden = ids.length > 0;
+    return out;
+  }
+
   function workspaces(by) {
     const rows = [];
     for (const src of by.values()) {
@@ -244,10 +300,12 @@ window.podgateConsole = window.podgateConsole || {};
     const now = { t: snapshot.t };
     now.traffic = traffic(by, dt);
     now.kas = kas(by, dt);
+    now.jobRouter = jobRouter(by, dt);
     C.workspaces = workspaces(by);
     sources(snapshot);
     C.traffic = now.traffic;
     C.kas = now.kas;
+    C.jobRouter = now.jobRouter;
     C.events += 1;
     C.lastEvent = snapshot.t;
     prev = now;
