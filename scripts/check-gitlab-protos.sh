@@ -148,7 +148,7 @@ for side in "${sides[@]}"; do
     <"$tmp/out/$side.pb" >"$tmp/out/$side.txt"
 done
 
-FILES="${files[*]}" python3 - "$tmp/out/gitlab.txt" "$tmp/out/ours.txt" "$product" "$tmp/out/product.txt" <<'PY'
+FILES="${files[*]}" PYTHONPATH="$here/scripts/lib" python3 - "$tmp/out/gitlab.txt" "$tmp/out/ours.txt" "$product" "$tmp/out/product.txt" <<'PY'
 """Flatten two decoded FileDescriptorSets into comparable lines and diff them."""
 import difflib
 import re
@@ -158,86 +158,11 @@ import os
 
 gitlab_txt, ours_txt, mode, product_txt = sys.argv[1:5]
 files = set(os.environ["FILES"].split())
-TOKEN = re.compile(r'\s*(?:(\w+)\s*\{|(\})|(\w+):\s*("(?:[^"\\]|\\.)*"|\S+))')
+from proto_lines import all_of, flatten, get  # noqa: E402  (scripts/lib)
 
 
-def parse(text):
-    """Protobuf text format as nested lists of (key, value) pairs."""
-    stack = [[]]
-    for m in TOKEN.finditer(text):
-        if m.group(1):
-            node = []
-            stack[-1].append((m.group(1), node))
-            stack.append(node)
-        elif m.group(2):
-            stack.pop()
-        else:
-            stack[-1].append((m.group(3), m.group(4).strip('"')))
-    return stack[0]
-
-
-def get(node, key, default=""):
-    return next((v for k, v in node if k == key), default)
-
-
-def all_of(node, key):
-    return [v for k, v in node if k == key]
-
-
-def message_lines(prefix, msg, out):
-    name = f"{prefix}.{get(msg, 'name')}"
-    oneofs = [get(o, "name") for o in all_of(msg, "oneof_decl")]
-    for f in all_of(msg, "field"):
-        idx = get(f, "oneof_index")
-        synthetic = get(f, "proto3_optional") == "true"
-        oneof = "" if idx == "" or synthetic else oneofs[int(idx)]
-        out.append(
-            f"message {name} field {get(f, 'number'):>3} {get(f, 'name')} "
-            f"{get(f, 'label')} {get(f, 'type')} {get(f, 'type_name')} "
-            f"json={get(f, 'json_name')} oneof={oneof} optional={synthetic}"
-        )
-    for r in all_of(msg, "reserved_range"):
-        out.append(f"message {name} reserved {get(r, 'start')}..{get(r, 'end')}")
-    for r in all_of(msg, "reserved_name"):
-        out.append(f"message {name} reserved name {r}")
-    for e in all_of(msg, "enum_type"):
-        enum_lines(name, e, out)
-    for nested in all_of(msg, "nested_type"):
-        message_lines(name, nested, out)
-
-
-def enum_lines(prefix, enum, out):
-    name = f"{prefix}.{get(enum, 'name')}"
-    for v in all_of(enum, "value"):
-        out.append(f"enum {name} value {get(v, 'number')} {get(v, 'name')}")
-
-
-def flatten(path, keep=lambda fd: get(fd, "name") in files, file_lines=True):
-    with open(path) as fh:
-        tree = parse(fh.read())
-    out = []
-    for fd in all_of(tree, "file"):
-        if not keep(fd):
-            continue
-        pkg = get(fd, "package")
-        if file_lines:
-            out.append(f"file {get(fd, 'name')} package {pkg} syntax={get(fd, 'syntax')}")
-        for msg in all_of(fd, "message_type"):
-            message_lines(pkg, msg, out)
-        for e in all_of(fd, "enum_type"):
-            enum_lines(pkg, e, out)
-        for svc in all_of(fd, "service"):
-            for m in all_of(svc, "method"):
-                out.append(
-                    f"service {pkg}.{get(svc, 'name')} method {get(m, 'name')} "
-                    f"{get(m, 'input_type')} -> {get(m, 'output_type')} "
-                    f"client_streaming={get(m, 'client_streaming', 'false')} "
-                    f"server_streaming={get(m, 'server_streaming', 'false')}"
-                )
-    return sorted(out)
-
-
-gitlab, ours = flatten(gitlab_txt), flatten(ours_txt)
+listed = lambda fd: get(fd, "name") in files
+gitlab, ours = flatten(gitlab_txt, listed), flatten(ours_txt, listed)
 diff = list(difflib.unified_diff(gitlab, ours, "gitlab", "transcription", lineterm="", n=0))
 print(f"{len(gitlab)} descriptor lines from GitLab's files, {len(ours)} from the transcription")
 failed = False
@@ -251,7 +176,7 @@ else:
 if mode == "--product":
     # By package and message, not by file: podgate's files are laid out differently.
     # JSON names do not travel in binary protobuf; they are compared apart.
-    reference_json = set(flatten(gitlab_txt, file_lines=False))
+    reference_json = set(flatten(gitlab_txt, listed, file_lines=False))
     packages = {line.split()[1].rsplit(".", 1)[0] for line in reference_json}
     in_package = lambda fd: get(fd, "package") in packages or get(fd, "package").startswith("gitlab.agent.")
     podgate_json = set(flatten(product_txt, keep=in_package, file_lines=False))
