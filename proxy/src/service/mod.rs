@@ -42,6 +42,11 @@ pub(crate) use hold::Held;
 pub(crate) use kas_open::KasOpen;
 pub(crate) use upstream::Added;
 
+/// Concurrent gRPC calls on one connection to a kas, below the 200 that kas's
+/// server (hyper's HTTP/2 default) allows: kas's memory goes with its connections
+/// more than with its calls.
+const KAS_H2_STREAMS: usize = 100;
+
 /// Per-request state.
 #[derive(Debug, Default)]
 pub struct Ctx {
@@ -364,8 +369,12 @@ impl ProxyHttp for PodGate {
         peer.options.connection_timeout = Some(Duration::from_secs(2));
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
         if rule.pool == Pool::Kas && session.is_http2() {
-            // agentk's gRPC: HTTP/2 end to end, cleartext to kas (h2c), trailers intact.
+            // agentk's and runners' gRPC: HTTP/2 end to end, cleartext to kas (h2c),
+            // trailers intact; calls multiplexed on shared connections (pingora's
+            // default is one stream a connection: a connection at kas for every
+            // held `GetJob` and every idle agent tunnel).
             peer.options.set_http_version(2, 2);
+            peer.options.max_h2_streams = KAS_H2_STREAMS;
         }
         Ok(Box::new(peer))
     }
