@@ -2,7 +2,7 @@
 # Fault drills (issue 15): break one part of the podgate system while a runner fleet
 # works through it, print the figures, and check the ledger.
 #
-#   ./scripts/drills.sh                 # every drill: R2 R3 R4 R5 R7
+#   ./scripts/drills.sh                 # every drill: R2 R3 R4 R5 R7 R8 R9
 #   ./scripts/drills.sh R4 R5           # a subset
 #   ./scripts/drills.sh --smoke         # each drill for seconds (tests/drills_smoke.rs)
 #   SOAK=30m ./scripts/drills.sh R7     # the soak's length (default 2m; --soak 30m too)
@@ -46,6 +46,16 @@
 #   R5  the proxy upgraded under load (a new `podgate proxy --upgrade`, SIGQUIT to
 #       the old one, as tests/proxy_ops.rs does): zero failed requests; the idle
 #       client connections the old one handed to the new one are counted.
+#   R8  a Cell's kas SIGKILLed while the fleet's runners (all on GitLab's Job Router:
+#       every Pod has its kas, jr_prepare) hold GetJob calls there: that Pod's
+#       runners see UNAVAILABLE, their breaker trips and they poll jobs/request
+#       (REST, held at the proxy's edge) and still get that Pod's jobs; the other
+#       Pods' runners see nothing; the kas restarted, they come back to it once
+#       their breaker lets a call through (30 s, gitlab-runner's).
+#   R9  Redis (the Cells' runner queue keys, and the topology) SIGKILLed and
+#       restarted empty while runners hold GetJob at every kas: kas stops holding
+#       (each call goes to Rails at once) and holds again once the Redis is back
+#       and the Pods write the keys again; the fleet loses nothing.
 #   R7  soak: capacity measured beside the fleet (`podgate loadtest http` on
 #       runners/verify, 64 in flight, CAP_S s: 2xx per second; at most CAP_RATE
 #       requests a second, since the generator sends CAP_RATE * CAP_S requests in all
@@ -53,7 +63,9 @@
 #       the smoke test), then half of it for SOAK; VmRSS of every process (not the
 #       load generator's) sampled every RSS_EVERY s, the first quarter's mean
 #       against the last's (`drill rss-check`: at most 20 % or 8 MiB more); no
-#       failed request.
+#       failed request. The fleet is mixed: every Pod has its kas, and half the
+#       runners take jobs through the Job Router (JR_SHARE, default 0.5); every
+#       kas's RSS is sampled with the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
@@ -66,13 +78,13 @@ while [ $# -gt 0 ]; do
     --smoke) SMOKE=1 ;;
     --soak) SOAK=$2; shift ;;
     --soak=*) SOAK=${1#--soak=} ;;
-    R2|R3|R4|R5|R7) DRILLS+=("$1") ;;
+    R2|R3|R4|R5|R7|R8|R9) DRILLS+=("$1") ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "drills.sh: unknown argument $1 (R2 R3 R4 R5 R7 --smoke --soak DURATION)" >&2; exit 2 ;;
+    *) echo "drills.sh: unknown argument $1 (R2 R3 R4 R5 R7 R8 R9 --smoke --soak DURATION)" >&2; exit 2 ;;
   esac
   shift
 done
-[ ${#DRILLS[@]} -gt 0 ] || DRILLS=(R2 R3 R4 R5 R7)
+[ ${#DRILLS[@]} -gt 0 ] || DRILLS=(R2 R3 R4 R5 R7 R8 R9)
 
 if [ -z "${PODGATE:-}" ]; then
   podgate_ensure_rust
@@ -291,7 +303,8 @@ drill_R5() {
 }
 
 drill_R7() {
-  system_up R7
+  JR_SHARE=${JR_SHARE_R7:-0.5}
+  system_up R7 --job-router
   local token
   token=$(curl -s -X POST "http://127.0.0.1:$PROXY_PORT/api/v4/runners" -H 'content-type: application/json' \
     -d "{\"token\":\"${REG[2]}\"}" | jq -r .token)
@@ -312,8 +325,8 @@ drill_R7() {
   PIDS+=("$soak_pid")
   # Every process of the system, and the fleet and probe (not the load generator,
   # whose queue is the measurement's own).
-  local names=(redis pod1 pod2 pod3 proxy owner fleet probe)
-  local pids=("$REDIS_PID" "${POD_PID[1]}" "${POD_PID[2]}" "${POD_PID[3]}" "$PROXY_PID" "$OWNER_PID" "$FLEET_PID" "$PROBE_PID")
+  local names=(redis pod1 pod2 pod3 kas1 kas2 kas3 proxy owner fleet probe)
+  local pids=("$REDIS_PID" "${POD_PID[1]}" "${POD_PID[2]}" "${POD_PID[3]}" "${JR_PID[1]}" "${JR_PID[2]}" "${JR_PID[3]}" "$PROXY_PID" "$OWNER_PID" "$FLEET_PID" "$PROBE_PID")
   : >"$D/rss.txt"; : >"$D/rss-anon.txt"; : >"$D/rss-file.txt"
   local k kb t r a f
   : >"$D/steal.txt"
@@ -340,6 +353,7 @@ drill_R7() {
   say "  soak load: $(jq -c '{sent, achieved_rate, p50_ms, p99_ms, max_ms, statuses}' "$D/soak.json")"
   say "  steal (CPU time the host took): $(awk -v hz="$(getconf CLK_TCK)" 'NR > 1 { d = $2 - s; if (d > m) { m = d; at = $1 } } { if (NR == 1) first = $2; s = $2 } END { if (NR < 2) print "no samples"; else printf "%.2f s in all, at most %.2f s in one sample interval (at unix ms %s)\n", (s - first) / hz, m / hz, at }' "$D/steal.txt")"
   say "  probe: $(probe_stats | jq -c '{requests, failed, statuses}')"
+  say "  fleet: $(jq -c '{jobs_done, misroutes, unexpected, jobs_request, job_router_share: .config.job_router_share}' "$D/fleet.json"); Job Router per Pod: $(jq -c '[.job_router_by_pod[] | {get_job, jobs, empty, errors, fallbacks: (.fallbacks | add)}]' "$D/fleet.json")"
   "$PODGATE" loadtest drill rss-check --samples "$D/rss.txt" | sed 's/^/  /' || DRILL_OK=0
   say "  of which anonymous (heap, stacks):"
   "$PODGATE" loadtest drill rss-check --samples "$D/rss-anon.txt" | sed 's/^/    /' || true
@@ -349,11 +363,102 @@ drill_R7() {
   ledger_check --no-failed-requests || DRILL_OK=0
 }
 
+# Waits for a condition, up to $1 tenths of a second: until "$2" (a command) succeeds.
+wait_for() {
+  local n=$1 _; shift
+  for _ in $(seq 1 "$n"); do "$@" && return 0; sleep 0.1; done
+  return 1
+}
+held_at() { [ "$(jr_metric "$1" "podgate_kas_job_router_held ")" -ge 1 ]; }
+
+# Picked jobs in Pod $1's ledger.
+picked() { curl -s "http://127.0.0.1:${POD_PORT[$1]}/-/podsim/ledger/summary" | jq '.summary.picked'; }
+
+drill_R8() {
+  JR_SHARE=1
+  # Fewer jobs than the runners can run: they wait for jobs, held at kas.
+  local JOB_RATE=${JR_JOB_RATE:-1}
+  # Long enough for the breaker's 30 s after the outage, in a smoke run too.
+  local run=$(( RUN > OUTAGE + 50 ? RUN : OUTAGE + 50 ))
+  system_up R8 --job-router
+  fleet_start "$run"; probe_start
+  wait_for 300 held_at 2 || say "  no GetJob held at Pod 2's kas within 30 s"
+  local calls_before kill_ms restart_ms back_ms=0 rest_before rest_during
+  calls_before=$(jr_metric 2 "podgate_kas_job_router_calls_total{")
+  local picked_kill picked_end
+  picked_kill=$(picked 2)
+  rest_before=$(curl -s "http://127.0.0.1:${POD_PORT[2]}/metrics" | awk 'index($0, "podsim_requests_total{endpoint=\"jobs_request\"") == 1 { s += $NF } END { print s + 0 }')
+  kill_ms=$(now_ms)
+  kill -KILL "${JR_PID[2]}"; wait "${JR_PID[2]}" 2>/dev/null || true
+  sleep "$OUTAGE"
+  rest_during=$(( $(curl -s "http://127.0.0.1:${POD_PORT[2]}/metrics" | awk 'index($0, "podsim_requests_total{endpoint=\"jobs_request\"") == 1 { s += $NF } END { print s + 0 }') - rest_before ))
+  restart_ms=$(now_ms)
+  jr_kas_start 2
+  # Back on the router: the restarted kas answers GetJob calls.
+  if wait_for $(( (run - OUTAGE) * 10 )) eval '[ "$(jr_metric 2 "podgate_kas_job_router_calls_total{")" -ge 1 ]'; then
+    back_ms=$(now_ms)
+  fi
+  fleet_wait; probe_stop
+  picked_end=$(picked 2)
+  local pod2 others
+  pod2=$(jq -c '.job_router_by_pod[1] | {get_job, jobs, errors, errors_by_code, fallbacks}' "$D/fleet.json")
+  others=$(jq '[.job_router_by_pod[0], .job_router_by_pod[2]] | map(.errors) | add' "$D/fleet.json")
+  say "  Pod 2's kas held calls ($calls_before answered before the kill), SIGKILLed; ${OUTAGE} s down: Pod 2 answered $rest_during jobs/request (REST) meanwhile"
+  say "  restarted: its first GetJob answered after $(( back_ms > 0 ? back_ms - restart_ms : -1 )) ms (the runners' breaker: 30 s open)"
+  say "  fleet, Pod 2's runners: $pod2"
+  say "  fleet, Pods 1 and 3's runners: $others GetJob errors; jobs by Pod: $(jq -c '[.jobs_by_pod[] | .done]' "$D/fleet.json")"
+  local codes; codes=$(jq -c '.job_router_by_pod[1].errors_by_code | keys' "$D/fleet.json")
+  check "Pod 2's runners saw UNAVAILABLE" "$([ "$codes" = '["Unavailable"]' ] && echo ok)" "error codes: $codes"
+  # gitlab-runner's breaker trips on failures that last 5 s (routerBreakerFailureGrace):
+  # a shorter outage (--smoke) is retried on the router, not fallen back from.
+  if [ "$OUTAGE" -gt 6 ]; then
+    check "Pod 2's runners fell back to REST" "$([ "$(jq '.job_router_by_pod[1].fallbacks | .breaker_open + .breaker_tripped' "$D/fleet.json")" -gt 0 ] && [ "$rest_during" -gt 0 ] && echo ok)" "no fallback, or no jobs/request at Pod 2 during the outage"
+  fi
+  say "  Pod 2's jobs picked: $picked_kill at the kill, $picked_end when the fleet stopped"
+  check "Pod 2's jobs kept coming" "$([ "$picked_end" -gt "$picked_kill" ] && echo ok)" "no job of Pod 2 picked after the kill"
+  check "Pods 1 and 3 unaffected" "$([ "$others" = 0 ] && echo ok)" "$others GetJob errors on Pods 1 and 3"
+  check "back on the restarted kas" "$([ "$back_ms" != 0 ] && echo ok)" "no GetJob reached Pod 2's restarted kas"
+  ledger_check || DRILL_OK=0
+}
+
+drill_R9() {
+  JR_SHARE=1
+  local JOB_RATE=${JR_JOB_RATE:-1}
+  local run=$(( RUN > OUTAGE + 30 ? RUN : OUTAGE + 30 ))
+  system_up R9 --job-router
+  fleet_start "$run"; probe_start
+  local i
+  for i in 1 2 3; do wait_for 300 held_at "$i" || say "  no GetJob held at Pod $i's kas within 30 s"; done
+  local kill_ms restart_ms up_ms=0 held_ms=0 down_seen=0
+  kill_ms=$(now_ms)
+  kill -KILL "$REDIS_PID"; wait "$REDIS_PID" 2>/dev/null || true
+  # kas notices: its queue Redis is down, and nothing is held.
+  if wait_for $(( OUTAGE * 10 )) eval '[ "$(jr_metric 1 "podgate_kas_job_router_queue_redis_up ")" = 0 ]'; then down_seen=1; fi
+  local held_during; held_during=$(( $(jr_metric 1 "podgate_kas_job_router_held ") + $(jr_metric 2 "podgate_kas_job_router_held ") + $(jr_metric 3 "podgate_kas_job_router_held ") ))
+  sleep "$OUTAGE"
+  restart_ms=$(now_ms)
+  redis_start
+  up_all() { local k; for k in 1 2 3; do [ "$(jr_metric "$k" "podgate_kas_job_router_queue_redis_up ")" = 1 ] || return 1; done; }
+  if wait_for 300 up_all; then up_ms=$(now_ms); fi
+  if wait_for 300 held_at 1; then held_ms=$(now_ms); fi
+  fleet_wait; probe_stop
+  local outage; outage=$(probe_stats --from "$kill_ms" --to "$restart_ms")
+  say "  Redis SIGKILLed: kas saw it down: $([ "$down_seen" = 1 ] && echo yes || echo no); calls held meanwhile: $held_during; restarted empty after ${OUTAGE} s"
+  say "  every kas watching again after $(( up_ms > 0 ? up_ms - restart_ms : -1 )) ms, holding again after $(( held_ms > 0 ? held_ms - restart_ms : -1 )) ms"
+  say "  probe during the outage: $(jq -c '{requests, failed, statuses}' <<<"$outage")"
+  say "  fleet: $(jq -c '{jobs_done, misroutes, unexpected}' "$D/fleet.json"); Job Router per Pod: $(jq -c '[.job_router_by_pod[] | {get_job, jobs, errors, errors_by_code, fallbacks: (.fallbacks | add)}]' "$D/fleet.json")"
+  check "kas stopped holding" "$([ "$down_seen" = 1 ] && echo ok)" "kas never reported its queue Redis down"
+  check "kas holds again" "$([ "$up_ms" != 0 ] && [ "$held_ms" != 0 ] && echo ok)" "queue Redis up at every kas: $up_ms, held again: $held_ms"
+  check "no GetJob failed" "$([ "$(jq '[.job_router_by_pod[] | .errors] | add' "$D/fleet.json")" = 0 ] && echo ok)" "GetJob errors"
+  ledger_check || DRILL_OK=0
+}
+
 say "drills: ${DRILLS[*]}$([ "$SMOKE" = 1 ] && echo ' (smoke)') with $PODGATE"
 for d in "${DRILLS[@]}"; do
   DRILL_OK=1
   started=$(date +%s)
   say "== $d"
+  JR_SHARE=0
   "drill_$d"
   system_down
   if [ "$DRILL_OK" = 1 ]; then

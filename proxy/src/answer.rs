@@ -142,6 +142,43 @@ impl Answer {
         (code, answer)
     }
 
+    /// The same answer to a gRPC call (HTTP/2, `content-type: application/grpc…`):
+    /// a trailers-only response, HTTP 200 with `grpc-status` and `grpc-message` and
+    /// no body. The code is the one grpc-go (gitlab-runner's and agentk's gRPC) gives
+    /// a plain HTTP answer of this status (`HTTPStatusConvTab`,
+    /// <https://github.com/grpc/grpc-go/blob/v1.66.0/internal/transport/http_util.go>),
+    /// so a grpc-go client reads the same either way, and other clients (tonic
+    /// maps a plain 502 to `INTERNAL`) read what grpc-go reads: runners' breaker
+    /// counts an unreachable kas as `UNAVAILABLE`.
+    pub(crate) fn as_grpc(&self) -> Answer {
+        let code = match self.status {
+            400 => 13,             // INTERNAL
+            401 => 16,             // UNAUTHENTICATED
+            403 => 7,              // PERMISSION_DENIED
+            404 => 12,             // UNIMPLEMENTED
+            429 | 502..=504 => 14, // UNAVAILABLE
+            _ => 2,                // UNKNOWN
+        };
+        let message = self
+            .body
+            .as_ref()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| format!("{} {}", self.status, reason(self.status)));
+        let mut headers = vec![
+            ("content-type", "application/grpc".to_owned()),
+            ("grpc-status", code.to_string()),
+            ("grpc-message", grpc_message(&message)),
+        ];
+        headers.extend(self.headers.iter().cloned());
+        Answer {
+            status: 200,
+            headers,
+            body: None,
+            retry_after: false,
+        }
+    }
+
     /// As pingora's response header, `X-Request-Id` included.
     pub(crate) fn response_header(&self, request_id: &str) -> Result<ResponseHeader> {
         let mut resp = ResponseHeader::build(self.status, Some(self.headers.len() + 4))?;
@@ -188,6 +225,34 @@ impl Answer {
     }
 }
 
+/// Whether a request is a gRPC call: HTTP/2 with `content-type: application/grpc`
+/// or `application/grpc+…` (gRPC over HTTP/2, "Requests").
+pub(crate) fn is_grpc(http2: bool, headers: &http::HeaderMap) -> bool {
+    http2
+        && headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| {
+                ct == "application/grpc"
+                    || ct.starts_with("application/grpc+")
+                    || ct.starts_with("application/grpc;")
+            })
+}
+
+/// `grpc-message`'s percent-encoding (gRPC over HTTP/2: bytes outside 0x20-0x7E,
+/// and `%`, as `%XX`).
+fn grpc_message(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// The canonical reason phrase of `status`.
 pub(crate) fn reason(status: u16) -> &'static str {
     http::StatusCode::from_u16(status)
@@ -232,6 +297,46 @@ mod tests {
             text,
             "HTTP/1.1 204 No Content\r\nx-gitlab-last-update: t1\r\ngitlab-ci-builds-polling: yes\r\nx-request-id: id\r\nconnection: close\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn a_grpc_call_gets_the_status_grpc_go_reads_from_the_http_one() {
+        let a = Answer::message(503, "503 Service Unavailable: no upstream 100%", true).as_grpc();
+        assert_eq!(a.status, 200);
+        assert_eq!(a.body, None);
+        assert!(!a.retry_after);
+        assert_eq!(
+            a.headers,
+            [
+                ("content-type", "application/grpc".to_owned()),
+                ("grpc-status", "14".to_owned()),
+                (
+                    "grpc-message",
+                    "503 Service Unavailable: no upstream 100%25".to_owned()
+                ),
+            ]
+        );
+        let h = a.response_header("id").unwrap();
+        assert_eq!(h.status.as_u16(), 200);
+        assert!(h.headers.get("content-length").is_none());
+        for (status, code) in [
+            (401, "16"),
+            (403, "7"),
+            (404, "12"),
+            (400, "13"),
+            (429, "14"),
+            (504, "14"),
+            (413, "2"),
+        ] {
+            let a = Answer::message(status, "x", false).as_grpc();
+            assert_eq!(a.headers[1], ("grpc-status", code.to_owned()), "{status}");
+        }
+        let mut h = http::HeaderMap::new();
+        h.insert("content-type", "application/grpc+proto".parse().unwrap());
+        assert!(is_grpc(true, &h));
+        assert!(!is_grpc(false, &h));
+        h.insert("content-type", "application/grpc-web".parse().unwrap());
+        assert!(!is_grpc(true, &h));
     }
 
     #[test]

@@ -59,7 +59,7 @@ pod_start() { # pod_start I
   local i=$1
   spawn "$D/pod$i.log" "$PODGATE" pod-sim --pod-id "$i" --listen "127.0.0.1:${POD_PORT[$i]}" \
     --registration-token "${REG[$i]}" --job-rate "$JOB_RATE" --max-pending "$MAX_PENDING" --long-poll "${LONG_POLL}s" \
-    --redis "$REDIS_URL" --external-url "http://127.0.0.1:$PROXY_PORT"
+    --redis "$REDIS_URL" --external-url "http://127.0.0.1:$PROXY_PORT" "${POD_EXTRA[@]}"
   POD_PID[$i]=$SPAWNED
   wait_port "${POD_PORT[$i]}" "$D/pod$i.log"
 }
@@ -82,15 +82,25 @@ wait_ready() { # up to 60 s: a CI machine running the test suite beside it is sl
   return 1
 }
 
-system_up() { # system_up NAME [--kas]: with --kas, also two kas, kube-sim and an agentk (kas_up)
-  D=$W/$1
+system_up() { # system_up NAME [--kas] [--job-router]: with --kas, also two kas, kube-sim
+  # and an agentk (kas_up); with --job-router, each Pod's kas with GitLab's Job Router
+  # (jr_prepare), for the fleet's JR_SHARE of runners
+  local name=$1 with_kas=0 with_jr=0 flag
+  for flag in "${@:2}"; do
+    case "$flag" in
+      --kas) with_kas=1 ;;
+      --job-router) with_jr=1 ;;
+    esac
+  done
+  D=$W/$name
   mkdir -p "$D"
   REDIS_PORT=$(port) PROXY_PORT=$(port) ADMIN_PORT=$(port)
-  OWNER_EXTRA=() PROXY_EXTRA=""
+  OWNER_EXTRA=() PROXY_EXTRA="" POD_EXTRA=() JR_PID=()
   # One check decides (R4 measures "within one health interval"); the soak keeps
   # the defaults, since a CPU-saturated check must not take a Pod out.
-  if [ "$1" = R7 ]; then HEALTH_TIMEOUT_MS=1000 HEALTH_RISE_FALL=3; else HEALTH_TIMEOUT_MS=500 HEALTH_RISE_FALL=1; fi
-  if [ "${2:-}" = --kas ]; then kas_prepare; fi
+  if [ "$name" = R7 ]; then HEALTH_TIMEOUT_MS=1000 HEALTH_RISE_FALL=3; else HEALTH_TIMEOUT_MS=500 HEALTH_RISE_FALL=1; fi
+  if [ "$with_kas" = 1 ]; then kas_prepare; fi
+  if [ "$with_jr" = 1 ]; then jr_prepare; fi
   REDIS_URL=redis://127.0.0.1:$REDIS_PORT
   POD_PORT=() POD_PID=() REG=()
   local i
@@ -100,6 +110,7 @@ system_up() { # system_up NAME [--kas]: with --kas, also two kas, kube-sim and a
   done
   redis_start
   for i in 1 2 3; do pod_start "$i"; done
+  if [ "$with_jr" = 1 ]; then for i in 1 2 3; do jr_kas_start "$i"; done; fi
   spawn "$D/owner.log" "$PODGATE" loadtest drill topology-owner --redis "$REDIS_URL" \
     --queue-redis "$REDIS_URL" --pod "1=127.0.0.1:${POD_PORT[1]}" \
     --pod "2=127.0.0.1:${POD_PORT[2]}" --pod "3=127.0.0.1:${POD_PORT[3]}" "${OWNER_EXTRA[@]}"
@@ -121,7 +132,50 @@ backend = { kind = "redis", url = "$REDIS_URL" }
 EOF
   proxy_start
   wait_ready
-  if [ "${2:-}" = --kas ]; then kas_up; fi
+  if [ "$with_kas" = 1 ]; then kas_up; fi
+}
+
+# --- each Pod's kas with GitLab's Job Router (R8, R9, and R7's mixed fleet) ------
+# Pod i's kas serves the Job Router only: it answers GetJob from Pod i's Rails (the
+# simulator) and holds calls on the runner queue keys in the drill's Redis (where
+# the Pods mirror them). The topology names it Pod i's kas pool, so the proxy routes
+# each runner's GetJob to its own Pod's kas; every Pod's discovery names
+# grpc://<proxy>.
+jr_prepare() {
+  head -c 32 /dev/urandom | base64 >"$D/jr-external"
+  head -c 32 /dev/urandom | base64 >"$D/jr-internal"
+  local i
+  for i in 1 2 3; do
+    JR_AGENT[$i]=$(port) JR_EXT[$i]=$(port) JR_INT[$i]=$(port) JR_OBS[$i]=$(port)
+    OWNER_EXTRA+=(--kas "$i=127.0.0.1:${JR_AGENT[$i]}")
+  done
+  POD_EXTRA=(--job-router-url "grpc://127.0.0.1:$PROXY_PORT")
+}
+jr_kas_start() { # jr_kas_start I
+  local i=$1 log
+  cat >"$D/jrkas$i.toml" <<EOF
+agent_listen = "127.0.0.1:${JR_AGENT[$i]}"
+external_listen = "127.0.0.1:${JR_EXT[$i]}"
+internal_listen = "127.0.0.1:${JR_INT[$i]}"
+observability_listen = "127.0.0.1:${JR_OBS[$i]}"
+external_secret_file = "$D/jr-external"
+internal_secret_file = "$D/jr-internal"
+[gitlab]
+url = "http://127.0.0.1:${POD_PORT[$i]}"
+[job_router]
+runner_queue_redis = "$REDIS_URL"
+hold = "${LONG_POLL}s"
+EOF
+  log="$D/jrkas$i.$(now_ms).log"
+  spawn "$log" "$PODGATE" kas --config "$D/jrkas$i.toml" --shutdown-grace 1s
+  JR_PID[$i]=$SPAWNED
+  wait_port "${JR_AGENT[$i]}" "$log"
+}
+# jr_metric I PREFIX: the sum of Pod I's kas's samples whose line starts with PREFIX
+# (0 when it does not answer).
+jr_metric() {
+  curl -s --max-time 2 "http://127.0.0.1:${JR_OBS[$1]}/metrics" 2>/dev/null |
+    awk -v m="$2" 'index($0, m) == 1 { s += $NF } END { print s + 0 }'
 }
 
 # --- kas and an agent (R2, R3) ---------------------------------------------------
@@ -196,7 +250,7 @@ get_pods() { # get_pods K [timeout]: GitLab's GetPods on kas K
 fleet_start() {
   spawn "$D/fleet.log" "$PODGATE" loadtest runners --target "http://127.0.0.1:$PROXY_PORT" \
     --registration-token "${REG[1]}" --registration-token "${REG[2]}" --registration-token "${REG[3]}" \
-    --runners "$RUNNERS" --duration "${1}s" --check-interval 1s --json "$D/fleet.json"
+    --runners "$RUNNERS" --duration "${1}s" --check-interval 1s --job-router-share "${JR_SHARE:-0}" --json "$D/fleet.json"
   FLEET_PID=$SPAWNED
 }
 fleet_wait() { wait "$FLEET_PID" || true; [ -s "$D/fleet.json" ] || { echo "drills.sh: no fleet report" >&2; tail -5 "$D/fleet.log" >&2; return 1; }; }

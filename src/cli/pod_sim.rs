@@ -62,6 +62,11 @@ pub(crate) struct PodSimArgs {
     /// (`CI_SERVER_URL`, `git_info.repo_url`). Default: `http://<listen address>`.
     #[arg(long)]
     external_url: Option<String>,
+    /// GitLab's Job Router is on here: `GET /api/v4/runners/router/discovery`
+    /// answers this URL (the kas runners reach, e.g. `grpc://<proxy>`); without it
+    /// discovery answers 501 and runners poll `jobs/request`.
+    #[arg(long, value_name = "URL")]
+    job_router_url: Option<String>,
     /// A line of the generated jobs' script; repeat for more lines (default: echo a
     /// line and write `out/result.txt`).
     #[arg(long = "job-script", value_name = "LINE")]
@@ -147,6 +152,7 @@ pub(crate) fn run(args: PodSimArgs) -> anyhow::Result<ExitCode> {
     config.redis = args.redis;
     config.conflict_every = args.conflict_every;
     config.external_url = args.external_url;
+    config.job_router_url = args.job_router_url;
     if !args.job_script.is_empty() {
         config.job.script = args.job_script;
     }

@@ -20,8 +20,8 @@
 //! Two readings of gitlab-runner's behaviour that matter here: dialling is lazy, as
 //! grpc-go's `grpc.NewClient` is, so a router on a closed port is an `UNAVAILABLE`
 //! call counted by the breaker, and only a URL the factory cannot dial at all is
-//! `dial_failed`; and an answer that is not gRPC (an edge's plain `401`) gets the
-//! code grpc-go gives its HTTP status ([`rpc`]), not tonic's `INTERNAL`.
+//! `dial_failed`; and an answer that is not gRPC (a plain HTTP `401` or `502`) gets
+//! the code grpc-go gives its HTTP status ([`rpc`]), not tonic's `INTERNAL`.
 //!
 //! Layout: [`breaker`] (with its paused-time tests), [`gitlab`], [`rpc`],
 //! [`wstunnel`], [`client`]; [`fakes`] and [`client_tests`] test the client in

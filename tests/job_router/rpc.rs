@@ -57,8 +57,10 @@ pub async fn get_job(
 /// `internal/transport/http2_client.go`): an HTTP status other than 200, or a
 /// content type that is not gRPC's, ends the call with the code grpc-go's
 /// `HTTPStatusConvTab` gives that status (Unknown when it has none), whatever
-/// `grpc-status` says. tonic alone would read the body as gRPC messages, so an
-/// edge's plain `401` became `INTERNAL` where gitlab-runner sees `UNAUTHENTICATED`.
+/// `grpc-status` says. tonic alone would read the body as gRPC messages, so a
+/// plain `401` (an HTTP/2 proxy that does not speak gRPC; podgate's edge answers
+/// gRPC calls with a gRPC status) would be `INTERNAL` where gitlab-runner sees
+/// `UNAUTHENTICATED`.
 #[derive(Clone, Debug)]
 struct GrpcGoHead(Channel);
 

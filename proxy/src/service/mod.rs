@@ -68,6 +68,9 @@ pub struct Ctx {
     /// Counted in `podgate_proxy_kas_open` while the request is open, when it goes
     /// to a Pod's kas.
     pub(crate) kas_open: Option<KasOpen>,
+    /// The status of an answer of the proxy's own that went to a gRPC call as a
+    /// gRPC status (HTTP 200): what the metrics and the log line count (0: none).
+    pub(crate) answered: std::sync::atomic::AtomicU16,
 }
 
 impl Ctx {
@@ -280,8 +283,18 @@ async fn drain_small_body(session: &mut Session, limit: usize) -> Result<()> {
     Ok(())
 }
 
-/// Write an answer of the proxy's own through pingora's session.
+/// Write an answer of the proxy's own through pingora's session; to a gRPC call,
+/// as gRPC ([`Answer::as_grpc`]).
 async fn respond(session: &mut Session, ctx: &Ctx, answer: &Answer) -> Result<()> {
+    let grpc;
+    let answer = if crate::answer::is_grpc(session.is_http2(), &session.req_header().headers) {
+        grpc = answer.as_grpc();
+        ctx.answered
+            .store(answer.status, std::sync::atomic::Ordering::Relaxed);
+        &grpc
+    } else {
+        answer
+    };
     let resp = answer.response_header(&ctx.request_id)?;
     let body = answer.body.clone();
     session
@@ -452,7 +465,10 @@ impl ProxyHttp for PodGate {
 
     /// One line per request (`PodGate::log_request`, shared with the fast path).
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let status = match ctx.answered.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => session.response_written().map_or(0, |r| r.status.as_u16()),
+            answered => answered,
+        };
         let head = session.req_header();
         self.log_request(
             head.method.as_str(),
