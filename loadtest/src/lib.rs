@@ -10,9 +10,12 @@
 //!   `request_concurrency`, retries, health), with a per-endpoint HDR report.
 //! - [`open_loop`]: `podgate loadtest http`, constant-rate requests with latencies
 //!   corrected for coordinated omission.
+//! - [`wake`]: `podgate loadtest wake`, the time from a job queued to the held poll
+//!   of its runner answered, on the Job Router or REST.
 //!
 //! `podgate up` (in the binary) puts three simulators, the proxy and a fleet together.
 
 pub mod fleet;
 pub mod open_loop;
 pub mod pod_sim;
+pub mod wake;

@@ -19,6 +19,9 @@ pub(crate) enum LoadtestCommand {
     Http(HttpArgs),
     /// Many agentk replicas connected to one kas, each holding its idle tunnels.
     Agents(super::loadtest_agents::AgentsArgs),
+    /// The time from a job queued to its runner's held poll answered, with N
+    /// runners held (Job Router `GetJob`, or REST `jobs/request`).
+    Wake(WakeArgs),
     /// Helpers of the fault drills (`scripts/drills.sh`): the ledger check, a
     /// per-Pod probe, a topology owner, the RSS check.
     #[command(subcommand)]
@@ -52,6 +55,71 @@ pub(crate) struct HttpArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// Flags of `podgate loadtest wake`.
+#[derive(Debug, Args)]
+pub(crate) struct WakeArgs {
+    /// The proxy, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    target: String,
+    /// A Pod's registration token, then its simulator's URL (control API), e.g.
+    /// `--pod glrt-… http://127.0.0.1:9001`; repeat for each Pod.
+    #[arg(long, num_args = 2, value_names = ["TOKEN", "URL"], required = true)]
+    pod: Vec<String>,
+    /// Runners, each with a poll held.
+    #[arg(long, default_value_t = 1000)]
+    runners: usize,
+    /// `router` (GitLab's Job Router) or `rest` (`jobs/request`).
+    #[arg(long, value_parser = ["router", "rest"], default_value = "router")]
+    mode: String,
+    /// HTTP/2 connections the router calls share (default: one per 50 runners).
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Jobs queued and timed, one at a time.
+    #[arg(long, default_value_t = 300)]
+    samples: usize,
+    /// A metrics URL and the line prefix of its held gauge, e.g.
+    /// `--held http://127.0.0.1:8151/metrics 'podgate_kas_job_router_held '`;
+    /// sampling starts once they sum to the runners (repeatable).
+    #[arg(long, num_args = 2, value_names = ["URL", "PREFIX"])]
+    held: Vec<String>,
+}
+
+fn wake(args: WakeArgs) -> anyhow::Result<ExitCode> {
+    use podgate_loadtest::wake::{Mode, WakeConfig};
+    let pairs = |v: &[String]| -> Vec<(String, String)> {
+        v.chunks(2).map(|c| (c[0].clone(), c[1].clone())).collect()
+    };
+    let pods = pairs(&args.pod);
+    let config = WakeConfig {
+        target: args.target.trim_end_matches('/').to_owned(),
+        registration_tokens: pods.iter().map(|(t, _)| t.clone()).collect(),
+        controls: pods
+            .iter()
+            .map(|(_, u)| u.trim_end_matches('/').to_owned())
+            .collect(),
+        runners: args.runners,
+        connections: args.connections.unwrap_or(args.runners.div_ceil(50)),
+        samples: args.samples,
+        held: pairs(&args.held),
+        mode: if args.mode == "rest" {
+            Mode::Rest
+        } else {
+            Mode::Router
+        },
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let report = rt.block_on(podgate_loadtest::wake::run(config))?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(if report.lost == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// Flags of `podgate loadtest runners`.
@@ -212,6 +280,7 @@ pub(crate) fn run(cmd: LoadtestCommand) -> anyhow::Result<ExitCode> {
         LoadtestCommand::Runners(args) => args,
         LoadtestCommand::Http(args) => return http(args),
         LoadtestCommand::Agents(args) => return super::loadtest_agents::run(args),
+        LoadtestCommand::Wake(args) => return wake(args),
         LoadtestCommand::Drill(cmd) => return super::drill::run(cmd),
     };
     let config = args.config();
