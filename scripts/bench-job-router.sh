@@ -22,7 +22,7 @@
 set -u
 bin=$1; n=${2:-1000}; secs=${3:-60}
 tick=$(getconf CLK_TCK)
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+. "$(dirname "$0")/lib/bench_up.sh"
 cpu_ms() { awk -v t="$tick" '{print int(($14+$15)*1000/t)}' "/proc/$1/stat"; }
 rss_kb() { awk '$1=="VmRSS:"{print $2}' "/proc/$1/status"; }
 metric_sum() { curl -s "$1" | awk -v m="$2" 'index($0,m)==1{s+=$NF} END{print s+0}'; }
@@ -31,12 +31,8 @@ run() {
   local mode=$1 share d listen admin up_pid proxy_pid load_pid
   [ "$mode" = router ] && share=1 || share=0
   d=$(mktemp -d /tmp/jrbench.XXXXXX)
-  listen=$(port); admin=$(port)
-  "$bin" up --no-fleet --no-kube --job-rate 0 --duration 30m \
-    --listen "127.0.0.1:$listen" --admin "127.0.0.1:$admin" > "$d/up.out" 2> "$d/up.err" &
-  up_pid=$!
-  for _ in $(seq 600); do grep -q "podgate up: ready" "$d/up.out" 2>/dev/null && break; sleep 0.1; done
-  grep -q "podgate up: ready" "$d/up.out" || { echo "podgate up did not start"; cat "$d/up.err"; kill $up_pid; return 1; }
+  bench_up "$bin" "$d" || return 1
+  listen=$LISTEN admin=$ADMIN up_pid=$UP_PID
   proxy_pid=$(pgrep -P "$up_pid" | head -n1)
   mapfile -t pods < <(grep -o 'address=http://[^ ]*' "$d/up.out" | cut -d= -f2)
   mapfile -t kas < <(grep -o 'kas_metrics=[^ ]*' "$d/up.out" | cut -d= -f2)

@@ -11,25 +11,20 @@
 # {"mode","runners","held","samples","lost","p50_ms","p90_ms","p99_ms","max_ms",…}
 set -u
 bin=$1; n=${2:-1000}; samples=${3:-300}
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+. "$(dirname "$0")/lib/bench_up.sh"
 
 run() {
-  local mode=$1 d listen admin up_pid args=() held=()
+  local mode=$1 d args=() held=()
   d=$(mktemp -d /tmp/wakebench.XXXXXX)
-  listen=$(port); admin=$(port)
-  "$bin" up --no-fleet --no-kube --job-rate 0 --duration 30m \
-    --listen "127.0.0.1:$listen" --admin "127.0.0.1:$admin" > "$d/up.out" 2> "$d/up.err" &
-  up_pid=$!
-  for _ in $(seq 600); do grep -q "podgate up: ready" "$d/up.out" 2>/dev/null && break; sleep 0.1; done
-  grep -q "podgate up: ready" "$d/up.out" || { echo "podgate up did not start"; cat "$d/up.err"; kill $up_pid; return 1; }
+  bench_up "$bin" "$d" || return 1
   while read -r addr tok kas; do
     args+=(--pod "$tok" "$addr")
     [ "$mode" = router ] && held+=(--held "$kas" "podgate_kas_job_router_held ")
   done < <(grep ' pod id=' "$d/up.out" | sed -E 's/.*address=([^ ]*) registration_token=([^ ]*) .*kas_metrics=([^ ]*).*/\1 \2 \3/')
-  [ "$mode" = rest ] && held+=(--held "http://127.0.0.1:$admin/metrics" "podgate_proxy_edge_polls_held{")
-  "$bin" loadtest wake --target "http://127.0.0.1:$listen" "${args[@]}" "${held[@]}" \
+  [ "$mode" = rest ] && held+=(--held "http://127.0.0.1:$ADMIN/metrics" "podgate_proxy_edge_polls_held{")
+  "$bin" loadtest wake --target "http://127.0.0.1:$LISTEN" "${args[@]}" "${held[@]}" \
     --runners "$n" --samples "$samples" --mode "$mode" 2> "$d/wake.err" | tail -n1
-  kill "$up_pid" 2>/dev/null; wait "$up_pid" 2>/dev/null
+  kill "$UP_PID" 2>/dev/null; wait "$UP_PID" 2>/dev/null
   rm -rf "$d"
 }
 

@@ -13,7 +13,8 @@
 //!    Router calls share `connections` HTTP/2 connections (the proxy routes each
 //!    call by its own token); REST polls have a connection each.
 //! 3. Once the held gauges (`--held URL PREFIX`: kas's `podgate_kas_job_router_held`
-//!    or the proxy's `podgate_proxy_edge_polls_held`) sum to the runners, it takes
+//!    or the proxy's `podgate_proxy_edge_polls_held`) sum to 99 % of the runners
+//!    (those whose hold just ended are held again a moment later), it takes
 //!    samples one at a time: a runner not sampled before, a job tagged for it
 //!    queued through its Pod's control API, and the time from just before that
 //!    request to the runner's poll answered with the job.
@@ -160,7 +161,14 @@ pub async fn run(config: WakeConfig) -> Result<WakeReport, Error> {
             Mode::Rest => tokio::spawn(poll_rest(r, http.clone(), config.target.clone(), counters)),
         });
     }
-    let held = wait_held(&http, &config.held, config.runners as u64).await;
+    // Held calls that end (a hold's timeout) are held again a moment later: 99 %
+    // of the runners is "all" at any instant.
+    let held = wait_held(
+        &http,
+        &config.held,
+        (config.runners as u64 * 99).div_ceil(100),
+    )
+    .await;
     eprintln!("wake: {held} polls held; sampling");
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
     let mut lost = 0;

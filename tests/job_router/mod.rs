@@ -287,3 +287,53 @@ async fn a_get_job_with_an_altered_routable_token_is_refused_at_the_edge() {
         assert_eq!(pod.kas_metric(CALLS).await, want, "Pod {}", pod.id);
     }
 }
+
+/// `podgate loadtest wake` (the wake-latency benchmark, `scripts/bench-wake.sh`):
+/// with every runner held at its Pod's kas, each job it queues for one runner comes
+/// back to that runner, and each is timed.
+#[tokio::test]
+async fn the_wake_benchmark_times_every_job_it_queues_on_the_router() {
+    let up = Up::start(&[]).await;
+    let mut args: Vec<String> = [
+        "loadtest",
+        "wake",
+        "--target",
+        &up.proxy,
+        "--runners",
+        "6",
+        "--samples",
+        "6",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    for pod in &up.pods {
+        args.extend([
+            "--pod".to_owned(),
+            pod.registration_token.clone(),
+            format!("http://{}", pod.address),
+            "--held".to_owned(),
+            pod.kas_metrics.clone(),
+            format!("{HELD} "),
+        ]);
+    }
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_podgate"))
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap();
+    assert_eq!(report["mode"], "router", "{report}");
+    assert_eq!(report["held"], 6, "{report}");
+    assert_eq!(report["samples"], 6, "{report}");
+    assert_eq!(report["lost"], 0, "{report}");
+    assert_eq!(report["poll_errors"], 0, "{report}");
+    // Each runner's first answer, and one job per sample.
+    assert!(report["polls"].as_u64().unwrap() >= 12, "{report}");
+    assert!(report["p50_ms"].as_f64().unwrap() > 0.0, "{report}");
+}
