@@ -240,19 +240,28 @@ impl JobRouterService {
         } else {
             self.metrics.hold(HoldOutcome::Ineligible);
         }
-        let answer =
-            match rails::ask(gitlab, bytes, &token, &request_id, user_agent.as_deref()).await {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(
-                        runner = %podgate_tokens::fingerprint(&token),
-                        error = %e,
-                        "job router: GitLab did not answer a job request"
-                    );
-                    call.result = CallResult::Unavailable;
-                    return Err(Status::unavailable(format!("GitLab did not answer: {e}")));
-                }
-            };
+        // Boxed: a held call's future is as large as its largest await, and Rails'
+        // request (an HTTP client's) is larger than the hold; held calls are what
+        // kas keeps by the thousand.
+        let ask = Box::pin(rails::ask(
+            gitlab,
+            bytes,
+            &token,
+            &request_id,
+            user_agent.as_deref(),
+        ));
+        let answer = match ask.await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(
+                    runner = %podgate_tokens::fingerprint(&token),
+                    error = %e,
+                    "job router: GitLab did not answer a job request"
+                );
+                call.result = CallResult::Unavailable;
+                return Err(Status::unavailable(format!("GitLab did not answer: {e}")));
+            }
+        };
         let (answered, response) = rails::answer(answer, &request_id);
         call.result = match (&answered, &response) {
             (rails::Answered::Job, _) => CallResult::Job,
