@@ -8,6 +8,10 @@ use pingora::http::ResponseHeader;
 use pingora::prelude::*;
 
 use crate::decision::{Outcome, Refusal};
+
+/// pingora's error type for a chunked body it cannot parse
+/// (`pingora_core::protocols::http::v1::body::INVALID_CHUNK`).
+const INVALID_CHUNK: &str = "InvalidChunk";
 use crate::rules::Pool;
 
 /// A response from the proxy itself.
@@ -131,6 +135,13 @@ impl Answer {
                 false,
             ),
             (ErrorSource::Upstream, _) => (502, "502 Bad Gateway: the Pod failed", false),
+            // pingora's chunked-body parser (`InvalidChunk`: a size that overflows,
+            // a chunk without its CRLF) sets no source; the body is the client's.
+            // NGINX (`ngx_http_parse_chunked`) and Go's `net/http` (Workhorse) answer
+            // 400, and the connection's framing is lost: it closes.
+            (_, ErrorType::Custom(name)) if *name == INVALID_CHUNK => {
+                (400, "400 Bad Request: invalid chunked body", false)
+            }
             (
                 ErrorSource::Downstream,
                 ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
@@ -337,6 +348,24 @@ mod tests {
         assert!(!is_grpc(false, &h));
         h.insert("content-type", "application/grpc-web".parse().unwrap());
         assert!(!is_grpc(true, &h));
+    }
+
+    #[test]
+    fn an_unparsable_chunked_body_is_the_clients_400() {
+        let e = Error::explain(
+            ErrorType::Custom("InvalidChunk"),
+            "Invalid chunked encoding",
+        );
+        let (code, answer) = Answer::for_error(&e);
+        assert_eq!(code, 400);
+        assert_eq!(answer.unwrap().status, 400);
+        // From the Pod's side it is the Pod's failure.
+        let e = Error::explain(
+            ErrorType::Custom("InvalidChunk"),
+            "Invalid chunked encoding",
+        )
+        .into_up();
+        assert_eq!(Answer::for_error(&e).0, 502);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Start the proxy: load keys, build the pingora server and its services, serve.
 //!
 //! Everything runs on runtimes pingora owns and stops: the proxy and admin
-//! listeners, and three background services:
+//! listeners, and five background services:
 //!
 //! - **registry**: opens the registry (memory or Redis) on its own runtime, where the
 //!   registry's background tasks (topology watch and resync, refresh, GC) and its

@@ -149,6 +149,16 @@ pub fn connection_listed(headers: &HeaderMap) -> Vec<http::HeaderName> {
         .collect()
 }
 
+/// A header GitLab's front drops: a name with an underscore. GitLab's bundled NGINX
+/// keeps `underscores_in_headers off` (the default) with `ignore_invalid_headers on`,
+/// so such a header reaches neither the HTTP Router nor Rails; Rack would otherwise
+/// read `PRIVATE_TOKEN` as `Private-Token` (`HTTP_PRIVATE_TOKEN`). The proxy routes
+/// on none of them (no token source names one) and forwards none (both request
+/// paths).
+pub fn dropped_at_the_edge(name: &[u8]) -> bool {
+    name.contains(&b'_')
+}
+
 fn collect(
     sources: &[TokenSource],
     headers: &HeaderMap,

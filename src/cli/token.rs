@@ -139,7 +139,8 @@ fn parse_alg(s: &str) -> Result<Algorithm, String> {
 
 fn parse_random_hex(s: &str) -> Result<[u8; gitlab::RANDOM_BYTES], String> {
     let err = || format!("expected {} hex digits", gitlab::RANDOM_BYTES * 2);
-    if s.len() != gitlab::RANDOM_BYTES * 2 {
+    // ASCII first: the digits are sliced two bytes at a time.
+    if s.len() != gitlab::RANDOM_BYTES * 2 || !s.is_ascii() {
         return Err(err());
     }
     let mut out = [0u8; gitlab::RANDOM_BYTES];
@@ -384,4 +385,27 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("podgate-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_random_hex;
+
+    #[test]
+    fn random_hex_takes_32_hex_digits_and_refuses_anything_else() {
+        let ok = parse_random_hex("000102030405060708090a0b0c0d0eff").unwrap();
+        assert_eq!(ok[1], 1);
+        assert_eq!(ok[15], 0xff);
+        // 32 bytes, but a two-byte character across a digit pair: an error, not a
+        // panic.
+        let odd = format!("0\u{e9}{}", "0".repeat(29));
+        assert_eq!(odd.len(), 32);
+        for bad in [odd.as_str(), "0g0102030405060708090a0b0c0d0eff", "00"] {
+            assert_eq!(
+                parse_random_hex(bad).unwrap_err(),
+                "expected 32 hex digits",
+                "{bad:?}"
+            );
+        }
+    }
 }

@@ -37,7 +37,6 @@ use anyhow::Context as _;
 use clap::Args;
 use podgate_loadtest::fleet::{self, FleetConfig, Progress};
 use podgate_loadtest::pod_sim::{PodSim, PodSimConfig};
-use podgate_registry::{Pod, PodState};
 use podgate_tokens::PodId;
 
 use super::http_client::get;
@@ -201,34 +200,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         let kas = super::up_cells::start_kas(s, kas_secret.clone(), config).await?;
         cell_kas.insert(pod, kas);
     }
-    let kas_agent = |pod: u64| match (&kube, cell_kas.get(&pod)) {
-        (_, Some(k)) => vec![k.agent.to_string()],
-        (Some(k), None) if pod == 1 => vec![k.kas_agent.to_string()],
-        _ => Vec::new(),
-    };
-    let pods: Vec<Pod> = sims
-        .iter()
-        .map(|s| Pod {
-            id: s.state().pod(),
-            name: format!("pod-{}", s.state().pod()),
-            web: vec![s.addr().to_string()],
-            kas: kas_agent(s.state().pod().get()),
-            kas_k8s_proxy: kube
-                .as_ref()
-                .filter(|_| s.state().pod().get() == 1)
-                .map(|k| vec![k.kas_k8s_proxy.to_string()])
-                .unwrap_or_default(),
-            kas_workspaces: kube
-                .as_ref()
-                .filter(|_| s.state().pod().get() == 1)
-                .map(|k| vec![k.kas_workspaces.to_string()])
-                .unwrap_or_default(),
-            state: PodState::Active,
-            labels: BTreeMap::new(),
-            session_prefix: None,
-            runner_queue_redis: edge_redis.clone(),
-        })
-        .collect();
+    let pods = super::up_cells::topology(&sims, kube.as_ref(), &cell_kas, edge_redis.as_deref());
 
     // Instance and project runners on every Pod: each Pod's instance registration
     // token, then its projects' tokens.
@@ -416,7 +388,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let fleet = (!args.no_fleet).then(|| {
         let mut config = FleetConfig::new(
             format!("http://{}", args.listen),
-            tokens.clone(),
+            tokens,
             args.runners,
             duration,
         );
@@ -448,12 +420,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             _ = &mut stop => break,
             _ = tick.tick() => {
                 let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
-                say(&format!(
-                    "\n{}{}{}",
-                    table(&sims, &metrics),
-                    super::up_cells::job_router_lines(kube.as_ref(), &cell_kas, &metrics, runner_metrics.as_ref()),
-                    workspaces_table(&sims, &kube)
-                ));
+                say(&format!("\n{}", tables(&sims, &kube, &cell_kas, &metrics, runner_metrics.as_ref())));
             }
         }
     }
@@ -472,15 +439,8 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     }
     let metrics = get(args.admin, "/metrics").await.unwrap_or_default().1;
     say(&format!(
-        "\nfinal\n{}{}{}",
-        table(&sims, &metrics),
-        super::up_cells::job_router_lines(
-            kube.as_ref(),
-            &cell_kas,
-            &metrics,
-            runner_metrics.as_ref()
-        ),
-        workspaces_table(&sims, &kube)
+        "\nfinal\n{}",
+        tables(&sims, &kube, &cell_kas, &metrics, runner_metrics.as_ref())
     ));
     let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();
     if misroutes > 0 {
@@ -493,6 +453,22 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         k.shutdown().await;
     }
     Ok(code)
+}
+
+/// The live tables: runner traffic per Pod, the Job Router per Pod, workspaces.
+fn tables(
+    sims: &[PodSim],
+    kube: &Option<super::up_graph::KubeSide>,
+    cell_kas: &BTreeMap<u64, super::up_cells::CellKas>,
+    proxy_metrics: &str,
+    runners: Option<&super::up_cells::RunnerMetrics>,
+) -> String {
+    format!(
+        "{}{}{}",
+        table(sims, proxy_metrics),
+        super::up_cells::job_router_lines(kube.as_ref(), cell_kas, proxy_metrics, runners),
+        workspaces_table(sims, kube)
+    )
 }
 
 /// Pod 1's workspaces (with the Kubernetes side), as a table; else nothing.

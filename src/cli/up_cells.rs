@@ -22,7 +22,7 @@ use podgate_kas::job_router::JobRouterConfig;
 use podgate_kas::{Kas, KasConfig};
 use podgate_loadtest::fleet::Progress;
 use podgate_loadtest::pod_sim::PodSim;
-use podgate_registry::{Registry, RegistryConfig};
+use podgate_registry::{Pod, PodState, Registry, RegistryConfig};
 use podgate_tokens::KeySet;
 
 /// How runners reach the Job Router through the proxy.
@@ -235,4 +235,42 @@ pub(crate) fn job_router_lines(
         proxy_metrics,
         &runners.map(RunnerMetrics::text).unwrap_or_default(),
     )
+}
+
+/// The topology the proxy routes on: each Pod's simulator as its web pool, its kas
+/// (Pod 1's the Kubernetes side's, with its Kubernetes API proxy and Workspaces
+/// pools, if it runs), and the Redis its runner queue keys are watched in.
+pub(crate) fn topology(
+    sims: &[PodSim],
+    kube: Option<&super::up_graph::KubeSide>,
+    cells: &BTreeMap<u64, CellKas>,
+    edge_redis: Option<&str>,
+) -> Vec<Pod> {
+    sims.iter()
+        .map(|s| {
+            let id = s.state().pod();
+            let pod1_kube = kube.filter(|_| id.get() == 1);
+            let kas = match (cells.get(&id.get()), pod1_kube) {
+                (Some(k), _) => vec![k.agent.to_string()],
+                (None, Some(k)) => vec![k.kas_agent.to_string()],
+                _ => Vec::new(),
+            };
+            Pod {
+                id,
+                name: format!("pod-{id}"),
+                web: vec![s.addr().to_string()],
+                kas,
+                kas_k8s_proxy: pod1_kube
+                    .map(|k| vec![k.kas_k8s_proxy.to_string()])
+                    .unwrap_or_default(),
+                kas_workspaces: pod1_kube
+                    .map(|k| vec![k.kas_workspaces.to_string()])
+                    .unwrap_or_default(),
+                state: PodState::Active,
+                labels: BTreeMap::new(),
+                session_prefix: None,
+                runner_queue_redis: edge_redis.map(str::to_owned),
+            }
+        })
+        .collect()
 }

@@ -19,6 +19,7 @@
 //! name = "kas"
 //! url = "http://10.0.0.5:8151/metrics"
 //! bearer_token_file = "/etc/podgate/kas-metrics-token"
+//! labels = { pod = "1" }           # added to each sample (a Prometheus target's labels)
 //! ```
 //!
 //! Sources are scraped only while a page is open. What they expose (kas's metrics

@@ -105,6 +105,21 @@ fn both_paths_answer_and_forward_alike() {
             "HTTP/1.1 401 Unauthorized",
         ),
         (
+            // NGINX (`ngx_http_parse_chunked`) and Go's `net/http` answer 400.
+            "a chunked poll whose chunk size overflows",
+            format!(
+                "POST /api/v4/jobs/request HTTP/1.1\r\nHost: gitlab\r\nRunner-Token: {t2}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\nabc\r\n0\r\n\r\n"
+            ),
+            "HTTP/1.1 400 Bad Request",
+        ),
+        (
+            "a chunked body whose chunk does not end in CRLF",
+            format!(
+                "POST /api/v4/jobs/request HTTP/1.1\r\nHost: gitlab\r\nRunner-Token: {t2}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{{}}X0\r\n\r\n"
+            ),
+            "HTTP/1.1 400 Bad Request",
+        ),
+        (
             "a poll with two Host headers (pingora-proxy's 400)",
             poll(
                 &format!("{{\"token\":\"{t2}\"}}"),
@@ -171,6 +186,30 @@ fn both_paths_answer_and_forward_alike() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Headers with an underscore reach no Pod, on either path, as GitLab's NGINX drops
+/// them (`underscores_in_headers off`); the request is routed as if they were not
+/// there (here: no token, the default Pod).
+#[test]
+fn headers_with_an_underscore_do_not_reach_the_pod() {
+    let t2 = token("glrt-", 2);
+    let (fast, pingora) = both(&format!(
+        "GET /api/v4/user HTTP/1.1\r\nHost: gitlab\r\nPRIVATE_TOKEN: {t2}\r\nX_Custom: 1\r\nX-Kept: 2\r\n\r\n"
+    ));
+    assert_eq!(fast, pingora);
+    let [request] = fast.upstream.as_slice() else {
+        panic!("one request upstream: {fast:?}");
+    };
+    let names: Vec<&str> = request.headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"x-kept"), "{names:?}");
+    assert!(!names.iter().any(|n| n.contains('_')), "{names:?}");
+    let pod = request
+        .headers
+        .iter()
+        .find(|(n, _)| n == "x-podgate-pod")
+        .map(|(_, v)| v.clone());
+    assert_eq!(pod.as_deref(), Some(b"1".as_slice()), "the default Pod");
 }
 
 /// The Pod learns which Pod, rule and request id the proxy decided, and nothing

@@ -345,7 +345,9 @@ async fn connection(
 
 /// The request as the Pod receives it: the request line, the client's header
 /// lines as received (less the hop-by-hop ones and those it listed in
-/// `Connection:`, which end here, and the proxy's own, [`crate::service::Added`]), the proxy's added headers, and the
+/// `Connection:`, which end here, those GitLab's front drops,
+/// [`crate::sources::dropped_at_the_edge`], and the proxy's own,
+/// [`crate::service::Added`]), the proxy's added headers, and the
 /// body byte for byte — one buffer, one write.
 pub(super) fn upstream_request(
     buf: &[u8],
@@ -362,6 +364,7 @@ pub(super) fn upstream_request(
         let n = &buf[name.clone()];
         if Added::is_added(n)
             || is_hop_by_hop(n)
+            || crate::sources::dropped_at_the_edge(n)
             || head
                 .hop_by_hop
                 .iter()

@@ -435,6 +435,15 @@ impl ProxyHttp for PodGate {
         for name in sources::connection_listed(&upstream_request.headers) {
             upstream_request.remove_header(&name);
         }
+        let dropped: Vec<http::HeaderName> = upstream_request
+            .headers
+            .keys()
+            .filter(|n| sources::dropped_at_the_edge(n.as_str().as_bytes()))
+            .cloned()
+            .collect();
+        for name in dropped {
+            upstream_request.remove_header(&name);
+        }
         if let Some(pod) = ctx.forwarded() {
             let mut added = Ok(());
             self.added(ctx, self.rule_of(ctx), pod.id)
