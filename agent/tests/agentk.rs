@@ -204,6 +204,21 @@ async fn an_agentk_whose_token_is_refused_is_not_ready_and_keeps_trying() {
     for field in ["kas: ", "idle_tunnels", "ca_file"] {
         assert!(err.contains(field), "{field}: {err}");
     }
+    // A kubeconfig that cannot be read is named, with the reason kept as the
+    // error's source.
+    let missing = std::path::PathBuf::from("/nonexistent/kubeconfig");
+    let err = match Agentk::start(agentk_config(
+        "grpc://127.0.0.1:1".into(),
+        "t".into(),
+        &missing,
+    ))
+    .await
+    {
+        Err(e) => e,
+        Ok(_) => panic!("started without a kubeconfig"),
+    };
+    assert!(err.to_string().contains("/nonexistent/kubeconfig"), "{err}");
+    assert!(std::error::Error::source(&err).is_some(), "{err:?}");
 }
 
 /// GitLab's `agent_info` answer for agent 7 of project 70, shaped as Rails'

@@ -67,8 +67,13 @@ pub enum Error {
     #[error(transparent)]
     Transport(#[from] podgate_agent::transport::Error),
     /// No Kubernetes configuration could be found or used.
-    #[error("kubernetes configuration: {0}")]
-    Kube(String),
+    #[error("kubernetes configuration ({what}): {source}")]
+    Kube {
+        /// Where it came from: the kubeconfig's path, or what was inferred.
+        what: String,
+        /// Why it could not be used.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The observability listener could not bind.
     #[error("binding the observability listener {addr}: {source}")]
     Bind {

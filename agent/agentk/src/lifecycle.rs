@@ -47,18 +47,24 @@ impl Agentk {
             .map_err(|e| Error::Invalid(vec![format!("leader: {e}")]))?;
         let kube_config = match &config.kubeconfig {
             Some(path) => {
-                let kc = ::kube::config::Kubeconfig::read_from(path)
-                    .map_err(|e| Error::Kube(format!("{}: {e}", path.display())))?;
+                let kube = |e: ::kube::config::KubeconfigError| Error::Kube {
+                    what: path.display().to_string(),
+                    source: Box::new(e),
+                };
+                let kc = ::kube::config::Kubeconfig::read_from(path).map_err(kube)?;
                 ::kube::Config::from_custom_kubeconfig(kc, &Default::default())
                     .await
-                    .map_err(|e| Error::Kube(format!("{}: {e}", path.display())))?
+                    .map_err(kube)?
             }
-            None => ::kube::Config::infer()
-                .await
-                .map_err(|e| Error::Kube(e.to_string()))?,
+            None => ::kube::Config::infer().await.map_err(|e| Error::Kube {
+                what: "in-cluster, or the default kubeconfig".into(),
+                source: Box::new(e),
+            })?,
         };
-        let client =
-            ::kube::Client::try_from(kube_config).map_err(|e| Error::Kube(e.to_string()))?;
+        let client = ::kube::Client::try_from(kube_config).map_err(|e| Error::Kube {
+            what: "its client".into(),
+            source: Box::new(e),
+        })?;
         let metrics = Arc::new(AgentkMetrics::new());
         let handler = Arc::new(KubeHandler::new(client.clone()).with_graph_settings(
             watch_graph::Settings {

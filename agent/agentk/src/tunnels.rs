@@ -123,12 +123,14 @@ impl TunnelPool {
     }
 }
 
-/// Waits after a tunnel failed: 100 ms doubling to 10 s, again from 100 ms once a
-/// tunnel worked.
+/// Waits after a tunnel failed: 100 ms doubling to 10 s, each up to twice as long
+/// at random (jitter: an agent's idle tunnel slots, failing together when kas goes
+/// away, do not retry in step), again from 100 ms once a tunnel worked.
 const BACKOFF: ExponentialBuilder = ExponentialBuilder::new()
     .with_min_delay(Duration::from_millis(100))
     .with_max_delay(Duration::from_secs(10))
     .with_factor(2.0)
+    .with_jitter()
     .without_max_times();
 
 /// Serve tunnels for replica `connection_id` (named to kas in
@@ -406,16 +408,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tunnel_waits_double_from_100_ms_to_10_s() {
-        let waits: Vec<u64> = BACKOFF
-            .build()
-            .take(10)
-            .map(|d| d.as_millis() as u64)
+    fn tunnel_waits_double_from_100_ms_to_10_s_with_jitter() {
+        let base = [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000];
+        let runs: Vec<Vec<u64>> = (0..20)
+            .map(|_| {
+                BACKOFF
+                    .build()
+                    .take(10)
+                    .map(|d| d.as_millis() as u64)
+                    .collect()
+            })
             .collect();
-        assert_eq!(
-            waits,
-            [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]
-        );
+        for waits in &runs {
+            for (w, b) in waits.iter().zip(base) {
+                assert!(
+                    (b..2 * b).contains(w),
+                    "{w} ms for a base of {b} ms: {waits:?}"
+                );
+            }
+        }
+        // Not in step: twenty slots do not all wait the same.
+        assert!(runs.iter().any(|r| r != &runs[0]), "{runs:?}");
     }
 
     /// An `Error` frame carries the status's code and message, and its details
