@@ -3,6 +3,9 @@
 //! (`fast/forward.rs`, `upstream_request`).
 //!
 //! - nothing panics; every span lies in the buffer (resolved by the wrapper);
+//! - **no 5xx**: the bytes down both paths, the fast path and pingora-proxy alone
+//!   (`fast::differential`), the client closing after them: whatever they are,
+//!   neither path answers with a 5xx, and both answer alike;
 //! - a taken head is rooted, has a `Host`, one plain `Content-Length` at most and no
 //!   `Transfer-Encoding`; `Partial` only below the 16 KiB head limit;
 //! - the head alone parses to the same head; one byte less is never a head;
@@ -15,6 +18,7 @@ use podgate_proxy::fast::fuzzing::{Request, request_head};
 
 /// Checks one input (module docs); panics on a violated property.
 pub fn run(data: &[u8]) {
+    crate::no_server_error(data);
     let h = match request_head(data) {
         Request::Partial => {
             assert!(data.len() < 16 * 1024);

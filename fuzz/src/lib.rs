@@ -6,11 +6,12 @@
 pub mod targets;
 
 use std::path::Path;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, Mac as _};
+use podgate_proxy::fast::differential::{Differential, Observed};
 use podgate_tokens::{Classifier, KeySet};
 use serde_json::Value;
 
@@ -41,6 +42,33 @@ pub fn keys() -> KeySet {
 
 /// One classifier per process, with a verdict cache, as the proxy has.
 pub static CLASSIFIER: LazyLock<Classifier> = LazyLock::new(|| Classifier::with_keys(keys()));
+
+/// Both request paths (the fast path and pingora-proxy alone) over loopback, with
+/// [`keys`], started once per process (`podgate_proxy::fast::differential`).
+pub static PATHS: LazyLock<Mutex<Differential>> =
+    LazyLock::new(|| Mutex::new(Differential::new(Arc::new(Classifier::with_keys(keys())))));
+
+/// `bytes` down both paths, the client closing its side after them. Panics if
+/// either answers with a 5xx: the Pod stub answers 200, so a 5xx is the proxy's
+/// own, and whatever the client sent, it is not a server error. (Whether a request
+/// whose client closed is still forwarded differs between the paths: the fast
+/// path serves it, pingora-proxy takes the close for the client going away.)
+pub fn no_server_error(bytes: &[u8]) -> (Observed, Observed) {
+    let (fast, pingora) = PATHS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .run_then_close(bytes);
+    for o in [&fast, &pingora] {
+        if let Some(answer) = &o.answer {
+            assert!(
+                !answer.start.starts_with("HTTP/1.1 5"),
+                "a 5xx for {:?}: {o:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
+    (fast, pingora)
+}
 
 /// `prefix` + a JWT of `header` and `claims` (any bytes, base64url-encoded as they
 /// are) signed with [`HS256_SECRET`].

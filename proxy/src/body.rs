@@ -40,12 +40,7 @@ pub(crate) async fn read_body(
     limit: usize,
     whole: bool,
 ) -> Result<ReadBody> {
-    let declared = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<usize>().ok());
+    let declared = crate::http1::declared_length(&session.req_header().headers);
     if whole && declared.is_some_and(|n| n > limit) {
         return Ok(ReadBody {
             bytes: Vec::new(),
@@ -54,20 +49,22 @@ pub(crate) async fn read_body(
     }
     // One read returns at most pingora's 64 KiB body buffer.
     session.enable_retry_buffering_with_capacity(limit + READ_CHUNK_MAX);
-    if session
-        .req_header()
-        .headers
-        .contains_key(http::header::EXPECT)
-    {
-        // Answer the client's Expect ourselves, or it waits ~1 s before sending.
-        session.write_continue_response().await?;
-        session
-            .req_header_mut()
-            .remove_header(&http::header::EXPECT);
-    }
+    answer_expect(session).await?;
     let mut bytes = Vec::new();
     let complete = loop {
-        match session.read_request_body().await? {
+        // A read that fails is the client's. A body that ends before its length or
+        // its last chunk is NGINX's 400 ("client prematurely closed connection",
+        // `ngx_http_read_client_request_body`): a client that closed only its side
+        // reads it, one that is gone does not.
+        let chunk = session.read_request_body().await.map_err(|mut e| {
+            if e.etype() == &ErrorType::ConnectionClosed {
+                return Refusal::bad_request("body_ended_early", "the request body ended early")
+                    .to_error();
+            }
+            e.as_down();
+            e
+        })?;
+        match chunk {
             Some(chunk) => {
                 bytes.extend_from_slice(&chunk);
                 if (whole && bytes.len() > limit) || (!whole && bytes.len() >= limit) {
@@ -86,3 +83,49 @@ pub const DEFAULT_BODY_LOOKAHEAD: usize = 64 * 1024;
 /// The most one body read returns (pingora's HTTP/1 body buffer; HTTP/2 frames are
 /// smaller).
 const READ_CHUNK_MAX: usize = 64 * 1024;
+
+/// Answer a request's `Expect` as GitLab's NGINX does, before its body is read or
+/// forwarded: `100-continue` on an HTTP/1.1 request whose body has not all
+/// arrived gets `100 Continue` (else the client waits about a second before
+/// sending it); any `Expect` then ends here, never forwarded (NGINX's
+/// `ngx_http_test_expect` in `src/http/ngx_http_request_body.c`, and `Expect ""`
+/// among the headers `ngx_http_proxy_module` sets).
+pub(crate) async fn answer_expect(session: &mut Session) -> Result<()> {
+    let head = session.req_header();
+    let Some(expect) = head.headers.get(http::header::EXPECT) else {
+        return Ok(());
+    };
+    let continue_ = expect.as_bytes().eq_ignore_ascii_case(b"100-continue")
+        && head.version == http::Version::HTTP_11
+        && !session.is_http2()
+        && !session.is_body_done();
+    if continue_ {
+        session.write_continue_response().await?;
+    }
+    session
+        .req_header_mut()
+        .remove_header(&http::header::EXPECT);
+    Ok(())
+}
+
+/// Before an answer of the proxy's own, read the rest of a body declared within
+/// `limit` bytes, so that the connection can serve the client's next request:
+/// pingora writes `Connection: close` and closes while a request body is unread.
+/// Go's `net/http` server (Workhorse's) does the same for a handler that left up to
+/// 256 KiB unread (`maxPostHandlerReadBytes`,
+/// <https://github.com/golang/go/blob/go1.22.0/src/net/http/server.go>), and the
+/// fast path has read any body it serves, at most the look-ahead, before it
+/// answers. A larger or chunked body is not read: the connection closes. `Err`:
+/// the client went away or stalled (as in [`read_body`]).
+pub(crate) async fn drain_small_body(session: &mut Session, limit: usize) -> Result<()> {
+    // HTTP/2 ends the stream, not the connection; a connection closing anyway
+    // needs no drain.
+    if session.is_http2() || session.get_keepalive().is_none() || session.is_body_done() {
+        return Ok(());
+    }
+    let declared = crate::http1::declared_length(&session.req_header().headers);
+    if declared.is_some_and(|n| n <= limit) {
+        session.drain_request_body().await?;
+    }
+    Ok(())
+}

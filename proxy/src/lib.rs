@@ -62,6 +62,7 @@ pub mod edge_poll;
 pub mod fast;
 pub mod handover;
 pub mod health;
+pub mod http1;
 pub mod metrics;
 pub mod params;
 pub mod path;

@@ -35,7 +35,7 @@ use tokio::sync::Notify;
 use crate::admin::Admin;
 use crate::config::{Error, ProxyConfig};
 use crate::edge_poll::{EdgePolls, EdgePollsService};
-use crate::fast::FastPath;
+use crate::fast::{FastPath, FastPathSettings};
 use crate::handover::{self, Handover, HandoverService};
 use crate::rules;
 use crate::service::PodGate;
@@ -268,14 +268,8 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
     }
 
     let mut proxy = pingora::proxy::http_proxy(&server.configuration, pod_gate.clone());
-    let mut options = HttpServerOptions::default();
-    options.h2c = config.h2c;
-    // A request head must be complete within `head_timeout_ms` of its first byte
-    // (a pingora patch, vendor/README.md): a head trickled in one line at a time
-    // would otherwise hold its connection forever.
     let head_timeout = std::time::Duration::from_millis(config.head_timeout_ms);
-    options.h1_header_deadline = Some(head_timeout);
-    proxy.server_options = Some(options);
+    proxy.server_options = Some(http_server_options(config.h2c, head_timeout));
     // Runner and job requests on the HTTP/1 fast path, the rest handed to
     // pingora-proxy on the same connection (`crate::fast`); with `fast_path = false`
     // every connection goes straight to pingora-proxy.
@@ -283,12 +277,12 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
     // connection lives (a long poll: minutes); see `read_buffer_bytes`.
     let buffers = L4BufferSettings::new(config.read_buffer_bytes, DEFAULT_L4_WRITE_BUFFER_SIZE);
     let handover = Arc::new(Handover::default());
-    let mut fast = FastPath::new(pod_gate, proxy, head_timeout)
-        .enabled(config.fast_path)
-        .listener_buffers(buffers);
-    if handover_listener.is_some() {
-        fast = fast.handover(handover.clone());
-    }
+    let settings = FastPathSettings {
+        enabled: config.fast_path,
+        listener_buffers: buffers,
+        handover: handover_listener.is_some().then(|| handover.clone()),
+    };
+    let fast = FastPath::new(pod_gate, proxy, &server.configuration, settings);
     let handover_service =
         HandoverService::new(handover, handover_listener, predecessor, fast.clone());
     let mut service = Service::new("podgate proxy".into(), fast);
@@ -338,4 +332,21 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
         "podgate proxy serving"
     );
     server.run_forever()
+}
+
+/// pingora-proxy's options on the proxy listener: h2c as configured, and two
+/// pingora patches of ours (`vendor/README.md`). A request head must be complete
+/// within `head_timeout` of its first byte (a head trickled in one line at a
+/// time would otherwise hold its connection forever), and HTTP/1 framing that
+/// pingora would repair is refused as GitLab's NGINX refuses it
+/// ([`crate::http1`]).
+pub(crate) fn http_server_options(
+    h2c: bool,
+    head_timeout: std::time::Duration,
+) -> HttpServerOptions {
+    let mut options = HttpServerOptions::default();
+    options.h2c = h2c;
+    options.h1_header_deadline = Some(head_timeout);
+    options.h1_strict_framing = true;
+    options
 }

@@ -133,12 +133,8 @@ pub struct Body<'a> {
 /// (`Content-Length`, `Transfer-Encoding`): the body is forwarded, so its framing
 /// must be too, or the Pod would read the body as the next request.
 pub fn connection_listed(headers: &HeaderMap) -> Vec<http::HeaderName> {
-    headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| http::HeaderName::from_bytes(t.trim().as_bytes()).ok())
+    crate::http1::connection_tokens(headers)
+        .filter_map(|t| http::HeaderName::from_bytes(t).ok())
         .filter(|n| {
             // `Connection: upgrade` / `keep-alive` / `close` name no header a token
             // could be in; `Upgrade` itself must reach the upstream for WebSockets.

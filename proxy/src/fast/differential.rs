@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use super::FastPath;
+use super::{FastPath, FastPathSettings};
 use crate::decision::OnInvalid;
 use crate::health::HealthConfig;
 use crate::server::RegistryHandle;
@@ -46,7 +46,18 @@ pub struct Observed {
     /// Whether every request the Pod received carried the `x-request-id` the
     /// client got back.
     pub request_id_kept: bool,
+    /// Whether the path sent `100 Continue` before its answer.
+    pub continued: bool,
+    /// Whether the connection served another request after the answer: a
+    /// well-formed [`PROBE`] written after it was answered, not closed. `false`
+    /// where the path closed (the framing of what followed the request was lost,
+    /// or the client asked to close).
+    pub kept_alive: bool,
 }
+
+/// The request written after each answer, to learn whether the connection still
+/// serves requests. The Pod's copy of it is left out of [`Observed::upstream`].
+pub const PROBE: &[u8] = b"GET /-/podgate-probe HTTP/1.1\r\nHost: probe\r\n\r\n";
 
 /// An HTTP/1 message, reduced to what both paths must agree on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,10 +97,16 @@ impl Differential {
             let gate = gate(addr, classifier).await;
             let conf = Arc::new(ServerConf::default());
             let path = |enabled| {
-                let proxy = pingora::proxy::http_proxy(&conf, gate.clone());
-                Arc::new(
-                    FastPath::new(gate.clone(), proxy, Duration::from_secs(5)).enabled(enabled),
-                )
+                let mut proxy = pingora::proxy::http_proxy(&conf, gate.clone());
+                proxy.server_options = Some(crate::server::http_server_options(
+                    false,
+                    Duration::from_secs(5),
+                ));
+                let settings = FastPathSettings {
+                    enabled,
+                    ..FastPathSettings::default()
+                };
+                Arc::new(FastPath::new(gate.clone(), proxy, &conf, settings))
             };
             (path(true), path(false))
         });
@@ -107,12 +124,21 @@ impl Differential {
     /// `request` (one request head, and its body if any) on a new connection to
     /// each path: what the fast path did, and what pingora-proxy did.
     pub fn run(&self, request: &[u8]) -> (Observed, Observed) {
-        let fast = self.observe(&self.fast, request);
-        let pingora = self.observe(&self.pingora, request);
+        let fast = self.observe(&self.fast, request, false);
+        let pingora = self.observe(&self.pingora, request, false);
         (fast, pingora)
     }
 
-    fn observe(&self, path: &Arc<FastPath>, request: &[u8]) -> Observed {
+    /// As [`Differential::run`], but the client closes its side once `bytes` are
+    /// sent (any bytes: a head cut short is answered or closed at once rather
+    /// than waited for), so no probe follows: `kept_alive` is `false`.
+    pub fn run_then_close(&self, bytes: &[u8]) -> (Observed, Observed) {
+        let fast = self.observe(&self.fast, bytes, true);
+        let pingora = self.observe(&self.pingora, bytes, true);
+        (fast, pingora)
+    }
+
+    fn observe(&self, path: &Arc<FastPath>, request: &[u8], close: bool) -> Observed {
         let raw = self.runtime.block_on(async {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
             let mut client = TcpStream::connect(listener.local_addr().expect("bound"))
@@ -125,19 +151,38 @@ impl Differential {
                 let stream: pingora::protocols::Stream = Box::new(L4Stream::from(server));
                 path.process_new(stream, &shutdown).await;
             });
-            client.write_all(request).await.expect("sent");
+            // A path may answer and close before reading everything.
+            let _ = client.write_all(request).await;
+            if close {
+                let _ = client.shutdown().await;
+            }
             let head_request = request.starts_with(b"HEAD ");
-            let answer = tokio::time::timeout(HUNG, read_message(&mut client, head_request))
-                .await
-                .expect("a path answers or closes");
+            let mut buf = Vec::new();
+            let (answer, continued) =
+                tokio::time::timeout(HUNG, read_response(&mut client, &mut buf, head_request))
+                    .await
+                    .expect("a path answers or closes");
+            // A path that closed may have reset the connection: the probe's write
+            // then fails, and that is an answer too.
+            let kept_alive = answer.is_some()
+                && !close
+                && client.write_all(PROBE).await.is_ok()
+                && tokio::time::timeout(HUNG, read_response(&mut client, &mut buf, false))
+                    .await
+                    .expect("a path answers the probe or closes")
+                    .0
+                    .is_some();
             drop(client);
             let _ = served.await;
-            answer
+            (answer, continued, kept_alive)
         });
+        let (raw, continued, kept_alive) = raw;
         let mut seen = self.seen.lock().expect("not poisoned");
         let mut upstream = Vec::new();
         while let Ok(r) = seen.try_recv() {
-            upstream.push(r);
+            if !r.starts_with(b"GET /-/podgate-probe ") {
+                upstream.push(r);
+            }
         }
         let id = raw.as_deref().and_then(request_id);
         let request_id_kept = upstream.iter().all(|r| request_id(r) == id);
@@ -150,34 +195,28 @@ impl Differential {
             answer,
             upstream,
             request_id_kept,
+            continued,
+            kept_alive,
         }
     }
 }
 
-/// The router over the built-in rules and Pods 1, 2, 3 at `pod`.
+/// The router over the built-in rules and Pods 1, 2, 3, each with `pod` as its web
+/// and kas upstreams (so that no request meets a Pod without the upstream it
+/// needs: a 5xx is the proxy's own).
 async fn gate(pod: SocketAddr, classifier: Arc<Classifier>) -> PodGate {
-    let topology = TopologyFile::parse(
-        &format!(
-            r#"
-            default_pod = 1
-            [[pods]]
-            id = 1
-            name = "legacy"
-            web = ["{pod}"]
-            [[pods]]
-            id = 2
-            name = "two"
-            web = ["{pod}"]
-            [[pods]]
-            id = 3
-            name = "three"
-            web = ["{pod}"]
-            "#
-        ),
-        "differential",
-    )
-    .expect("a valid topology")
-    .to_topology(1);
+    let pods: String = [(1, "legacy"), (2, "two"), (3, "three")]
+        .iter()
+        .map(|(id, name)| {
+            format!(
+                "[[pods]]\nid = {id}\nname = \"{name}\"\nweb = [\"{pod}\"]\nkas = [\"{pod}\"]\n\
+                 kas_k8s_proxy = [\"{pod}\"]\nkas_workspaces = [\"{pod}\"]\n"
+            )
+        })
+        .collect();
+    let topology = TopologyFile::parse(&format!("default_pod = 1\n{pods}"), "differential")
+        .expect("a valid topology")
+        .to_topology(1);
     let registry = Registry::with_memory(
         MemoryBackend::new(topology.clone()),
         RegistryConfig::default(),
@@ -208,7 +247,8 @@ async fn pod_stub(listener: TcpListener, seen: mpsc::UnboundedSender<Vec<u8>>) {
     while let Ok((mut conn, _)) = listener.accept().await {
         let seen = seen.clone();
         tokio::spawn(async move {
-            while let Some(request) = read_message(&mut conn, false).await {
+            let mut buf = Vec::new();
+            while let Some(request) = read_message(&mut conn, &mut buf, false).await {
                 let answer = match request.starts_with(b"HEAD ") {
                     true => &POD_ANSWER[..POD_ANSWER.len() - 2],
                     false => POD_ANSWER,
@@ -222,26 +262,92 @@ async fn pod_stub(listener: TcpListener, seen: mpsc::UnboundedSender<Vec<u8>>) {
     }
 }
 
-/// One message's bytes from `conn`: its head and `Content-Length` body (none
-/// without one, or in a response to `HEAD`). `None`: closed before a whole head.
-async fn read_message(conn: &mut TcpStream, head_request: bool) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
+/// The final response on `conn`, past any `1xx` (and whether one was `100
+/// Continue`). `None`: closed (or reset) before a whole head.
+async fn read_response(
+    conn: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    head_request: bool,
+) -> (Option<Vec<u8>>, bool) {
+    let mut continued = false;
+    loop {
+        match read_message(conn, buf, head_request).await {
+            Some(m) if m.starts_with(b"HTTP/1.1 1") => {
+                continued |= m.starts_with(b"HTTP/1.1 100 ");
+            }
+            m => return (m, continued),
+        }
+    }
+}
+
+/// One message's bytes from `conn`, after what `buf` holds of it already: its
+/// head and `Content-Length` body (none without one, or in a response to `HEAD`).
+/// What follows it stays in `buf`. `None`: closed before a whole head.
+async fn read_message(
+    conn: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    head_request: bool,
+) -> Option<Vec<u8>> {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head_len = end + 4;
+            let chunked = !head_request && is_chunked(&buf[..head_len]);
             let length = match head_request {
                 true => 0,
                 false => content_length(&buf[..head_len]),
             };
-            while buf.len() < head_len + length {
-                if conn.read_buf(&mut buf).await.ok()? == 0 {
-                    break;
+            let end = loop {
+                let end = match chunked {
+                    true => chunked_end(&buf[head_len..]).map(|n| head_len + n),
+                    false => (buf.len() >= head_len + length).then_some(head_len + length),
+                };
+                if let Some(end) = end {
+                    break end;
+                }
+                if conn.read_buf(buf).await.ok()? == 0 {
+                    break buf.len();
+                }
+            };
+            let rest = buf.split_off(end);
+            return Some(std::mem::replace(buf, rest));
+        }
+        if conn.read_buf(buf).await.ok()? == 0 {
+            return None;
+        }
+    }
+}
+
+fn is_chunked(head: &[u8]) -> bool {
+    String::from_utf8_lossy(head).lines().any(|l| {
+        l.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("transfer-encoding")
+                && value.trim().eq_ignore_ascii_case("chunked")
+        })
+    })
+}
+
+/// Where a chunked body that `body` starts with ends (trailers included), once it
+/// holds all of it.
+fn chunked_end(body: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    loop {
+        let line = body[at..].windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&body[at..at + line]).ok()?;
+        let size = size.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size, 16).ok()?;
+        at += line + 2;
+        if size == 0 {
+            // Trailers, then the empty line.
+            loop {
+                let line = body[at..].windows(2).position(|w| w == b"\r\n")?;
+                at += line + 2;
+                if line == 0 {
+                    return Some(at);
                 }
             }
-            buf.truncate(head_len + length);
-            return Some(buf);
         }
-        if conn.read_buf(&mut buf).await.ok()? == 0 {
+        at += size + 2;
+        if body.len() < at {
             return None;
         }
     }

@@ -14,7 +14,7 @@ static PATHS: LazyLock<std::sync::Mutex<Differential>> = LazyLock::new(|| {
 });
 
 /// A routable runner or job token of Pod `cell`.
-fn token(prefix: &str, cell: u64) -> String {
+pub(super) fn token(prefix: &str, cell: u64) -> String {
     let keys = podgate_tokens::gitlab::RoutingKeys {
         cell: Some(cell),
         organization: Some(1),

@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use super::head::Head;
 use super::response::{self, ChunkScanner, Framing, ResponseHead};
 use super::upstream::{self, ConnectError};
-use super::{Conn, Failed, FastPath, MAX_ATTEMPTS, RELAY_CHUNK, write_all};
+use super::{Conn, Failed, FastPath, RELAY_CHUNK, write_all};
 use crate::service::{Added, Ctx};
 
 impl FastPath {
@@ -38,7 +38,7 @@ impl FastPath {
         // After a reused connection failed before any byte: the same address again,
         // on a new connection (its slot under `max_connections_per_address` kept).
         let mut fresh_for: Option<SocketAddr> = None;
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..self.max_attempts {
             let fresh = fresh_for.is_some();
             let addr = match fresh_for.take() {
                 Some(addr) => addr,
@@ -344,10 +344,9 @@ async fn connection(
 }
 
 /// The request as the Pod receives it: the request line, the client's header
-/// lines as received (less the hop-by-hop ones and those it listed in
-/// `Connection:`, which end here, those GitLab's front drops,
-/// [`crate::sources::dropped_at_the_edge`], and the proxy's own,
-/// [`crate::service::Added`]), the proxy's added headers, and the
+/// lines as received (less those that end at the proxy,
+/// [`crate::http1::ends_here`], those it listed in `Connection:`, and the
+/// proxy's own, [`crate::service::Added`]), the proxy's added headers, and the
 /// body byte for byte — one buffer, one write.
 pub(super) fn upstream_request(
     buf: &[u8],
@@ -363,8 +362,7 @@ pub(super) fn upstream_request(
     for (name, value) in &head.lines {
         let n = &buf[name.clone()];
         if Added::is_added(n)
-            || is_hop_by_hop(n)
-            || crate::sources::dropped_at_the_edge(n)
+            || crate::http1::ends_here(n)
             || head
                 .hop_by_hop
                 .iter()
@@ -385,24 +383,4 @@ fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
-}
-
-/// The standard hop-by-hop request headers pingora-proxy removes from every
-/// request it forwards (`strip_standard_hop_by_hop_headers`): the fast path's
-/// requests reach the Pod as pingora's would. (`Transfer-Encoding` and `Upgrade`
-/// never get here: such requests are pingora-proxy's.)
-fn is_hop_by_hop(name: &[u8]) -> bool {
-    const HOP_BY_HOP: [&[u8]; 8] = [
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"http2-settings",
-    ];
-    HOP_BY_HOP
-        .iter()
-        .any(|h| h.len() == name.len() && name.eq_ignore_ascii_case(h))
 }

@@ -77,6 +77,9 @@ pub enum HandOff {
     /// A head `httparse` or the `http` crate refuses (h2c's preface among them),
     /// or one longer than the fast path waits for.
     Head,
+    /// A head GitLab's front refuses (`crate::http1::refusal`): pingora-proxy's
+    /// service answers it and closes the connection.
+    Refused,
     /// Not HTTP/1.1.
     Version,
     /// A target that is not origin-form.
@@ -103,6 +106,7 @@ impl HandOff {
     pub fn label(self) -> &'static str {
         match self {
             HandOff::Head => "head",
+            HandOff::Refused => "refused",
             HandOff::Version => "version",
             HandOff::Target => "target",
             HandOff::Framing => "framing",
@@ -118,7 +122,7 @@ impl HandOff {
     /// Whether the connection stays with pingora-proxy for good: its head is not
     /// HTTP/1.1, so no later request on it is one the fast path could read.
     pub(crate) fn for_good(self) -> bool {
-        matches!(self, HandOff::Head | HandOff::Version)
+        matches!(self, HandOff::Head | HandOff::Refused | HandOff::Version)
     }
 }
 
@@ -138,6 +142,7 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     let (Some(method), Some(target)) = (req.method, req.path) else {
         return Parsed::HandOff(HandOff::Head);
     };
+    let raw_method = method;
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
         return Parsed::HandOff(HandOff::Head);
     };
@@ -153,7 +158,6 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     let mut headers = HeaderMap::with_capacity(req.headers.len());
     let mut lines = Vec::with_capacity(req.headers.len());
     let mut body_len = None;
-    let mut keepalive = true;
     let mut host = false;
     for h in req.headers.iter() {
         let (Ok(name), Ok(value)) = (
@@ -166,10 +170,7 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
             // Chunked or any other coding: pingora-proxy's framing rules.
             http::header::TRANSFER_ENCODING => return Parsed::HandOff(HandOff::Framing),
             http::header::CONTENT_LENGTH => {
-                let n = std::str::from_utf8(h.value)
-                    .ok()
-                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|v| v.parse::<usize>().ok());
+                let n = crate::http1::content_length(h.value).and_then(|n| usize::try_from(n).ok());
                 match (n, body_len) {
                     (Some(n), None) => body_len = Some(n),
                     _ => return Parsed::HandOff(HandOff::Framing),
@@ -183,18 +184,6 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
                 return Parsed::HandOff(HandOff::Host);
             }
             http::header::HOST => host = true,
-            http::header::CONNECTION => {
-                for t in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-                    if t.eq_ignore_ascii_case(b"close") {
-                        keepalive = false;
-                    } else if !t.is_empty() && !t.eq_ignore_ascii_case(b"keep-alive") {
-                        // A header nominated as hop by hop: pingora-proxy's rules on
-                        // which may be and what then goes upstream
-                        // (`sanitize_h1_upstream_request`).
-                        return Parsed::HandOff(HandOff::Connection);
-                    }
-                }
-            }
             _ => {}
         }
         lines.push((span(h.name.as_bytes()), span(h.value)));
@@ -204,15 +193,31 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     if !host {
         return Parsed::HandOff(HandOff::Host);
     }
+    // A header nominated as hop by hop: pingora-proxy's rules on which may be and
+    // what then goes upstream (`sanitize_h1_upstream_request`).
+    let nominates =
+        |t: &[u8]| !t.eq_ignore_ascii_case(b"close") && !t.eq_ignore_ascii_case(b"keep-alive");
+    if crate::http1::connection_tokens(&headers).any(nominates) {
+        return Parsed::HandOff(HandOff::Connection);
+    }
+    // What GitLab's front refuses: pingora-proxy's service answers it, closing.
+    let checked = crate::http1::RequestHead {
+        method: raw_method,
+        target: &buf[target.clone()],
+        headers: &headers,
+    };
+    if crate::http1::refusal(&checked).is_some() {
+        return Parsed::HandOff(HandOff::Refused);
+    }
     Parsed::Head(Head {
         method,
         target,
         hop_by_hop: crate::sources::connection_listed(&headers),
-        headers,
         lines,
         len,
         body_len: body_len.unwrap_or(0),
-        keepalive,
+        keepalive: !crate::http1::wants_close(&headers),
+        headers,
     })
 }
 

@@ -44,6 +44,9 @@ mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod head;
+#[cfg(test)]
+#[path = "malformed_tests.rs"]
+mod malformed_tests;
 mod response;
 mod serve;
 mod upstream;
@@ -60,6 +63,7 @@ use pingora::protocols::http::ServerSession;
 use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
+use pingora::server::configuration::ServerConf;
 use prometheus::IntCounter;
 use tokio::io::AsyncWriteExt;
 
@@ -77,11 +81,21 @@ const KEEPALIVE: Duration = Duration::from_secs(60);
 /// How long one read of a request body may take.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Most connection attempts for one request (pingora's `max_retries` default).
-const MAX_ATTEMPTS: usize = 16;
-
 /// The largest read of a response body relayed at a time.
 const RELAY_CHUNK: usize = 64 * 1024;
+
+/// How a [`FastPath`] serves its listener.
+#[derive(Clone, Default)]
+pub struct FastPathSettings {
+    /// `false`: hand every connection to pingora-proxy (`fast_path = false`).
+    pub enabled: bool,
+    /// The listener's buffer settings (`read_buffer_bytes`), restored on a
+    /// connection handed to pingora-proxy.
+    pub listener_buffers: L4BufferSettings,
+    /// Where idle connections go when this process shuts down, if a new one
+    /// serves.
+    pub handover: Option<Arc<Handover>>,
+}
 
 /// The fast path, and pingora-proxy's service behind it. A clone shares
 /// everything (the upstream pool too): the one serving connections handed over at
@@ -98,42 +112,38 @@ pub struct FastPath {
     served: IntCounter,
     /// Where idle connections go when this process shuts down, if a new one serves.
     handover: Option<Arc<Handover>>,
+    /// Most connection attempts for one request: pingora-proxy's `max_retries`.
+    max_attempts: usize,
 }
 
 impl FastPath {
     /// Serve runner requests with `gate` (a clone of the one inside `proxy`), hand
-    /// everything else to `proxy`. A request head must be complete within
-    /// `head_timeout` of its first byte, as on pingora's path (`head_timeout_ms`).
-    pub fn new(gate: PodGate, proxy: HttpProxy<PodGate>, head_timeout: Duration) -> Self {
+    /// everything else to `proxy`. The limits are pingora-proxy's: a request head
+    /// must be complete within its options' `h1_header_deadline` of its first byte
+    /// (`head_timeout_ms`; without one, within a body read's timeout), and a
+    /// request makes at most `conf.max_retries` connection attempts.
+    pub fn new(
+        gate: PodGate,
+        proxy: HttpProxy<PodGate>,
+        conf: &ServerConf,
+        settings: FastPathSettings,
+    ) -> Self {
+        let head_timeout = proxy
+            .server_options
+            .as_ref()
+            .and_then(|o| o.h1_header_deadline)
+            .unwrap_or(BODY_READ_TIMEOUT);
         FastPath {
             gate,
             proxy: Arc::new(proxy),
             pool: Arc::default(),
             head_timeout,
-            enabled: true,
-            buffers: L4BufferSettings::default(),
+            enabled: settings.enabled,
+            buffers: settings.listener_buffers,
             served: METRICS.fast_path.with_label_values(&["served"]),
-            handover: None,
+            handover: settings.handover,
+            max_attempts: conf.max_retries,
         }
-    }
-
-    /// Hand idle connections to `handover`'s successor at shutdown.
-    pub fn handover(mut self, handover: Arc<Handover>) -> Self {
-        self.handover = Some(handover);
-        self
-    }
-
-    /// The listener's buffer settings (`read_buffer_bytes`), restored on a
-    /// connection handed to pingora-proxy.
-    pub fn listener_buffers(mut self, buffers: L4BufferSettings) -> Self {
-        self.buffers = buffers;
-        self
-    }
-
-    /// `false`: hand every connection to pingora-proxy (`fast_path = false`).
-    pub fn enabled(mut self, enabled: bool) -> Self {
-        self.enabled = enabled;
-        self
     }
 }
 
@@ -217,6 +227,10 @@ impl ServerApp for FastPath {
             // ([`crate::handover`]) rather than closed by pingora's loop.
             let mut session = ServerSession::new_http1(stream);
             session.set_keepalive((!*shutdown.borrow()).then_some(KEEPALIVE.as_secs()));
+            if let Some(options) = &self.proxy.server_options {
+                session.set_header_deadline(options.h1_header_deadline);
+                session.set_strict_framing(options.h1_strict_framing);
+            }
             let (stream, _) = self
                 .proxy
                 .process_new_http(session, shutdown)

@@ -91,11 +91,7 @@ pub(crate) fn parse(buf: &[u8], head_request: bool) -> Parsed {
     for h in resp.headers.iter() {
         let name = h.name;
         if name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(h.value)
-                .ok()
-                .map(str::trim)
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok());
+            let n = crate::http1::content_length(h.value.trim_ascii());
             match (n, length) {
                 (Some(n), None) => length = Some(n),
                 (Some(n), Some(m)) if n == m => continue,

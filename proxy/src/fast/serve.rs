@@ -13,6 +13,7 @@ use super::{
     BODY_READ_TIMEOUT, Conn, FastPath, KEEPALIVE, Next, fast_rule, handover_due, write_all,
 };
 use crate::answer::Answer;
+use crate::decision::{Outcome, Refusal};
 use crate::edge_poll::RunnerRequest;
 use crate::pipeline::{self, BodyPlan, BodyRead, Plan};
 use crate::service::{Ctx, Held};
@@ -124,7 +125,11 @@ impl FastPath {
             ..Ctx::default()
         };
         let (rule, body) = self.plan(conn, &head)?;
-        let total = read_body(conn, &head).await?;
+        let total = match read_body(conn, &head).await {
+            Ok(total) => total,
+            Err(Cut::Early) => return self.ended_early(conn, head, ctx).await,
+            Err(Cut::Gone) => return Err(Next::Close),
+        };
         // Bytes past this request (a pipelined one) end the connection after the
         // answer, as pingora refuses to reuse a connection whose request was
         // overread (`v1/server.rs`, `reuse`): no request is parsed from bytes that
@@ -273,6 +278,25 @@ impl FastPath {
         }
     }
 
+    /// A body that ended before its length: NGINX's 400 ("client prematurely
+    /// closed connection", `ngx_http_read_client_request_body`), as pingora-proxy's
+    /// service answers it (`crate::body`), and the connection closed. A client that
+    /// closed only its side reads it.
+    async fn ended_early(&self, conn: &mut Conn, head: Head, mut ctx: Ctx) -> Result<bool, Next> {
+        let refusal = Refusal::bad_request("body_ended_early", "the request body ended early");
+        let answer = Answer::refusal(&refusal);
+        ctx.request_id = self.gate.request_id(&head.headers);
+        ctx.outcome = Some(Outcome::Refused(refusal));
+        let taken = Taken {
+            total: conn.buf.len(),
+            head,
+            body: None,
+            keepalive: false,
+        };
+        self.answer(conn, &taken, &ctx, &answer).await?;
+        Err(Next::Close)
+    }
+
     fn log(&self, conn: &Conn, head: &Head, status: u16, ctx: &Ctx, e: Option<&Error>) {
         self.gate.log_request(
             head.method.as_str(),
@@ -302,17 +326,26 @@ fn view<'a>(conn: &'a Conn, head: &'a Head) -> pipeline::Head<'a> {
 }
 
 /// Read the rest of the body into the buffer; where the request ends in it.
-/// `Err`: the client closed, failed or stalled ([`super::BODY_READ_TIMEOUT`]).
-async fn read_body(conn: &mut Conn, head: &Head) -> Result<usize, Next> {
+/// `Err`: the client closed, failed or stalled ([`Cut`]).
+async fn read_body(conn: &mut Conn, head: &Head) -> Result<usize, Cut> {
     let total = head.len + head.body_len;
     while conn.buf.len() < total {
         conn.buf.reserve(total - conn.buf.len());
         match tokio::time::timeout(BODY_READ_TIMEOUT, conn.stream.read_buf(&mut conn.buf)).await {
-            Ok(Ok(n)) if n > 0 => {}
-            _ => return Err(Next::Close),
+            Ok(Ok(0)) => return Err(Cut::Early),
+            Ok(Ok(_)) => {}
+            _ => return Err(Cut::Gone),
         }
     }
     Ok(total)
+}
+
+/// Why a body was not read whole.
+enum Cut {
+    /// The client closed (its side of) the connection first.
+    Early,
+    /// A read failed or stalled past [`super::BODY_READ_TIMEOUT`].
+    Gone,
 }
 
 /// Read more of the request into the connection's buffer (`buf`); the fields,

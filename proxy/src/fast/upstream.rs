@@ -12,14 +12,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-
-/// pingora's default connect timeout for the proxy's upstreams
-/// ([`crate::service`] sets 2 s on every peer).
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Most idle connections kept per upstream address (pingora's pool default).
 const MAX_IDLE_PER_ADDR: usize = 128;
@@ -35,7 +30,7 @@ pub(crate) struct Pool {
 pub(crate) enum ConnectError {
     /// Refused, unreachable, …
     Failed(std::io::Error),
-    /// Not within [`CONNECT_TIMEOUT`].
+    /// Not within [`crate::service::CONNECT_TIMEOUT`].
     TimedOut,
 }
 
@@ -87,7 +82,7 @@ impl Pool {
 
 /// A new connection to `addr`, Nagle off (a request leaves in one write).
 pub(crate) async fn connect(addr: SocketAddr) -> Result<TcpStream, ConnectError> {
-    match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+    match tokio::time::timeout(crate::service::CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
         Err(_) => Err(ConnectError::TimedOut),
         Ok(Err(e)) => Err(ConnectError::Failed(e)),
         Ok(Ok(conn)) => {

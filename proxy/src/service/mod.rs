@@ -40,7 +40,7 @@ mod upstream;
 
 pub(crate) use hold::Held;
 pub(crate) use kas_open::KasOpen;
-pub(crate) use upstream::Added;
+pub(crate) use upstream::{Added, CONNECT_TIMEOUT};
 
 /// Concurrent gRPC calls on one connection to a kas, below the 200 that kas's
 /// server (hyper's HTTP/2 default) allows: kas's memory goes with its connections
@@ -219,9 +219,9 @@ impl PodGate {
     }
 
     /// Answer from the proxy itself, the connection kept for the client's next
-    /// request where the fast path would keep it ([`drain_small_body`]).
+    /// request where the fast path would keep it ([`crate::body::drain_small_body`]).
     async fn answer(&self, session: &mut Session, ctx: &Ctx, answer: &Answer) -> Result<()> {
-        drain_small_body(session, self.body_lookahead).await?;
+        crate::body::drain_small_body(session, self.body_lookahead).await?;
         respond(session, ctx, answer).await
     }
 
@@ -254,33 +254,6 @@ fn pipeline_head<'a>(
         http2: session.is_http2(),
         hop_by_hop,
     }
-}
-
-/// Before an answer of the proxy's own, read the rest of a body declared within
-/// `limit` bytes, so that the connection can serve the client's next request:
-/// pingora writes `Connection: close` and closes while a request body is unread.
-/// Go's `net/http` server (Workhorse's) does the same for a handler that left up to
-/// 256 KiB unread (`maxPostHandlerReadBytes`,
-/// <https://github.com/golang/go/blob/go1.22.0/src/net/http/server.go>), and the
-/// fast path has read any body it serves, at most the look-ahead, before it
-/// answers. A larger or chunked body is not read: the connection closes. `Err`:
-/// the client went away or stalled (as in [`read_body`]).
-async fn drain_small_body(session: &mut Session, limit: usize) -> Result<()> {
-    // HTTP/2 ends the stream, not the connection; a connection closing anyway
-    // needs no drain.
-    if session.is_http2() || session.get_keepalive().is_none() || session.is_body_done() {
-        return Ok(());
-    }
-    let declared = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<usize>().ok());
-    if declared.is_some_and(|n| n <= limit) {
-        session.drain_request_body().await?;
-    }
-    Ok(())
 }
 
 /// Write an answer of the proxy's own through pingora's session; to a gRPC call,
@@ -320,25 +293,34 @@ impl ProxyHttp for PodGate {
         let started = Instant::now();
         ctx.started = Some(started);
         ctx.request_id = self.request_id(&session.req_header().headers);
-        let head = session.req_header();
         // `Connection` is a list field: a `close` in any of its lines ends the
-        // connection after this request (RFC 9112 §9.6). pingora reads only the first.
-        if head
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .skip(1)
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("close"))
-        {
+        // connection after this request. pingora reads only the first.
+        if crate::http1::wants_close(&session.req_header().headers) {
             session.set_keepalive(None);
+        }
+        // What GitLab's front refuses of an HTTP/1 head (the fast path hands such
+        // heads here): answered, and the connection closed, as NGINX does.
+        if !session.is_http2() {
+            let head = session.req_header();
+            let checked = crate::http1::RequestHead {
+                method: head.method.as_str(),
+                target: head.raw_path(),
+                headers: &head.headers,
+            };
+            if let Some(refusal) = crate::http1::refusal(&checked) {
+                session.set_keepalive(None);
+                self.answer(session, ctx, &Answer::refusal(&refusal))
+                    .await?;
+                ctx.outcome = Some(Outcome::Refused(refusal));
+                return Ok(true);
+            }
         }
         // Planning reads no `Connection:`-listed header: they matter to the token
         // lookup only, after the body is read.
         let plan = self.plan(&pipeline_head(session, &[]));
         let (idx, decision, body) = match plan {
             Plan::MissingHost(refusal) => {
+                session.set_keepalive(None);
                 self.answer(session, ctx, &Answer::refusal(&refusal))
                     .await?;
                 ctx.outcome = Some(Outcome::Refused(refusal));
@@ -366,6 +348,7 @@ impl ProxyHttp for PodGate {
                 if let Some(pod) = ctx.forwarded() {
                     ctx.kas_open = KasOpen::open(rule, pod, ctx.token.as_ref());
                 }
+                crate::body::answer_expect(session).await?;
                 self.edge_hold(session, ctx, rule, body).await
             }
         }
@@ -379,7 +362,7 @@ impl ProxyHttp for PodGate {
         let addr = self.next_address(ctx).await?;
         let rule = self.rule_of(ctx);
         let mut peer = HttpPeer::new(addr, false, String::new());
-        peer.options.connection_timeout = Some(Duration::from_secs(2));
+        peer.options.connection_timeout = Some(CONNECT_TIMEOUT);
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
         if rule.pool == Pool::Kas && session.is_http2() {
             // agentk's and runners' gRPC: HTTP/2 end to end, cleartext to kas (h2c),
@@ -435,10 +418,14 @@ impl ProxyHttp for PodGate {
         for name in sources::connection_listed(&upstream_request.headers) {
             upstream_request.remove_header(&name);
         }
+        // What ends at the proxy, as on the fast path; but `Connection`, which
+        // pingora has already rewritten for a WebSocket upgrade.
         let dropped: Vec<http::HeaderName> = upstream_request
             .headers
             .keys()
-            .filter(|n| sources::dropped_at_the_edge(n.as_str().as_bytes()))
+            .filter(|n| {
+                **n != http::header::CONNECTION && crate::http1::ends_here(n.as_str().as_bytes())
+            })
             .cloned()
             .collect();
         for name in dropped {
@@ -470,6 +457,13 @@ impl ProxyHttp for PodGate {
     ) -> Result<()> {
         upstream_response.insert_header("x-request-id", ctx.request_id.as_str())?;
         Ok(())
+    }
+
+    /// A failed request is logged once, by [`ProxyHttp::logging`]: pingora's own
+    /// "Fail to proxy" line would log it twice, and at error level for a client's
+    /// mistake (a malformed chunked body) as well as for a server fault.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {
+        true
     }
 
     /// One line per request (`PodGate::log_request`, shared with the fast path).

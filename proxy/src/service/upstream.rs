@@ -11,6 +11,10 @@ use super::{Ctx, PodGate};
 use crate::metrics::METRICS;
 use crate::rules::{Pool, Rule};
 
+/// How long a connection to a Pod's upstream may take to open, on both paths
+/// (pingora's peers and the fast path's own connections).
+pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The headers the proxy sets on a forwarded request, replacing any the client
 /// sent: the Pod decided, the rule that decided it, and the request id.
 pub(crate) const ADDED_HEADERS: [&str; 3] = ["x-podgate-pod", "x-podgate-rule", "x-request-id"];

@@ -97,6 +97,16 @@ pub struct HttpServerOptions {
     ///
     /// Default: `None`
     pub h1_header_deadline: Option<Duration>,
+
+    /// If set, HTTP/1.x request framing that pingora would otherwise repair or
+    /// reinterpret is refused instead (400), as NGINX refuses it: a request line
+    /// `httparse` rejects is not retried with its target percent-escaped;
+    /// `Content-Length` beside `Transfer-Encoding` is refused, not
+    /// `Content-Length` dropped; and so is a `Transfer-Encoding` other than one
+    /// `chunked`. See `HttpSession::set_strict_framing`.
+    ///
+    /// Default: `false`
+    pub h1_strict_framing: bool,
 }
 
 /// Settings persisted across HTTP/1.x keepalive requests on the same downstream connection.
@@ -366,6 +376,8 @@ where
             );
             let header_deadline = self.server_options().and_then(|o| o.h1_header_deadline);
             session.set_header_deadline(header_deadline);
+            let strict_framing = self.server_options().is_some_and(|o| o.h1_strict_framing);
+            session.set_strict_framing(strict_framing);
 
             let mut result = self.process_new_http(session, shutdown).await;
             while let Some((stream, persistent_settings)) = result.map(|r| r.consume()) {
@@ -374,6 +386,7 @@ where
                     persistent_settings.apply_to_session(&mut session);
                 }
                 session.set_header_deadline(header_deadline);
+                session.set_strict_framing(strict_framing);
 
                 result = self.process_new_http(session, shutdown).await;
             }

@@ -343,6 +343,15 @@ impl Session {
         }
     }
 
+    /// Refuse HTTP/1.x request framing pingora would otherwise repair (see
+    /// [`HttpServerOptions::h1_strict_framing`](crate::apps::HttpServerOptions)).
+    /// Not applicable for h2 or subrequest.
+    pub fn set_strict_framing(&mut self, strict: bool) {
+        if let Self::H1(s) = self {
+            s.set_strict_framing(strict);
+        }
+    }
+
     pub fn set_keepalive_reuses_remaining(&mut self, reuses: Option<u32>) {
         if let Self::H1(s) = self {
             s.set_keepalive_reuses_remaining(reuses);

@@ -105,6 +105,8 @@ pub struct HttpSession {
     /// Overall time a request header may take from its first byte to its end
     /// (a slow client sending one line at a time resets `read_timeout` each time).
     header_deadline: Option<Duration>,
+    /// Refuse request framing that would otherwise be repaired (`set_strict_framing`).
+    strict_framing: bool,
     write_timeout: Option<Duration>,
     /// How long to wait to make downstream session reusable, if body needs to be drained.
     total_drain_timeout: Option<Duration>,
@@ -191,6 +193,7 @@ impl HttpSession {
             request_header: None,
             read_timeout: Some(Duration::from_secs(60)),
             header_deadline: None,
+            strict_framing: false,
             write_timeout: None,
             total_drain_timeout: None,
             body_bytes_sent: 0,
@@ -434,6 +437,12 @@ impl HttpSession {
                         // also requires us to disable keepalive when both headers are present.
                         let has_both_te_and_cl =
                             contains_content_length && contains_transfer_encoding;
+                        if has_both_te_and_cl && self.strict_framing {
+                            return Error::e_explain(
+                                InvalidHTTPHeader,
+                                "Content-Length and Transfer-Encoding at the same time",
+                            );
+                        }
                         if has_both_te_and_cl {
                             request_header.remove_header(&CONTENT_LENGTH);
                         }
@@ -459,7 +468,9 @@ impl HttpSession {
                         break; /* continue the read loop */
                     }
                     HeaderParseState::Invalid(e) => match e {
-                        httparse::Error::Token | httparse::Error::Version => {
+                        httparse::Error::Token | httparse::Error::Version
+                            if !self.strict_framing =>
+                        {
                             // URI escaping rebuilds the current header. Detach any request body or
                             // pipelined suffix first so normalization never copies queued requests.
                             // `separator_start` is the index of the blank line itself, so the
@@ -527,6 +538,16 @@ impl HttpSession {
                     InvalidHTTPHeader,
                     "HTTP/1.0 requests cannot include Transfer-Encoding header",
                 );
+            }
+            if self.strict_framing {
+                let mut codings = req_header.headers.get_all(TRANSFER_ENCODING).iter();
+                let first = codings.next();
+                if codings.next().is_some() {
+                    return Error::e_explain(InvalidHTTPHeader, "repeated Transfer-Encoding");
+                }
+                if !first.is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked")) {
+                    return Error::e_explain(InvalidHTTPHeader, "unknown Transfer-Encoding");
+                }
             }
             // If chunked is not the final Transfer-Encoding, reject request
             // See https://datatracker.ietf.org/doc/html/rfc9112#section-6.3-2.4.3
@@ -860,8 +881,10 @@ impl HttpSession {
             }
         }
 
-        // if body unfinished, or request header was not finished reading
+        // if body unfinished, or request header was not finished reading; a `100
+        // Continue` asks for the body, which is read after it, so it does not count
         if self.close_on_response_before_downstream_finish
+            && header.status != http::StatusCode::CONTINUE
             && (self.request_header.is_none() || !self.is_body_done())
         {
             debug!("set connection close before downstream finish");
@@ -1369,6 +1392,16 @@ impl HttpSession {
     /// first byte. `None` (the default) leaves only the per-read `read_timeout`.
     pub fn set_header_deadline(&mut self, deadline: Option<Duration>) {
         self.header_deadline = deadline;
+    }
+
+    /// Refuse request framing that is otherwise repaired or reinterpreted, as
+    /// NGINX does (`ngx_http_parse_request_line`, `ngx_http_process_request_header`):
+    /// a request line `httparse` rejects is an error (no retry with the target
+    /// percent-escaped), and so are `Content-Length` with `Transfer-Encoding` (not
+    /// `Content-Length` dropped) and a `Transfer-Encoding` other than one
+    /// `chunked`. Each is an `InvalidHTTPHeader` (a 400). Off by default.
+    pub fn set_strict_framing(&mut self, strict: bool) {
+        self.strict_framing = strict;
     }
 
     /// Sets the downstream read timeout. This will trigger if we're unable
@@ -4675,5 +4708,73 @@ mod test_header_deadline {
         assert_eq!(session.get_header("X-Slow").unwrap(), "1");
         let mut session = HttpSession::new(trickled(Duration::from_secs(20)));
         assert!(session.read_request().await.unwrap().is_some());
+    }
+}
+
+// podgate patch 0009: strict request framing.
+#[cfg(test)]
+mod test_strict_framing {
+    use super::*;
+    use tokio_test::io::Builder;
+
+    /// `input` read by a session, strict or not: the error type, or the request
+    /// line's path and whether `Content-Length` survived.
+    async fn read(input: &'static [u8], strict: bool) -> std::result::Result<(String, bool), pingora_error::ErrorType> {
+        let mock = Builder::new().read(input).build();
+        let mut session = HttpSession::new(Box::new(mock));
+        session.set_strict_framing(strict);
+        match session.read_request().await {
+            Ok(_) => Ok((
+                String::from_utf8_lossy(session.req_header().raw_path()).into_owned(),
+                session.req_header().headers.contains_key(CONTENT_LENGTH),
+            )),
+            Err(e) => Err(e.etype().clone()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_target_httparse_rejects_is_refused_not_escaped() {
+        let input = b"GET /a b HTTP/1.1\r\nHost: h\r\n\r\n";
+        assert_eq!(read(input, false).await, Ok(("/a%20b".into(), false)));
+        assert_eq!(read(input, true).await, Err(InvalidHTTPHeader));
+    }
+
+    #[tokio::test]
+    async fn content_length_beside_transfer_encoding_is_refused_not_dropped() {
+        let input = b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(read(input, false).await, Ok(("/".into(), false)));
+        assert_eq!(read(input, true).await, Err(InvalidHTTPHeader));
+    }
+
+    #[tokio::test]
+    async fn only_one_plain_chunked_coding_is_taken() {
+        let listed = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
+        assert!(read(listed, false).await.is_ok());
+        assert_eq!(read(listed, true).await, Err(InvalidHTTPHeader));
+        let twice = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert!(read(twice, false).await.is_ok());
+        assert_eq!(read(twice, true).await, Err(InvalidHTTPHeader));
+        let plain = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: Chunked\r\n\r\n";
+        assert_eq!(read(plain, true).await, Ok(("/".into(), false)));
+    }
+}
+
+// podgate patch 0010: a `100 Continue` does not close the connection.
+#[cfg(test)]
+mod test_continue_keeps_connection {
+    use super::*;
+    use tokio_test::io::Builder;
+
+    #[tokio::test]
+    async fn a_100_continue_before_the_body_keeps_the_connection() {
+        let mock = Builder::new()
+            .read(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+            .write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .build();
+        let mut session = HttpSession::new(Box::new(mock));
+        session.read_request().await.unwrap();
+        session.set_keepalive(Some(60));
+        session.write_continue_response().await.unwrap();
+        assert!(session.will_keepalive());
     }
 }
