@@ -1,7 +1,7 @@
 //! The admin listener: `/metrics` (Prometheus), `/healthz` (the process serves) and
 //! `/readyz` (the proxy's listener accepts connections and a topology with a usable
 //! default Pod is loaded), and with `[console]
-//! enabled` the web console under `/console/` ([`crate::console`]): the page and
+//! enabled` the web console under `/console/` ([`podgate_console`]): the page and
 //! its event stream. Its own address, never the proxy's, so operations endpoints
 //! are not exposed to runners.
 
@@ -20,9 +20,9 @@ use pingora::server::ShutdownWatch;
 use podgate_registry::PodState;
 use podgate_tokens::Classifier;
 
-use crate::console::{self, ConsoleHandle};
 use crate::metrics::{self, METRICS};
 use crate::server::RegistryHandle;
+use podgate_console::{self as console, ConsoleHandle};
 
 /// What the page may load and connect to: its own files, and WebSockets anywhere
 /// (the Graph API is on the proxy's listener, another origin).

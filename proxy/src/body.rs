@@ -115,17 +115,17 @@ pub(crate) async fn answer_expect(session: &mut Session) -> Result<()> {
 /// 256 KiB unread (`maxPostHandlerReadBytes`,
 /// <https://github.com/golang/go/blob/go1.22.0/src/net/http/server.go>), and the
 /// fast path has read any body it serves, at most the look-ahead, before it
-/// answers. A larger or chunked body is not read: the connection closes. `Err`:
-/// the client went away or stalled (as in [`read_body`]).
-pub(crate) async fn drain_small_body(session: &mut Session, limit: usize) -> Result<()> {
+/// answers. A larger or chunked body is not read, and one that cannot be read
+/// (the client closed or stalled first) is not waited for: the answer is still
+/// written, and the connection closes after it.
+pub(crate) async fn drain_small_body(session: &mut Session, limit: usize) {
     // HTTP/2 ends the stream, not the connection; a connection closing anyway
     // needs no drain.
     if session.is_http2() || session.get_keepalive().is_none() || session.is_body_done() {
-        return Ok(());
+        return;
     }
     let declared = crate::http1::declared_length(&session.req_header().headers);
-    if declared.is_some_and(|n| n <= limit) {
-        session.drain_request_body().await?;
+    if declared.is_some_and(|n| n <= limit) && session.drain_request_body().await.is_err() {
+        session.set_keepalive(None);
     }
-    Ok(())
 }

@@ -24,7 +24,7 @@
 //! queue_timeout_ms = 2000         # past the bound, waited this long, then 503
 //!
 //! [console]                        # the web console on the admin listener
-//! enabled = false                  # (crate::console: its sources)
+//! enabled = false                  # (podgate-console: its sources)
 //!
 //! [tls]                            # optional HTTPS listener (h1 + h2 by ALPN)
 //! listen = "0.0.0.0:8443"
@@ -51,11 +51,11 @@ use podgate_tokens::ClassifierConfig;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::console::ConsoleConfig;
 use crate::decision::OnInvalid;
 use crate::health::HealthConfig;
 use crate::rules::Rule;
 use crate::upstreams::UpstreamsConfig;
+use podgate_console::ConsoleConfig;
 
 /// Configuration and start-up errors. Not transient: fix the configuration.
 #[derive(Debug, Error)]
@@ -216,7 +216,7 @@ pub struct ProxyConfig {
     /// Name resolution of the topology's upstreams.
     #[serde(default)]
     pub upstreams: UpstreamsConfig,
-    /// The web console on the admin listener ([`crate::console`]).
+    /// The web console on the admin listener ([`podgate_console`]).
     #[serde(default)]
     pub console: ConsoleConfig,
     /// Seconds a `jobs/request` long poll is held at the edge, with no upstream

@@ -41,8 +41,9 @@
 //!
 //! ## Operations
 //!
-//! - [`console`]: the web console on the admin listener (`[console] enabled`), a
-//!   page fed by events derived from `/metrics` and the Graph API's WebSocket.
+//! - The web console, a crate of its own (`podgate-console`, `proxy/console/`),
+//!   which [`admin`] mounts on the admin listener (`[console] enabled`): a page
+//!   fed by events derived from `/metrics` and the Graph API's WebSocket.
 //! - [`upstreams`]: one pingora load balancer per (Pod, pool), names resolved off
 //!   the request path; [`health`]: active checks, an upstream failing `fall` checks
 //!   in a row takes no traffic until it passes `rise`.
@@ -56,7 +57,6 @@ pub mod admin;
 mod answer;
 pub mod body;
 pub mod config;
-pub mod console;
 pub mod decision;
 pub mod edge_poll;
 pub mod fast;

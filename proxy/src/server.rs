@@ -310,7 +310,7 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
     if config.admin_listen != "off" {
         let console = config.console.enabled.then(|| {
             let local = classifier.clone();
-            let (console, handle) = crate::console::Console::new(
+            let (console, handle) = podgate_console::Console::new(
                 config.console.clone(),
                 Box::new(move || crate::admin::render_metrics(&local)),
             );

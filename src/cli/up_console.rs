@@ -1,4 +1,4 @@
-//! `podgate up`'s web console: the proxy's own ([`podgate_proxy::console`]) on its
+//! `podgate up`'s web console: the proxy's own (`podgate_console`) on its
 //! admin listener, with the three Pods and kas as sources, and a browser session
 //! for the graph.
 //!

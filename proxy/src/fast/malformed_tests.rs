@@ -544,4 +544,21 @@ fn a_request_cut_short_by_its_client_is_not_a_server_error() {
             assert!(o.upstream.is_empty(), "{name}: {o:?}");
         }
     }
+    // Found by `proxy_request_head`: an answer of the proxy's own (conflicting
+    // tokens) to a request whose body is still coming, and then does not. The fast
+    // path reads the body first (400); pingora-proxy answers from the head or takes
+    // the client for gone. Never a 500 (the drain before an answer of its own
+    // failed), nothing forwarded.
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fuzz/regressions/proxy_request_head/answered-while-its-body-is-cut-short"
+    ))
+    .unwrap();
+    let (fast, pingora) = paths.run_then_close(&bytes);
+    assert_eq!(status(&fast), Some(400), "{fast:?}");
+    assert!(
+        status(&pingora).is_none_or(|s| (400..500).contains(&s)),
+        "{pingora:?}"
+    );
+    assert!(fast.upstream.is_empty() && pingora.upstream.is_empty());
 }

@@ -221,7 +221,7 @@ impl PodGate {
     /// Answer from the proxy itself, the connection kept for the client's next
     /// request where the fast path would keep it ([`crate::body::drain_small_body`]).
     async fn answer(&self, session: &mut Session, ctx: &Ctx, answer: &Answer) -> Result<()> {
-        crate::body::drain_small_body(session, self.body_lookahead).await?;
+        crate::body::drain_small_body(session, self.body_lookahead).await;
         respond(session, ctx, answer).await
     }
 

@@ -36,15 +36,14 @@
 //! gitlab-org/cluster-integration/gitlab-agent, and its `doc/kas_request_routing.md`
 //! (read in the mirror <https://github.com/pluralsh/kubernetes-agent>).
 //!
-//! Layout: the loop and the kas → kas call here; the response it returns in
-//! `routed.rs`; the kas → kas channels in `channels.rs`; the receiving side of a
+//! Layout: the router and the kas → kas call here; the loop's three phases in
+//! `route.rs`; the response it returns in `routed.rs`; the kas → kas channels in `channels.rs`; the receiving side of a
 //! kas → kas call in `follower.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use podgate_registry::{AgentEvent, Registry};
-use tokio::sync::broadcast::error::RecvError;
+use podgate_registry::Registry;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -58,6 +57,7 @@ use podgate_agent::proto::{CallRequest, CallResponse, CallStart, call_request, c
 
 mod channels;
 mod follower;
+mod route;
 mod routed;
 
 pub use channels::MAX_CHANNELS;
@@ -80,9 +80,7 @@ pub const ACCEPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// other kas waits no longer for a tunnel.
 pub const HOP_WAIT_KEY: &str = "kas-hop-wait-ms";
 
-/// Metadata on the `Unavailable` a kas answers when it holds no tunnel to the
-/// replica named (as opposed to an `Unavailable` agentk sent): re-route.
-pub const NO_TUNNEL_KEY: &str = "kas-hop-no-tunnel";
+pub use crate::tunnel::NO_TUNNEL_KEY;
 
 pub(super) const NO_TUNNELS: &str = "this kas holds no tunnel to the agent";
 
@@ -184,7 +182,12 @@ impl AgentRouter {
         loop {
             attempts += 1;
             let (result, outcome) = self
-                .route(agent_id, connection_id, method, &Meta::new())
+                .route(&route::Call {
+                    agent_id,
+                    connection_id,
+                    method,
+                    meta: &Meta::new(),
+                })
                 .await;
             timer.outcome = outcome;
             match result?.try_start(payload.clone()).await {
@@ -212,7 +215,13 @@ impl AgentRouter {
         meta: &Meta,
     ) -> Result<Routed, Status> {
         let mut timer = self.timer(method);
-        let (result, outcome) = self.route(agent_id, connection_id, method, meta).await;
+        let call = route::Call {
+            agent_id,
+            connection_id,
+            method,
+            meta,
+        };
+        let (result, outcome) = self.route(&call).await;
         timer.outcome = outcome;
         result
     }
@@ -225,116 +234,6 @@ impl AgentRouter {
             method: method.rsplit('/').next().unwrap_or(method),
             started: std::time::Instant::now(),
             outcome: Outcome::Cancelled,
-        }
-    }
-
-    async fn route(
-        &self,
-        agent_id: i64,
-        connection_id: i64,
-        method: &str,
-        meta: &Meta,
-    ) -> (Result<Routed, Status>, Outcome) {
-        let deadline = Instant::now() + self.max_wait;
-        // Subscribed before the first look, so a connect in between is not missed.
-        let mut events = self.registry.subscribe();
-        // A closed event channel (the registry is gone) would wake the wait at once,
-        // forever: then only a tunnel here or the deadline ends it.
-        let mut events_open = true;
-        let mut waited = false;
-        let timeout = |metrics: &KasMetrics| {
-            metrics.routing_timeouts.inc();
-            (
-                Err(Status::deadline_exceeded(NOT_CONNECTED)),
-                Outcome::Timeout,
-            )
-        };
-        loop {
-            match self
-                .tunnels
-                .call(agent_id, connection_id, method, meta)
-                .await
-            {
-                Ok(Some(c)) => return (Ok(Routed::local(c)), Outcome::Local),
-                Ok(None) => {}
-                Err(e) => return (Err(e), Outcome::Error),
-            }
-            let conns = match self.registry.connections_by_agent(agent_id).await {
-                Ok(c) => c,
-                Err(e) => {
-                    self.metrics.registry_error("connections_by_agent");
-                    tracing::warn!(error = %e, "registry lookup failed; waiting for an event");
-                    Vec::new()
-                }
-            };
-            let conns = if conns.is_empty() {
-                // Registered nowhere: wait for the connect event (no polling), or a
-                // tunnel here (a GitLab agentk's tunnels serve any replica).
-                let _waiting = Waiting::new(&self.metrics, &mut waited);
-                tokio::select! {
-                    r = self.registry.wait_for_agent(agent_id, deadline) => match r {
-                        Ok(c) => c,
-                        Err(_) => return timeout(&self.metrics),
-                    },
-                    _ = self.tunnels.wait_idle(agent_id, connection_id, 1) => continue,
-                }
-            } else {
-                conns
-            };
-            let mut held_here = false;
-            let mut asked: Vec<&str> = Vec::new();
-            for c in conns
-                .iter()
-                .filter(|c| connection_id == 0 || c.connection_id == connection_id)
-            {
-                if c.kas.0 == self.me {
-                    held_here = true;
-                    continue;
-                }
-                // Each kas once: asked for any replica, it answers for all it holds.
-                if asked.contains(&c.kas.0.as_str()) {
-                    continue;
-                }
-                asked.push(&c.kas.0);
-                // The replica asked for, or any: that kas may hold tunnels naming no
-                // connection (GitLab's agentk), which serve any replica.
-                let instruction = CallStart {
-                    agent_id,
-                    connection_id,
-                    method: method.to_owned(),
-                    meta: meta.clone(),
-                };
-                match self.remote(&c.kas.0, instruction, deadline).await {
-                    Ok(r) => return (Ok(r), Outcome::Kas),
-                    Err(Attempt::Reroute) => {
-                        self.metrics.reroutes.inc();
-                    }
-                    Err(Attempt::Fail(e)) => return (Err(e), Outcome::Error),
-                }
-            }
-            if Instant::now() >= deadline {
-                return timeout(&self.metrics);
-            }
-            // Nothing answered yet: wait for the next change that concerns this
-            // agent (a tunnel to it here, its connects and disconnects anywhere, or a
-            // resync), never past the deadline. Other agents' events wake nothing.
-            let _waiting = Waiting::new(&self.metrics, &mut waited);
-            loop {
-                tokio::select! {
-                    _ = self.tunnels.wait_idle(agent_id, connection_id, 1), if held_here || connection_id == 0 => break,
-                    r = events.recv(), if events_open => match r {
-                        Ok(AgentEvent::Connected { agent_id: a, .. }
-                        | AgentEvent::Disconnected { agent_id: a, .. })
-                            if a != agent_id => {}
-                        Err(RecvError::Closed) => {
-                            events_open = false;
-                            break;
-                        }
-                        _ => break,
-                    },
-                    _ = tokio::time::sleep_until(deadline) => return timeout(&self.metrics),
-                }
-            }
         }
     }
 

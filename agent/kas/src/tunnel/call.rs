@@ -18,11 +18,15 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use super::super::metrics::KasMetrics;
-use super::super::routing::NO_TUNNEL_KEY;
 use podgate_agent::proto::gitlab::agent::prototool::Values;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::{
     CloseSend, ConnectRequest, ConnectResponse, Message, connect_request, connect_response,
 };
+
+/// Metadata on the `Unavailable` a kas answers when it holds no tunnel to the
+/// replica named, or when a tunnel broke before agentk answered (as opposed to an
+/// `Unavailable` agentk sent): the caller re-routes the call (`crate::routing`).
+pub const NO_TUNNEL_KEY: &str = "kas-hop-no-tunnel";
 
 /// gRPC metadata in the tunnel's form.
 pub type Meta = HashMap<String, Values>;
@@ -62,17 +66,29 @@ impl Drop for Busy {
     }
 }
 
+/// Where a call is in agentk's response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CallState {
+    /// Nothing came up yet. A tunnel that breaks now was dead while idle: the call
+    /// may be tried on another.
+    Waiting,
+    /// agentk answered (a header or a message came up); no trailer yet, so the
+    /// tunnel ending now breaks the call.
+    Answering,
+    /// agentk's trailer came up: the tunnel's end is the call's OK.
+    Trailed,
+    /// Ended (OK, agentk's error, or the tunnel broke): nothing more to read, and
+    /// nothing to abort when the call is dropped.
+    Done,
+}
+
 /// A call on a tunnel this kas holds. Dropping it before its end aborts the tunnel
 /// with `Cancelled`, which cancels the call at agentk.
 pub struct TunnelCall {
     pub(super) connection_id: Option<i64>,
     pub(super) down: Down,
     pub(super) up: Streaming<ConnectRequest>,
-    pub(super) trailer_seen: bool,
-    /// Whether any frame came up (a tunnel that breaks before one was dead while
-    /// idle: the call may be tried on another).
-    pub(super) answered: bool,
-    pub(super) done: bool,
+    pub(super) state: CallState,
     pub(super) _busy: Busy,
 }
 
@@ -92,7 +108,7 @@ impl TunnelCall {
     /// The `Unavailable` of a tunnel that broke: marked [`NO_TUNNEL_KEY`] when
     /// agentk had not answered yet, so the call may be tried on another tunnel.
     fn broken(&self, why: &str) -> Status {
-        if self.answered {
+        if self.state != CallState::Waiting {
             return Status::unavailable(why.to_owned());
         }
         let mut md = tonic::metadata::MetadataMap::new();
@@ -130,54 +146,60 @@ impl TunnelCall {
     /// The next response frame; `None` once the call ended OK; `Err` for agentk's
     /// error, or the tunnel breaking.
     pub async fn next(&mut self) -> Result<Option<Frame>, Status> {
-        if self.done {
+        if self.state == CallState::Done {
             return Ok(None);
         }
-        let msg = match self.up.message().await {
-            Ok(Some(ConnectRequest { msg: Some(m) })) => m,
-            Ok(Some(ConnectRequest { msg: None })) => {
-                self.done = true;
-                return Err(Status::internal("agentk sent an empty tunnel frame"));
-            }
-            Ok(None) => {
-                self.done = true;
-                return if self.trailer_seen {
-                    Ok(None)
-                } else {
-                    Err(self.broken("the tunnel ended mid-call"))
-                };
-            }
-            Err(e) => {
-                self.done = true;
-                return Err(self.broken(&format!("the tunnel broke mid-call: {}", e.message())));
-            }
+        let read = self.up.message().await;
+        let (state, frame) = match read {
+            Ok(Some(ConnectRequest { msg: Some(m) })) => self.frame(m),
+            Ok(Some(ConnectRequest { msg: None })) => (
+                CallState::Done,
+                Err(Status::internal("agentk sent an empty tunnel frame")),
+            ),
+            Ok(None) if self.state == CallState::Trailed => (CallState::Done, Ok(None)),
+            Ok(None) => (
+                CallState::Done,
+                Err(self.broken("the tunnel ended mid-call")),
+            ),
+            Err(e) => (
+                CallState::Done,
+                Err(self.broken(&format!("the tunnel broke mid-call: {}", e.message()))),
+            ),
         };
-        self.answered = true;
+        self.state = state;
+        frame
+    }
+
+    /// The state a frame from agentk leads to, and what the caller reads of it.
+    fn frame(&self, msg: connect_request::Msg) -> (CallState, Result<Option<Frame>, Status>) {
+        let answering = match self.state {
+            CallState::Trailed => CallState::Trailed,
+            _ => CallState::Answering,
+        };
         match msg {
-            connect_request::Msg::Header(h) => Ok(Some(Frame::Header(h.meta))),
-            connect_request::Msg::Message(m) => Ok(Some(Frame::Message(m.data))),
+            connect_request::Msg::Header(h) => (answering, Ok(Some(Frame::Header(h.meta)))),
+            connect_request::Msg::Message(m) => (answering, Ok(Some(Frame::Message(m.data)))),
             connect_request::Msg::Trailer(t) => {
-                self.trailer_seen = true;
-                Ok(Some(Frame::Trailer(t.meta)))
+                (CallState::Trailed, Ok(Some(Frame::Trailer(t.meta))))
             }
-            connect_request::Msg::Error(e) => {
-                self.done = true;
+            connect_request::Msg::Error(e) => (
+                CallState::Done,
                 Err(e.status.map_or_else(
                     || Status::internal("agentk sent an error without a status"),
                     status_from_proto,
-                ))
-            }
-            connect_request::Msg::Descriptor(_) => {
-                self.done = true;
-                Err(Status::internal("agentk sent a descriptor mid-call"))
-            }
+                )),
+            ),
+            connect_request::Msg::Descriptor(_) => (
+                CallState::Done,
+                Err(Status::internal("agentk sent a descriptor mid-call")),
+            ),
         }
     }
 }
 
 impl Drop for TunnelCall {
     fn drop(&mut self) {
-        if !self.done {
+        if self.state != CallState::Done {
             // The caller went away: abort the tunnel so agentk cancels the call. If
             // the frame cannot be queued, dropping `down` still ends the tunnel.
             let _ = self

@@ -37,8 +37,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::agent_auth::AgentAuth;
 use super::metrics::KasMetrics;
-use call::{Busy, Down, DownFrame};
-pub use call::{Frame, Meta, TunnelCall};
+use call::{Busy, CallState, Down, DownFrame};
+pub use call::{Frame, Meta, NO_TUNNEL_KEY, TunnelCall};
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::info::AgentDescriptor;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::reverse_tunnel_server::ReverseTunnel;
 use podgate_agent::proto::gitlab::agent::reverse_tunnel::rpc::{
@@ -135,6 +135,42 @@ impl Tunnels {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Keep the tunnels of `q` for which `keep` holds; the idle gauge follows.
+    fn retain(&self, q: &mut VecDeque<Idle>, keep: impl FnMut(&Idle) -> bool) {
+        let before = q.len();
+        q.retain(keep);
+        self.metrics.tunnels_idle.sub((before - q.len()) as i64);
+    }
+
+    /// Take a new idle tunnel of `agent_id` in, and wake whoever waits for one; a
+    /// tunnel over the agent's limit (`max_idle_per_agent`, counted once the ones
+    /// agentk closed while idle are gone) is refused. The other half is
+    /// [`Tunnels::take`], when a call takes a tunnel out.
+    fn admit(&self, agent_id: i64, tunnel: Idle) -> Result<(), Status> {
+        {
+            let mut idle = self.lock();
+            let q = idle.entry(agent_id).or_default();
+            if q.len() >= self.max_idle_per_agent {
+                self.retain(q, |t| !t.down.is_closed());
+            }
+            if q.len() >= self.max_idle_per_agent {
+                self.metrics.tunnels_refused.inc();
+                tracing::debug!(
+                    agent_id,
+                    connection_id = ?tunnel.connection_id,
+                    "refusing a tunnel: the agent already holds the most idle tunnels allowed"
+                );
+                return Err(Status::resource_exhausted(
+                    "too many idle tunnels for this agent",
+                ));
+            }
+            q.push_back(tunnel);
+        }
+        self.metrics.tunnels_idle.inc();
+        self.arrived(agent_id);
+        Ok(())
+    }
+
     /// Idle tunnels held for `agent_id` (replica `connection_id`, or any when 0).
     pub fn idle(&self, agent_id: i64, connection_id: i64) -> usize {
         self.lock().get(&agent_id).map_or(0, |q| {
@@ -156,9 +192,7 @@ impl Tunnels {
             return Ok(None);
         };
         // Tunnels whose Connect call agentk ended are dropped first.
-        let before = q.len();
-        q.retain(|t| !t.down.is_closed());
-        self.metrics.tunnels_idle.sub((before - q.len()) as i64);
+        self.retain(q, |t| !t.down.is_closed());
         let mut for_replica = false;
         let mut found = None;
         for (i, t) in q.iter().enumerate() {
@@ -192,9 +226,7 @@ impl Tunnels {
     pub fn forget(&self, agent_id: i64, connection_id: i64) {
         let mut idle = self.lock();
         if let Some(q) = idle.get_mut(&agent_id) {
-            let before = q.len();
-            q.retain(|t| t.connection_id != Some(connection_id));
-            self.metrics.tunnels_idle.sub((before - q.len()) as i64);
+            self.retain(q, |t| t.connection_id != Some(connection_id));
             if q.is_empty() {
                 idle.remove(&agent_id);
             }
@@ -229,9 +261,7 @@ impl Tunnels {
                 connection_id: t.connection_id,
                 down: t.down,
                 up: t.up,
-                trailer_seen: false,
-                answered: false,
-                done: false,
+                state: CallState::Waiting,
                 _busy: busy,
             }));
         }
@@ -339,38 +369,13 @@ impl ReverseTunnel for TunnelService {
             }
         }
         let (down, rx) = mpsc::channel(4);
-        {
-            let mut idle = self.tunnels.lock();
-            let q = idle.entry(who.agent_id).or_default();
-            if q.len() >= self.tunnels.max_idle_per_agent {
-                // Tunnels agentk closed while idle go first; then, if still full, no.
-                let before = q.len();
-                q.retain(|t| !t.down.is_closed());
-                self.tunnels
-                    .metrics
-                    .tunnels_idle
-                    .sub((before - q.len()) as i64);
-            }
-            if q.len() >= self.tunnels.max_idle_per_agent {
-                self.tunnels.metrics.tunnels_refused.inc();
-                tracing::debug!(
-                    agent_id = who.agent_id,
-                    ?connection_id,
-                    "refusing a tunnel: the agent already holds the most idle tunnels allowed"
-                );
-                return Err(Status::resource_exhausted(
-                    "too many idle tunnels for this agent",
-                ));
-            }
-            q.push_back(Idle {
-                connection_id,
-                descriptor,
-                down,
-                up,
-            });
-        }
-        self.tunnels.metrics.tunnels_idle.inc();
-        self.tunnels.arrived(who.agent_id);
+        let tunnel = Idle {
+            connection_id,
+            descriptor,
+            down,
+            up,
+        };
+        self.tunnels.admit(who.agent_id, tunnel)?;
         let unbox: fn(DownFrame) -> Result<ConnectResponse, Status> = |frame| *frame;
         Ok(Response::new(futures_util::StreamExt::map(
             ReceiverStream::new(rx),
