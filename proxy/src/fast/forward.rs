@@ -28,10 +28,9 @@ impl FastPath {
         ctx: &mut Ctx,
         keepalive: bool,
     ) -> Result<(u16, bool), Failed> {
-        let Some(pod) = ctx.forwarded().cloned() else {
+        let (Some(pod), Some(rule)) = (ctx.forwarded().cloned(), self.gate.rule_of(ctx)) else {
             return Err(Failed::before(Error::new_str("no routing decision")));
         };
-        let rule = self.gate.rule_of(ctx);
         let added = self.gate.added(ctx, rule, pod.id);
         let request = upstream_request(&conn.buf, head, total, &added);
         let read_timeout = Duration::from_secs(rule.read_timeout_secs);

@@ -23,8 +23,7 @@
 //! - a `Connection` header that nominates headers as hop by hop (pingora checks and
 //!   strips them);
 //! - a head `httparse` or the `http` crate refuses, or no `Host`;
-//! - rules that are not runner or job endpoints (`requires_token`, web pool:
-//!   `fast_rule`);
+//! - rules without `fast_path` (runner and job endpoints have it);
 //! - multipart bodies and bodies above the look-ahead (pingora answers the 413 or
 //!   streams them).
 //!
@@ -69,7 +68,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::handover::Handover;
 use crate::metrics::METRICS;
-use crate::rules::{ActionKind, Pool, Rule};
+use crate::rules::Rule;
 use crate::service::PodGate;
 
 pub use head::HandOff;
@@ -272,7 +271,7 @@ async fn handover_due<'h>(
 /// Whether a rule's requests may take the fast path: runner and job endpoints
 /// (GitLab requires their token) on the Pod's web pool.
 fn fast_rule(rule: &Rule) -> bool {
-    rule.action == ActionKind::RouteByToken && rule.pool == Pool::Web && rule.requires_token
+    rule.fast_path
 }
 
 /// A failed forward: the error (for the log and the answer) and whether a response

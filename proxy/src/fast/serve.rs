@@ -198,7 +198,7 @@ impl FastPath {
     /// client watched for going away; [`Held::Forward`] when it is not one.
     async fn edge_hold(&self, conn: &mut Conn, taken: &Taken, ctx: &mut Ctx) -> Held {
         let rule = self.gate.rule_of(ctx);
-        let Some(polls) = self.gate.edge_polls_for(ctx, rule) else {
+        let Some(polls) = rule.and_then(|rule| self.gate.edge_polls_for(ctx, rule)) else {
             return Held::Forward;
         };
         // Workhorse reads the body only when it is JSON or a form read whole.

@@ -26,6 +26,7 @@ fn rule(
         requires_token: false,
         max_body_bytes: None,
         edge_hold: false,
+        fast_path: false,
         sources: sources
             .iter()
             .map(|s| s.parse().expect("built-in sources parse"))
@@ -42,6 +43,15 @@ impl Rule {
     fn token_required(self) -> Rule {
         Rule {
             requires_token: true,
+            ..self
+        }
+    }
+
+    /// Served on the HTTP/1 fast path: runners' and jobs' own endpoints, the bulk
+    /// of a fleet's requests.
+    fn fast(self) -> Rule {
+        Rule {
+            fast_path: true,
             ..self
         }
     }
@@ -144,6 +154,7 @@ pub fn builtin() -> Vec<Rule> {
             150,
         )
         .token_required()
+        .fast()
         .body_cap(32 * 1024)
         .edge_held(),
         rule(
@@ -154,7 +165,8 @@ pub fn builtin() -> Vec<Rule> {
             Pool::Web,
             60,
         )
-        .token_required(),
+        .token_required()
+        .fast(),
         // The Job Router's discovery: the runner's token in `Runner-Token` only.
         rule(
             "runner-router-discovery",
@@ -172,7 +184,8 @@ pub fn builtin() -> Vec<Rule> {
             Pool::Web,
             60,
         )
-        .token_required(),
+        .token_required()
+        .fast(),
         rule(
             "job-artifacts-upload",
             &["POST"],
@@ -181,7 +194,8 @@ pub fn builtin() -> Vec<Rule> {
             Pool::Web,
             3600,
         )
-        .token_required(),
+        .token_required()
+        .fast(),
         rule(
             "job-artifacts-download",
             &["GET", "HEAD"],
@@ -198,7 +212,8 @@ pub fn builtin() -> Vec<Rule> {
             Pool::Web,
             60,
         )
-        .token_required(),
+        .token_required()
+        .fast(),
         // Git smart HTTP and LFS: clones and pushes can run for an hour.
         rule(
             "git",
@@ -303,6 +318,7 @@ pub fn builtin() -> Vec<Rule> {
         requires_token: false,
         max_body_bytes: None,
         edge_hold: false,
+        fast_path: false,
         sources: vec![],
         pod: None,
         pool: Pool::Web,
@@ -321,6 +337,7 @@ pub fn builtin() -> Vec<Rule> {
         requires_token: false,
         max_body_bytes: None,
         edge_hold: false,
+        fast_path: false,
         sources: vec![],
         pod: None,
         pool: Pool::Web,

@@ -155,6 +155,12 @@ pub struct Rule {
     /// at the edge ([`crate::edge_poll`]) rather than by its Workhorse.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub edge_hold: bool,
+    /// For `route-by-token` on the `web` pool: the proxy's HTTP/1 fast path
+    /// ([`crate::fast`]) may serve the rule's plain HTTP/1.1 requests itself
+    /// (runner and job endpoints); else pingora-proxy serves them. Both answer
+    /// alike; the fast path costs less per request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fast_path: bool,
     /// For `route-to-pod`: the Pod.
     #[serde(default)]
     pub pod: Option<PodId>,
@@ -259,6 +265,12 @@ impl Rule {
             bad.push(format!(
                 "{at}.edge_hold: only a route-by-token rule on the web pool (runners' \
                  jobs/request polls) can be held at the edge"
+            ));
+        }
+        if self.fast_path && !(by_token && self.pool == Pool::Web) {
+            bad.push(format!(
+                "{at}.fast_path: only a route-by-token rule on the web pool (runner and \
+                 job endpoints) is served on the fast path"
             ));
         }
         if self.read_timeout_secs == 0 {

@@ -318,10 +318,11 @@ fn typed_fields_from_proxy_toml_are_validated_by_name() {
         requires_token = true
         max_body_bytes = 1024
         edge_hold = true
+        fast_path = true
         "#,
     )
     .unwrap();
-    assert!(parsed.requires_token && parsed.edge_hold);
+    assert!(parsed.requires_token && parsed.edge_hold && parsed.fast_path);
     assert_eq!(parsed.max_body_bytes, Some(1024));
     assert!(parsed.problems("rules[0]").is_empty());
     let bad: Rule = toml::from_str(
@@ -334,11 +335,12 @@ fn typed_fields_from_proxy_toml_are_validated_by_name() {
         requires_token = true
         max_body_bytes = 0
         edge_hold = true
+        fast_path = true
         "#,
     )
     .unwrap();
     let problems = bad.problems("rules[4]");
-    for field in ["requires_token", "max_body_bytes", "edge_hold"] {
+    for field in ["requires_token", "max_body_bytes", "edge_hold", "fast_path"] {
         assert!(
             problems
                 .iter()
@@ -346,4 +348,25 @@ fn typed_fields_from_proxy_toml_are_validated_by_name() {
             "{field}: {problems:?}"
         );
     }
+}
+
+/// The fast path serves the runner and job endpoints, and says so in the rule:
+/// nothing else is inferred from other fields.
+#[test]
+fn the_fast_path_rules_are_the_runner_and_job_endpoints() {
+    let fast: Vec<String> = builtin()
+        .into_iter()
+        .filter(|r| r.fast_path)
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(
+        fast,
+        [
+            "jobs-request",
+            "runners",
+            "job-trace",
+            "job-artifacts-upload",
+            "job-update"
+        ]
+    );
 }

@@ -360,7 +360,9 @@ impl ProxyHttp for PodGate {
     /// Never resolves a name: the load balancer holds addresses only.
     async fn upstream_peer(&self, session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         let addr = self.next_address(ctx).await?;
-        let rule = self.rule_of(ctx);
+        let rule = self
+            .rule_of(ctx)
+            .ok_or_else(|| Error::new_str("no routing decision"))?;
         let mut peer = HttpPeer::new(addr, false, String::new());
         peer.options.connection_timeout = Some(CONNECT_TIMEOUT);
         peer.options.read_timeout = Some(Duration::from_secs(rule.read_timeout_secs));
@@ -432,17 +434,17 @@ impl ProxyHttp for PodGate {
             upstream_request.remove_header(&name);
         }
         if let Some(pod) = ctx.forwarded() {
+            let rule = self
+                .rule_of(ctx)
+                .ok_or_else(|| Error::new_str("no routing decision"))?;
             let mut added = Ok(());
-            self.added(ctx, self.rule_of(ctx), pod.id)
-                .for_each(|name, value| {
-                    if added.is_ok() {
-                        added = http::HeaderValue::from_bytes(value)
-                            .map_err(|e| {
-                                Error::because(ErrorType::InternalError, "a header value", e)
-                            })
-                            .and_then(|v| upstream_request.insert_header(name, v));
-                    }
-                });
+            self.added(ctx, rule, pod.id).for_each(|name, value| {
+                if added.is_ok() {
+                    added = http::HeaderValue::from_bytes(value)
+                        .map_err(|e| Error::because(ErrorType::InternalError, "a header value", e))
+                        .and_then(|v| upstream_request.insert_header(name, v));
+                }
+            });
             added?;
         }
         Ok(())

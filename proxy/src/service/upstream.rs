@@ -54,9 +54,10 @@ impl<'a> Added<'a> {
 }
 
 impl PodGate {
-    /// The rule `ctx` was routed by (`rules[0]` before any was).
-    pub(crate) fn rule_of(&self, ctx: &Ctx) -> &Rule {
-        &self.rules[ctx.rule.unwrap_or(0)]
+    /// The rule `ctx` was routed by; `None` before one was (a request without a
+    /// rule is never forwarded, held or retried).
+    pub(crate) fn rule_of(&self, ctx: &Ctx) -> Option<&Rule> {
+        ctx.rule.map(|i| &self.rules[i])
     }
 
     /// The headers added to a request forwarded to `pod` by `rule`.
@@ -72,10 +73,10 @@ impl PodGate {
     /// Recorded in `ctx.tried`. `Err`: no decision, no address left to try, or no
     /// slot within the queue timeout.
     pub(crate) async fn next_address(&self, ctx: &mut Ctx) -> Result<SocketAddr> {
-        let Some(pod) = ctx.forwarded().map(|p| p.id) else {
+        let (Some(pod), Some(rule)) = (ctx.forwarded().map(|p| p.id), self.rule_of(ctx)) else {
             return Err(Error::new_str("no routing decision"));
         };
-        let pool = self.rule_of(ctx).pool;
+        let pool = rule.pool;
         let key = match (&ctx.token, pool) {
             (Some(t), Pool::Kas) => t.token.as_bytes(),
             _ => ctx.request_id.as_bytes(),
@@ -96,7 +97,7 @@ impl PodGate {
     /// A connection attempt for the request failed: count it, and say whether
     /// another address of the same Pod (never another Pod's) is left to try.
     pub(crate) fn connect_failed(&self, ctx: &Ctx) -> bool {
-        let Some(pod) = ctx.forwarded() else {
+        let (Some(pod), Some(rule)) = (ctx.forwarded(), self.rule_of(ctx)) else {
             return false;
         };
         let mut id = itoa::Buffer::new();
@@ -104,7 +105,6 @@ impl PodGate {
             .connect_failures
             .with_label_values(&[id.format(pod.id.get())])
             .inc();
-        self.upstreams
-            .untried_left(pod.id, self.rule_of(ctx).pool, &ctx.tried)
+        self.upstreams.untried_left(pod.id, rule.pool, &ctx.tried)
     }
 }
