@@ -201,27 +201,9 @@ fn http(addr: SocketAddr, method: &str, path: &str, json: Option<&Value>) -> (u1
         .unwrap_or_else(|| panic!("bad status line from {addr}{path}: {head}"));
     let mut body = raw[split + 4..].to_vec();
     if head.contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
+        body = podgate_testkit::http::dechunk(&body).expect("a whole chunked body");
     }
     (status, body)
-}
-
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let eol = raw
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .expect("chunk size");
-        let size_text = String::from_utf8_lossy(&raw[..eol]);
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
-            .expect("hex chunk size");
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&raw[eol + 2..eol + 2 + size]);
-        raw = &raw[eol + 2 + size + 2..];
-    }
 }
 
 fn get_json(addr: SocketAddr, path: &str) -> Value {
