@@ -17,6 +17,7 @@
 //! Screenshots go to `target/tmp/console-screenshots/` for a person to look at.
 
 mod cdp;
+mod live;
 use crate::common;
 
 use std::collections::BTreeMap;

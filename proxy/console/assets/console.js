@@ -18,6 +18,8 @@ window.podgateConsole = window.podgateConsole || {};
 
   const C = window.podgateConsole;
   C.events = 0;
+  // Times the event stream broke (EventSource then reconnects by itself).
+  C.disconnects = 0;
   C.traffic = { pods: {}, sources: {}, outcomes: {} };
   let prev = null;
   const history = [];
@@ -332,6 +334,7 @@ window.podgateConsole = window.podgateConsole || {};
     };
     // EventSource reconnects by itself (the stream's `retry:`).
     es.onerror = () => {
+      C.disconnects += 1;
       status.textContent = 'disconnected, reconnecting…';
       status.className = 'status down';
     };

@@ -43,6 +43,9 @@ window.podgateConsole = window.podgateConsole || {};
     error: null,
     connected: false,
     messages: 0,
+    // Sessions that ended, and how the last one did (shown in the stats line).
+    closes: 0,
+    lastClose: null,
     selected: null,
   };
   window.podgateConsole.graph = G;
@@ -435,6 +438,8 @@ window.podgateConsole = window.podgateConsole || {};
     };
     ws.onclose = (e) => {
       G.connected = false;
+      G.closes += 1;
+      G.lastClose = { code: e.code, reason: e.reason, at: Date.now() };
       if (!G.error && e.code !== 1000) G.error = { code: e.code, reason: e.reason || 'connection closed' };
       stats();
       setTimeout(connect, 2000);

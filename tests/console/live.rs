@@ -1,0 +1,116 @@
+//! The console stays live: a real Chromium holds the page open against `podgate up`
+//! with its runner fleet and a churning cluster, in real time, and every few
+//! seconds the page still says "live", its tables have moved on, and the graph's
+//! stream is open, or was closed and opened again by the page itself, which says
+//! why it closed.
+//!
+//! CI holds it [`DEFAULT_SECS`]; `PODGATE_CONSOLE_LIVE_SECS=300` holds it five
+//! minutes (`cargo nextest run -E 'test(console_stays_live)'`).
+
+use std::time::Duration;
+
+use podgate_registry::testing::{eventually, free_port};
+use serde_json::Value;
+
+use super::{cdp, field};
+use crate::common;
+
+/// How long CI holds the page.
+const DEFAULT_SECS: u64 = 60;
+
+/// Between two looks at the page: several console events (one a second) apart.
+const LOOK: Duration = Duration::from_secs(5);
+
+/// What the page shows at one look.
+const STATE: &str = "JSON.stringify({ \
+    status: document.getElementById('status').textContent, \
+    events: podgateConsole.events, \
+    disconnects: podgateConsole.disconnects, \
+    graph: podgateConsole.graph.connected, \
+    vertices: podgateConsole.graph.vertices.size, \
+    closes: podgateConsole.graph.closes, \
+    lastClose: podgateConsole.graph.lastClose, \
+    stats: document.getElementById('graph-stats').textContent })";
+
+/// The page's state; `None` before its scripts have run.
+async fn look(page: &cdp::Page<'_>) -> Option<Value> {
+    let raw = page.eval(STATE).await.ok()?;
+    serde_json::from_str(raw.as_str()?).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_stays_live_with_the_fleet_running() {
+    let secs: u64 = std::env::var("PODGATE_CONSOLE_LIVE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_SECS);
+    let (listen, admin) = (free_port(), free_port());
+    let args: Vec<String> = [
+        "--runners".to_owned(),
+        "12".into(),
+        "--job-rate".into(),
+        "1".into(),
+        "--kube-objects".into(),
+        "500".into(),
+        "--kube-churn".into(),
+        "2".into(),
+        "--listen".into(),
+        format!("127.0.0.1:{listen}"),
+        "--admin".into(),
+        format!("127.0.0.1:{admin}"),
+        "--tls-listen".into(),
+        format!("127.0.0.1:{}", free_port()),
+    ]
+    .into();
+    let (_up, printed) = common::podgate_up(&args, Duration::from_secs(240));
+    let url = field(&printed, "console url=", "url");
+
+    let browser = cdp::Browser::launch().await;
+    let page = browser.page().await;
+    page.navigate(&url).await;
+    let mut last = eventually(Duration::from_secs(60), "the page is live", || async {
+        let s = look(&page).await?;
+        (s["status"] == "live" && s["graph"] == true && s["vertices"].as_u64()? > 0).then_some(s)
+    })
+    .await;
+
+    let started = tokio::time::Instant::now();
+    let mut looks = tokio::time::interval_at(started + LOOK, LOOK);
+    let mut reconnected = Vec::new();
+    while started.elapsed() < Duration::from_secs(secs) {
+        looks.tick().await;
+        let now = look(&page).await.expect("the page answers");
+        assert_eq!(now["status"], "live", "at {:?}: {now}", started.elapsed());
+        assert_eq!(now["disconnects"], 0, "the event stream broke: {now}");
+        assert!(
+            now["events"].as_u64() > last["events"].as_u64(),
+            "no event since the last look: {last} then {now}"
+        );
+        // A closed graph session is opened again by the page (2 s later), and the
+        // page says why it closed.
+        if now["closes"] != last["closes"] {
+            let close = now["lastClose"].clone();
+            assert!(
+                now["stats"].as_str().is_some_and(|s| !s.is_empty()),
+                "a close the page does not explain: {now}"
+            );
+            reconnected.push(close);
+        }
+        assert!(
+            now["graph"] == true || now["closes"] != last["closes"],
+            "the graph is closed and was not reopened: {last} then {now}"
+        );
+        last = now;
+    }
+    println!(
+        "held {secs} s: {} events, graph sessions closed and reopened: {reconnected:?}",
+        last["events"]
+    );
+    assert!(
+        reconnected.is_empty(),
+        "the graph's stream closed {} times: {reconnected:?}",
+        reconnected.len()
+    );
+    let errors = page.errors();
+    assert!(errors.is_empty(), "the page reported errors: {errors:#?}");
+}
