@@ -16,7 +16,7 @@ use super::{cdp, field};
 use crate::common;
 
 /// How long CI holds the page.
-const DEFAULT_SECS: u64 = 60;
+const DEFAULT_SECS: u64 = 30;
 
 /// Between two looks at the page: several console events (one a second) apart.
 const LOOK: Duration = Duration::from_secs(5);
