@@ -138,15 +138,9 @@ fn parse_alg(s: &str) -> Result<Algorithm, String> {
 }
 
 fn parse_random_hex(s: &str) -> Result<[u8; gitlab::RANDOM_BYTES], String> {
-    let err = || format!("expected {} hex digits", gitlab::RANDOM_BYTES * 2);
-    // ASCII first: the digits are sliced two bytes at a time.
-    if s.len() != gitlab::RANDOM_BYTES * 2 || !s.is_ascii() {
-        return Err(err());
-    }
     let mut out = [0u8; gitlab::RANDOM_BYTES];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| err())?;
-    }
+    hex::decode_to_slice(s, &mut out)
+        .map_err(|_| format!("expected {} hex digits", gitlab::RANDOM_BYTES * 2))?;
     Ok(out)
 }
 

@@ -125,7 +125,7 @@ pub(crate) async fn start(
         .await
         .context("kas's registry")?;
     // Every kas endpoint is authenticated, `/metrics` too.
-    let metrics_token: String = secret().iter().map(|b| format!("{b:02x}")).collect();
+    let metrics_token = hex::encode(secret());
     let kas = Kas::start(
         KasConfig {
             external_listen: any,

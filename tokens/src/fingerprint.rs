@@ -12,7 +12,7 @@ use crate::classifier::split_gitlab_prefix;
 /// of the secret part can be recovered from it.
 pub fn fingerprint(token: &str) -> String {
     let digest = Sha256::digest(token.as_bytes());
-    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(&digest[..4]);
     let shown = if token.starts_with("eyJ") {
         "jwt"
     } else {

@@ -10,7 +10,7 @@
 //! After the last attempt the caller gets the last answer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
@@ -94,58 +94,13 @@ pub(super) fn wait_time(
     backoff.next(jitter)
 }
 
-/// Time from `now` until an RFC 1123 date (`Wed, 21 Oct 2015 07:28:00 GMT`, Go's
-/// `time.RFC1123`), if it lies ahead.
+/// Time from `now` until an HTTP date (`Wed, 21 Oct 2015 07:28:00 GMT`, as Rails'
+/// `Time#httpdate` writes `RateLimit-ResetTime`), if it lies ahead.
 pub(super) fn until_reset(value: &str, now: SystemTime) -> Option<Duration> {
-    let at = parse_rfc1123(value)?;
-    let now = now.duration_since(UNIX_EPOCH).ok()?.as_secs_f64();
-    let wait = at as f64 - now;
-    (wait > 0.0).then(|| Duration::from_secs_f64(wait))
-}
-
-/// Seconds since the Unix epoch of `Mon, 02 Jan 2006 15:04:05 MST`; the zone is taken
-/// as UTC (HTTP dates are GMT).
-fn parse_rfc1123(value: &str) -> Option<i64> {
-    let mut parts = value.split_whitespace();
-    let weekday = parts.next()?;
-    if !weekday.ends_with(',') {
-        return None;
-    }
-    let day: i64 = parts.next()?.parse().ok()?;
-    let month = match parts.next()? {
-        "Jan" => 1,
-        "Feb" => 2,
-        "Mar" => 3,
-        "Apr" => 4,
-        "May" => 5,
-        "Jun" => 6,
-        "Jul" => 7,
-        "Aug" => 8,
-        "Sep" => 9,
-        "Oct" => 10,
-        "Nov" => 11,
-        "Dec" => 12,
-        _ => return None,
-    };
-    let year: i64 = parts.next()?.parse().ok()?;
-    let mut hms = parts.next()?.split(':').map(|p| p.parse::<i64>().ok());
-    let (h, m, s) = (hms.next()??, hms.next()??, hms.next()??);
-    parts.next()?; // the zone
-    if !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
-        return None;
-    }
-    Some(days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + s)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    httpdate::parse_http_date(value)
+        .ok()?
+        .duration_since(now)
+        .ok()
 }
 
 /// An error and its sources, `: `-separated: hyper-util's "client error (SendRequest)"
@@ -335,6 +290,7 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn retried_statuses_are_retry_requesters() {
@@ -379,13 +335,14 @@ mod tests {
     }
 
     #[test]
-    fn rfc1123_dates_parse() {
-        assert_eq!(parse_rfc1123("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+    fn http_dates_ahead_are_waited_for() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_445_412_470);
         assert_eq!(
-            parse_rfc1123("Wed, 21 Oct 2015 07:28:00 GMT"),
-            Some(1_445_412_480)
+            until_reset("Wed, 21 Oct 2015 07:28:00 GMT", now),
+            Some(Duration::from_secs(10))
         );
-        assert_eq!(parse_rfc1123("2015-10-21T07:28:00Z"), None);
+        assert_eq!(until_reset("Thu, 01 Jan 1970 00:00:00 GMT", now), None);
+        assert_eq!(until_reset("2015-10-21T07:28:00Z", now), None);
     }
 
     #[test]

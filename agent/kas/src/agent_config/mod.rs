@@ -93,7 +93,7 @@ pub fn commit_id(bytes: &[u8]) -> String {
     let mut h = Sha1::new();
     h.update(format!("blob {}\0", bytes.len()).as_bytes());
     h.update(bytes);
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(h.finalize())
 }
 
 /// An agent's configuration at one commit.
