@@ -29,8 +29,8 @@
 //! registration in `register.rs`; the modules below for the rest.
 
 pub mod gitlab_access;
+pub mod handler;
 pub mod k8s_api;
-pub mod kube;
 pub mod leader;
 pub mod make_request;
 pub mod metrics;
@@ -52,7 +52,7 @@ use podgate_agent::proto::gitlab::agent::agentcfg;
 use thiserror::Error;
 
 pub use self::gitlab_access::{ModuleAnswer, ModuleClient, ModuleError};
-pub use self::kube::KubeHandler;
+pub use self::handler::KubeHandler;
 pub use self::lifecycle::Agentk;
 pub use self::metrics::AgentkMetrics;
 pub use self::tunnels::{Call, Handler, Requests, Responses, TunnelPool, serve_tunnels, unary};
