@@ -12,20 +12,29 @@ now_ms() { date +%s%3N; }
 # test's running beside this script included, before the server meant for it binds.
 # 10000-14999: podgate-registry's test servers and the tests' own ports
 # (`podgate_registry::testing::free_port`) take 15000-31999, and a port one of them
-# picked could be bound by the drill before the test binds it.
+# picked could be bound by the drill before the test binds it. A port this run has
+# handed out already is never handed out again: a drill picks a dozen ports before
+# its servers bind them, and two equal picks once had kas bind the proxy's port.
+DRILL_PORTS="${W:-${TMPDIR:-/tmp}}/ports.$$"
 port() {
-  python3 -c 'import random, socket
+  python3 -c 'import os, random, socket, sys
+taken = set()
+if os.path.exists(sys.argv[1]):
+    taken = set(open(sys.argv[1]).read().split())
 for _ in range(1000):
     p = random.randrange(10000, 15000)
+    if str(p) in taken:
+        continue
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", p))
         except OSError:
             continue
+    open(sys.argv[1], "a").write(f"{p}\n")
     print(p)
     break
 else:
-    raise SystemExit("drills.sh: no free port in 10000-14999")'
+    raise SystemExit("drills.sh: no free port in 10000-14999")' "$DRILL_PORTS"
 }
 wait_port() { # wait_port PORT [LOG]: until something listens on PORT (LOG shown if not)
   local _
