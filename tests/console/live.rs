@@ -9,11 +9,10 @@
 
 use std::time::Duration;
 
-use podgate_registry::testing::{eventually, free_port};
+use podgate_registry::testing::eventually;
 use serde_json::Value;
 
-use super::{cdp, field};
-use crate::common;
+use super::{cdp, field, up_on_free_ports};
 
 /// How long CI holds the page.
 const DEFAULT_SECS: u64 = 30;
@@ -44,25 +43,16 @@ async fn the_console_stays_live_with_the_fleet_running() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(DEFAULT_SECS);
-    let (listen, admin) = (free_port(), free_port());
-    let args: Vec<String> = [
-        "--runners".to_owned(),
-        "12".into(),
-        "--job-rate".into(),
-        "1".into(),
-        "--kube-objects".into(),
-        "500".into(),
-        "--kube-churn".into(),
-        "2".into(),
-        "--listen".into(),
-        format!("127.0.0.1:{listen}"),
-        "--admin".into(),
-        format!("127.0.0.1:{admin}"),
-        "--tls-listen".into(),
-        format!("127.0.0.1:{}", free_port()),
-    ]
-    .into();
-    let (_up, printed) = common::podgate_up(&args, Duration::from_secs(240));
+    let (_up, printed, _, _) = up_on_free_ports(&[
+        "--runners",
+        "12",
+        "--job-rate",
+        "1",
+        "--kube-objects",
+        "500",
+        "--kube-churn",
+        "2",
+    ]);
     let url = field(&printed, "console url=", "url");
 
     let browser = cdp::Browser::launch().await;

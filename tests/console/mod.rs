@@ -122,6 +122,23 @@ async fn workspace_states(addr: &str, workspace: &str) -> Option<(String, String
     Some((label("desired_state")?, label("actual_state")?))
 }
 
+/// `podgate up` with `extra` flags and its listeners on free ports: the process,
+/// what it printed once ready, and its proxy and admin ports.
+fn up_on_free_ports(extra: &[&str]) -> (common::Running, String, u16, u16) {
+    let (listen, admin) = (free_port(), free_port());
+    let mut args: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+    args.extend([
+        "--listen".into(),
+        format!("127.0.0.1:{listen}"),
+        "--admin".into(),
+        format!("127.0.0.1:{admin}"),
+        "--tls-listen".into(),
+        format!("127.0.0.1:{}", free_port()),
+    ]);
+    let (up, printed) = common::podgate_up(&args, Duration::from_secs(240));
+    (up, printed, listen, admin)
+}
+
 /// The value of `key=` on the first line containing `marker`.
 fn field(printed: &str, marker: &str, key: &str) -> String {
     printed
@@ -137,22 +154,8 @@ fn field(printed: &str, marker: &str, key: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_chromium_agrees_with_the_pods_and_the_cluster() {
-    let (listen, admin) = (free_port(), free_port());
-    let args: Vec<String> = [
-        "--no-fleet".to_owned(),
-        "--kube-objects".into(),
-        "2000".into(),
-        "--kube-churn".into(),
-        "0".into(),
-        "--listen".into(),
-        format!("127.0.0.1:{listen}"),
-        "--admin".into(),
-        format!("127.0.0.1:{admin}"),
-        "--tls-listen".into(),
-        format!("127.0.0.1:{}", free_port()),
-    ]
-    .into();
-    let (_up, printed) = common::podgate_up(&args, Duration::from_secs(240));
+    let (_up, printed, listen, admin) =
+        up_on_free_ports(&["--no-fleet", "--kube-objects", "2000", "--kube-churn", "0"]);
     let url = field(&printed, "console url=", "url");
     assert!(
         url.starts_with(&format!(
