@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compare the tests' transcription of GitLab's agent protobufs
-# (agent/tests/gitlab_wire/proto/) with GitLab's own files, by descriptor set:
+# (agent/e2e/tests/gitlab_wire/proto/) with GitLab's own files, by descriptor set:
 # per message (nested ones too) each field's name, number, label, type, type name,
 # oneof, json name and proto3 `optional`; per enum its values; per service each
 # method's name, input, output and streaming. Prints the differences; exits 1 if any.
@@ -27,7 +27,7 @@ src=${1:?usage: $0 <gitlab-agent checkout or git mirror> [--product]}
 product=${2:-}
 commit=${GITLAB_AGENT_COMMIT:-e02ad05f88598c93c414c52dd4a89e58a75adb4a}
 here=$(cd "$(dirname "$0")/.." && pwd)
-ours=$here/agent/tests/gitlab_wire/proto
+ours=$here/agent/e2e/tests/gitlab_wire/proto
 
 files=(
   pkg/entity/entity.proto

@@ -2,7 +2,7 @@
 //!
 //! What podgate's kas (`podgate-kas`, `agent/kas/`) and agentk (`podgate-agentk`,
 //! `agent/agentk/`) share. The two are siblings that never depend on each other
-//! (`agent/tests/layout.rs` checks Cargo's graph); everything both speak or use
+//! (`agent/e2e/tests/layout.rs` checks Cargo's graph); everything both speak or use
 //! lives here:
 //!
 //! - [`proto`]: GitLab's `KasApi` and kas's `KasInternal` protobufs and podgate's agentk
@@ -24,9 +24,9 @@
 //! - [`tunnel`]: GitLab's reverse tunnel as both sides use it: method names, the
 //!   agent's `Descriptor`, metadata as `prototool.Values`.
 //!
-//! This package's integration tests (`agent/tests/`) and the routing bench run kas
-//! and agentk together over real sockets, with kube-sim and the test kit from the
-//! simulated world (`loadtest/kube-sim`, `loadtest/testkit`) as dev-dependencies.
+//! kas, agentk and the proxy in front of them are tested together, over real sockets,
+//! by a crate of its own, `podgate-agent-e2e` (`agent/e2e/`), so this one depends on
+//! none of them, not even for its tests.
 
 pub mod any;
 pub mod auth;

@@ -8,6 +8,8 @@
 //!   the Pod simulator and runner fleet (`podgate-loadtest`), kube-sim
 //!   (`podgate-kube-sim`) and the test kit (`podgate-testkit`) are dev-dependencies
 //!   or the root binary's `sim` feature only.
+//! - `podgate-agent`, below kas and agentk, does not depend on them even for its
+//!   tests: their tests together live in this crate (`podgate-agent-e2e`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -31,8 +33,14 @@ const SIMULATORS: [&str; 3] = ["podgate-loadtest", "podgate-kube-sim", "podgate-
 /// Package name → the names of its normal (not dev, not build) dependencies, as
 /// Cargo resolves the workspace.
 fn normal_graph() -> BTreeMap<String, BTreeSet<String>> {
+    graph(|kind| kind.is_null())
+}
+
+/// Package name → the names of its dependencies of the kinds `kind` accepts
+/// (`null` for normal, `"dev"`, `"build"`), as Cargo resolves the workspace.
+fn graph(kind: fn(&Value) -> bool) -> BTreeMap<String, BTreeSet<String>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     // The graph for the host platform only: that is what a build here downloads, so
     // `--offline` holds on a machine whose cargo cache has only this build's crates
     // (without the filter, Cargo wants every platform's packages in Cargo.lock).
@@ -77,7 +85,7 @@ fn normal_graph() -> BTreeMap<String, BTreeSet<String>> {
                         .as_array()
                         .unwrap()
                         .iter()
-                        .any(|k| k["kind"].is_null())
+                        .any(|k| kind(&k["kind"]))
                 })
                 .map(|d| name_of[d["pkg"].as_str().unwrap()].to_owned())
                 .collect();
@@ -106,8 +114,9 @@ fn the_graph_sees_the_known_edges() {
     assert!(closure(&g, "podgate-kas").contains("podgate-agent"));
     assert!(closure(&g, "podgate-agentk").contains("kube"));
     assert!(closure(&g, "podgate-testkit").contains("podgate-kube-sim"));
-    // Dev-dependencies are not normal ones: podgate-agent's tests run kas and agentk.
-    assert!(!closure(&g, "podgate-agent").contains("podgate-kas"));
+    // Dev-dependencies are not normal ones: this crate's tests run kas and agentk.
+    assert!(!closure(&g, "podgate-agent-e2e").contains("podgate-kas"));
+    assert!(graph(|k| k == "dev")["podgate-agent-e2e"].contains("podgate-kas"));
 }
 
 #[test]
@@ -139,5 +148,21 @@ fn product_crates_reach_no_simulator() {
         let reach = closure(&g, p);
         let sims: Vec<_> = SIMULATORS.iter().filter(|s| reach.contains(**s)).collect();
         assert!(sims.is_empty(), "{p} reaches {sims:?}");
+    }
+}
+
+#[test]
+fn the_shared_agent_crate_tests_without_kas_agentk_or_the_proxy() {
+    let all = graph(|_| true);
+    let deps = &all["podgate-agent"];
+    for p in [
+        "podgate-kas",
+        "podgate-agentk",
+        "podgate-proxy",
+        "podgate-loadtest",
+        "podgate-kube-sim",
+        "podgate-testkit",
+    ] {
+        assert!(!deps.contains(p), "podgate-agent depends on {p}");
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! Prints p50/p99/max of each as a table, the goal checks, and one JSON line.
 //!
-//! Run: `cargo bench -p podgate-agent --bench routing` (5,000 requests per latency
+//! Run: `cargo bench -p podgate-agent-e2e --bench routing` (5,000 requests per latency
 //! case, 50 wake-ups; change with `-- --requests N --wakeups N`). Under
 //! `cargo test --benches` it is a smoke run: 50 requests and 3 wake-ups. Every
 //! request must succeed with the three pods, or the run panics.

@@ -52,7 +52,7 @@ async fn agentk_client(url: &str) -> kube::Client {
 
 /// `kubectl kustomize deploy/agentk`: its objects.
 fn rendered() -> Vec<Value> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agentk");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/agentk");
     let out = std::process::Command::new("kubectl")
         .args(["kustomize", dir.to_str().unwrap()])
         .output()
