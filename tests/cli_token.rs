@@ -43,6 +43,41 @@ fn inspect_the_reference_vector() {
     );
 }
 
+/// Characters of more than one byte anywhere in a token (its prefix, payload, CRC,
+/// version or random part): an answer that names the token invalid or unroutable,
+/// never a panic (exit 101) or a Pod.
+#[test]
+fn inspect_non_ascii_input_is_an_answer_not_a_panic() {
+    let at = |i: usize| {
+        let mut t = VECTOR.to_owned();
+        t.replace_range(i..=i, "\u{e9}");
+        t
+    };
+    let tokens = [
+        at(2),
+        at(10),
+        at(VECTOR.len() - 16),
+        at(VECTOR.len() - 11),
+        at(VECTOR.len() - 1),
+        "glrt-\u{1f600}".to_owned(),
+        "\u{e9}".repeat(40),
+    ];
+    for token in &tokens {
+        let o = podgate(&["token", "inspect", token]);
+        let r = json(&o);
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "{token:?}: exit {:?}, {r}",
+            o.status
+        );
+        assert!(
+            matches!(r["status"].as_str(), Some("invalid" | "unroutable")),
+            "{token:?}: {r}"
+        );
+        assert_eq!(r["pod"], Value::Null, "{token:?}");
+    }
+}
+
 #[test]
 fn inspect_exit_codes() {
     let bad = VECTOR.replace("GM6Mg", "GM6Mw");
