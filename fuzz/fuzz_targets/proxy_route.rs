@@ -104,9 +104,9 @@ pub fn run(data: &[u8]) {
         _ => BodyRead::Skipped,
     };
     let d = pipeline::decide(rule, &head, read, &TOPOLOGY, &CLASSIFIER, OnInvalid::Reject);
-    if rule.sources.is_empty() {
+    let Some(by) = rule.by_token() else {
         return;
-    }
+    };
     let looked_at = match read {
         BodyRead::Read {
             plan,
@@ -119,7 +119,7 @@ pub fn run(data: &[u8]) {
     let request_query = h.query;
     let hop_by_hop = &h.hop_by_hop;
     let candidates = match sources::lookup(
-        &rule.sources,
+        &by.sources,
         request_headers,
         request_query,
         looked_at,
@@ -133,7 +133,7 @@ pub fn run(data: &[u8]) {
     };
     for c in &candidates {
         assert!(!c.token.is_empty());
-        assert!(c.source < rule.sources.len());
+        assert!(c.source < by.sources.len());
     }
     let classes: Vec<Classification> = candidates
         .iter()

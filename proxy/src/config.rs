@@ -53,7 +53,7 @@ use thiserror::Error;
 
 use crate::decision::OnInvalid;
 use crate::health::HealthConfig;
-use crate::rules::Rule;
+use crate::rules::{self, Rule, RuleSpec};
 use crate::upstreams::UpstreamsConfig;
 use podgate_console::ConsoleConfig;
 
@@ -167,9 +167,9 @@ pub struct ProxyConfig {
     /// An inline topology (used when `registry.backend` is memory).
     #[serde(default)]
     pub topology: Option<TopologyFile>,
-    /// Replaces the built-in rules when set.
+    /// Replaces the built-in rules when set ([`ProxyConfig::rules`]).
     #[serde(default)]
-    pub rules: Option<Vec<Rule>>,
+    pub rules: Option<Vec<RuleSpec>>,
     /// Workspace hosts to kas (a rule before the others), if any.
     #[serde(default)]
     pub workspaces: Option<WorkspacesRouting>,
@@ -334,10 +334,8 @@ impl ProxyConfig {
                 w.host_suffix
             ));
         }
-        if let Some(rules) = &self.rules {
-            for (i, r) in rules.iter().enumerate() {
-                bad.extend(r.problems(&format!("rules[{i}]")));
-            }
+        if let Err(problems) = self.build_rules() {
+            bad.extend(problems);
         }
         if bad.is_empty() {
             Ok(())
@@ -347,6 +345,41 @@ impl ProxyConfig {
                 problems: bad,
             })
         }
+    }
+}
+
+impl ProxyConfig {
+    /// The rules requests are matched against, in order: `[[rules]]` when given,
+    /// else the built-in table ([`rules::builtin`]); the Workspaces rule first when
+    /// `[workspaces]` is set.
+    pub fn rules(&self) -> Result<Vec<Rule>, Error> {
+        self.build_rules().map_err(|problems| Error::Invalid {
+            origin: "rules".into(),
+            problems,
+        })
+    }
+
+    fn build_rules(&self) -> Result<Vec<Rule>, Vec<String>> {
+        let mut rules = match &self.rules {
+            None => rules::builtin(),
+            Some(specs) => {
+                let (mut rules, mut bad) = (Vec::new(), Vec::new());
+                for (i, spec) in specs.iter().enumerate() {
+                    match spec.build(&format!("rules[{i}]")) {
+                        Ok(rule) => rules.push(rule),
+                        Err(problems) => bad.extend(problems),
+                    }
+                }
+                if !bad.is_empty() {
+                    return Err(bad);
+                }
+                rules
+            }
+        };
+        if let Some(w) = &self.workspaces {
+            rules.insert(0, rules::workspaces_rule(&w.host_suffix));
+        }
+        Ok(rules)
     }
 }
 

@@ -12,7 +12,7 @@ use podgate_tokens::{Classification, Classifier, PodId};
 use serde::{Deserialize, Serialize};
 
 use crate::params::BodyKind;
-use crate::rules::Rule;
+use crate::rules::ByToken;
 use crate::sources::{self, Body, Candidate, Lookup};
 
 /// What to do with a request whose token is invalid.
@@ -153,7 +153,7 @@ pub struct Decision {
 
 /// Route a request by its tokens, as the module docs say.
 pub fn route_by_token(
-    rule: &Rule,
+    rule: &ByToken,
     request: &Request<'_>,
     topology: &Topology,
     classifier: &Classifier,
@@ -187,10 +187,12 @@ pub fn route_by_token(
                 // browser's API calls): the session's Pod, as the session rule and
                 // GitLab's cells router route it (`user_from_warden` is GitLab's last
                 // source), else the default Pod.
-                (false, _) => match crate::rules::session_pod(rule, request.headers, topology) {
-                    Some(p) => to_pod(topology, p.id, "session"),
-                    None => to_legacy(topology, "no_token"),
-                },
+                (false, _) => {
+                    match crate::rules::session_pod(rule.kas_cookie, request.headers, topology) {
+                        Some(p) => to_pod(topology, p.id, "session"),
+                        None => to_legacy(topology, "no_token"),
+                    }
+                }
             };
             return Decision {
                 outcome,

@@ -18,7 +18,7 @@ use podgate_tokens::Classifier;
 use crate::body::too_large;
 use crate::decision::{self, Decision, OnInvalid, Outcome, Refusal};
 use crate::params::BodyKind;
-use crate::rules::{self, ActionKind, Rule};
+use crate::rules::{self, Action, Rule};
 use crate::sources::{Body, TokenSource};
 
 /// What the proxy has read of a request head.
@@ -122,13 +122,15 @@ pub fn plan(rules: &[Rule], head: &Head<'_>, body_lookahead: usize) -> Plan {
         return Plan::NoRule;
     };
     let rule = &rules[idx];
-    if rule.action != ActionKind::RouteByToken || !rule.sources.iter().any(TokenSource::reads_body)
-    {
+    let Some(by) = rule
+        .by_token()
+        .filter(|by| by.sources.iter().any(TokenSource::reads_body))
+    else {
         return Plan::Route {
             rule: idx,
             body: None,
         };
-    }
+    };
     let content_type = head
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -143,7 +145,7 @@ pub fn plan(rules: &[Rule], head: &Head<'_>, body_lookahead: usize) -> Plan {
             body: None,
         },
         Ok(kind) => {
-            let limit = match rule.max_body_bytes {
+            let limit = match by.max_body_bytes {
                 Some(max) if kind.whole() => max.min(body_lookahead),
                 _ => body_lookahead,
             };
@@ -165,12 +167,12 @@ pub fn decide(
     classifier: &Classifier,
     on_invalid: OnInvalid,
 ) -> Decision {
-    if rule.action != ActionKind::RouteByToken {
+    let Some(by) = rule.by_token() else {
         return Decision {
-            outcome: fixed_outcome(rule, head.headers, topology),
+            outcome: fixed_outcome(&rule.action, head.headers, topology),
             token: None,
         };
-    }
+    };
     let body = match body {
         BodyRead::Skipped => None,
         BodyRead::Overflow { limit } => return refused(too_large(limit)),
@@ -179,7 +181,7 @@ pub fn decide(
         // general API takes large ones (commits, snippets): route by the head, as
         // the cells router does.
         BodyRead::Read { plan, complete, .. } if plan.whole() && !complete => {
-            if rule.requires_token {
+            if by.requires_token {
                 return refused(too_large(plan.limit));
             }
             None
@@ -196,17 +198,14 @@ pub fn decide(
         body,
         hop_by_hop: head.hop_by_hop,
     };
-    decision::route_by_token(rule, &request, topology, classifier, on_invalid)
+    decision::route_by_token(by, &request, topology, classifier, on_invalid)
 }
 
 /// Where a rule that does not route by token sends the request.
-fn fixed_outcome(rule: &Rule, headers: &HeaderMap, topology: &Topology) -> Outcome {
-    match rule.action {
-        ActionKind::RouteToPod => match rule.pod {
-            Some(p) => decision::to_pod(topology, p, "pinned"),
-            None => decision::to_legacy(topology, "default"),
-        },
-        ActionKind::SessionPrefix => {
+fn fixed_outcome(action: &Action, headers: &HeaderMap, topology: &Topology) -> Outcome {
+    match action {
+        Action::RouteToPod(p) => decision::to_pod(topology, *p, "pinned"),
+        Action::SessionPrefix => {
             match rules::cookie(headers, "_gitlab_session")
                 .and_then(|v| topology.pod_for_session(v))
             {
@@ -214,7 +213,7 @@ fn fixed_outcome(rule: &Rule, headers: &HeaderMap, topology: &Topology) -> Outco
                 None => decision::to_legacy(topology, "default"),
             }
         }
-        ActionKind::RouteByToken | ActionKind::Default => decision::to_legacy(topology, "default"),
+        Action::RouteByToken(_) | Action::Default => decision::to_legacy(topology, "default"),
     }
 }
 

@@ -37,7 +37,6 @@ use crate::config::{Error, ProxyConfig};
 use crate::edge_poll::{EdgePolls, EdgePollsService};
 use crate::fast::{FastPath, FastPathSettings};
 use crate::handover::{self, Handover, HandoverService};
-use crate::rules;
 use crate::service::PodGate;
 use crate::upstreams::discovery::SystemResolver;
 use crate::upstreams::{Upstreams, UpstreamsService};
@@ -196,10 +195,7 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
         config.upstreams.clone(),
         Arc::new(SystemResolver),
     ));
-    let mut rules = config.rules.clone().unwrap_or_else(rules::builtin);
-    if let Some(w) = &config.workspaces {
-        rules.insert(0, rules::workspaces_rule(&w.host_suffix));
-    }
+    let rules = config.rules()?;
     let mut pod_gate = PodGate::new(
         rules,
         classifier.clone(),

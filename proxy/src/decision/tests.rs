@@ -95,11 +95,17 @@ fn v1(cell: u64) -> String {
     podgate_tokens::gitlab::encode("glrt-", &keys, &[7; 16]).unwrap()
 }
 
-fn runner_rule() -> Rule {
+/// How built-in rule `name` routes by token.
+fn by_token(name: &str) -> crate::rules::ByToken {
     crate::rules::builtin()
         .into_iter()
-        .find(|r| r.name == "jobs-request")
+        .find(|r| r.name == name)
+        .and_then(|r| r.by_token().cloned())
         .unwrap()
+}
+
+fn runner_rule() -> crate::rules::ByToken {
+    by_token("jobs-request")
 }
 
 fn route(headers: &[(&str, &str)], query: Option<&str>, json: Option<&str>) -> Decision {
@@ -213,10 +219,7 @@ fn connection_listed_headers_do_not_route_and_absent_tokens_go_to_the_default_po
     );
     assert_eq!(d.outcome.label(), "token_not_found");
     // Git may be anonymous (public projects): the default Pod answers it.
-    let git = crate::rules::builtin()
-        .into_iter()
-        .find(|r| r.name == "git")
-        .unwrap();
+    let git = by_token("git");
     let h = HeaderMap::new();
     let request = Request {
         headers: &h,
@@ -235,10 +238,7 @@ fn connection_listed_headers_do_not_route_and_absent_tokens_go_to_the_default_po
 
 #[test]
 fn a_multipart_look_ahead_without_a_token_fails_closed() {
-    let rule = crate::rules::builtin()
-        .into_iter()
-        .find(|r| r.name == "job-artifacts-upload")
-        .unwrap();
+    let rule = by_token("job-artifacts-upload");
     let h = HeaderMap::new();
     let kind = BodyKind::Multipart("B".into());
     let prefix =
@@ -268,10 +268,7 @@ fn a_multipart_look_ahead_without_a_token_fails_closed() {
 
 #[test]
 fn where_gitlab_allows_no_token_the_session_cookie_or_the_default_pod_decides() {
-    let api = crate::rules::builtin()
-        .into_iter()
-        .find(|r| r.name == "api-token")
-        .unwrap();
+    let api = by_token("api-token");
     let classifier = Classifier::with_keys(podgate_tokens::KeySet::new());
     let kind = BodyKind::Multipart("B".into());
     // A browser's upload: no token in the head, a file part past the look-ahead.

@@ -271,7 +271,7 @@ async fn handover_due<'h>(
 /// Whether a rule's requests may take the fast path: runner and job endpoints
 /// (GitLab requires their token) on the Pod's web pool.
 fn fast_rule(rule: &Rule) -> bool {
-    rule.fast_path
+    rule.fast_path()
 }
 
 /// A failed forward: the error (for the log and the answer) and whether a response

@@ -66,7 +66,7 @@ fn the_body_cap_is_the_rules_when_smaller_than_the_look_ahead() {
     else {
         panic!("routed");
     };
-    assert!(rules[rule].edge_hold);
+    assert!(rules[rule].edge_hold());
     assert_eq!(body.unwrap().limit, 32 * 1024);
     let Plan::Route { body, .. } = plan(
         &rules,

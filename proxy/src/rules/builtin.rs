@@ -3,7 +3,7 @@
 use regex::Regex;
 
 use super::session::KAS_COOKIE;
-use super::{ActionKind, PathMatch, Pool, Rule};
+use super::{Action, ByToken, PathMatch, Pool, Rule};
 
 fn rule(
     name: &str,
@@ -21,63 +21,54 @@ fn rule(
         cookie: None,
         host_suffix: None,
         authorization: None,
-        kas_cookie: false,
-        action: ActionKind::RouteByToken,
-        requires_token: false,
-        max_body_bytes: None,
-        edge_hold: false,
-        fast_path: false,
-        sources: sources
-            .iter()
-            .map(|s| s.parse().expect("built-in sources parse"))
-            .collect(),
-        pod: None,
+        action: Action::RouteByToken(ByToken {
+            sources: sources
+                .iter()
+                .map(|s| s.parse().expect("built-in sources parse"))
+                .collect(),
+            ..ByToken::default()
+        }),
         pool,
         read_timeout_secs: timeout,
     }
 }
 
 impl Rule {
+    /// The rule with its token handling changed by `f` (built-in rules all route
+    /// by token where these apply).
+    fn by(mut self, f: impl FnOnce(&mut ByToken)) -> Rule {
+        match &mut self.action {
+            Action::RouteByToken(by) => f(by),
+            _ => unreachable!("built-in rule {} does not route by token", self.name),
+        }
+        self
+    }
+
     /// GitLab refuses the endpoint without a token (`requires :token`,
     /// `authenticate_runner!`, `authenticate_job!`): 400 here, on every Pod alike.
     fn token_required(self) -> Rule {
-        Rule {
-            requires_token: true,
-            ..self
-        }
+        self.by(|b| b.requires_token = true)
     }
 
     /// Served on the HTTP/1 fast path: runners' and jobs' own endpoints, the bulk
     /// of a fleet's requests.
     fn fast(self) -> Rule {
-        Rule {
-            fast_path: true,
-            ..self
-        }
+        self.by(|b| b.fast_path = true)
     }
 
     /// A body read whole is at most `bytes`.
     fn body_cap(self, bytes: usize) -> Rule {
-        Rule {
-            max_body_bytes: Some(bytes),
-            ..self
-        }
+        self.by(|b| b.max_body_bytes = Some(bytes))
     }
 
     /// Runners' long polls, which a Pod may have held at the edge.
     fn edge_held(self) -> Rule {
-        Rule {
-            edge_hold: true,
-            ..self
-        }
+        self.by(|b| b.edge_hold = true)
     }
 
     /// A `kas_k8s_proxy` rule: with no token, the `_gitlab_kas` cookie's Pod first.
     fn kas_cookie_first(self) -> Rule {
-        Rule {
-            kas_cookie: true,
-            ..self
-        }
+        self.by(|b| b.kas_cookie = true)
     }
 }
 
@@ -313,14 +304,7 @@ pub fn builtin() -> Vec<Rule> {
         cookie: Some("_gitlab_session".into()),
         host_suffix: None,
         authorization: None,
-        kas_cookie: false,
-        action: ActionKind::SessionPrefix,
-        requires_token: false,
-        max_body_bytes: None,
-        edge_hold: false,
-        fast_path: false,
-        sources: vec![],
-        pod: None,
+        action: Action::SessionPrefix,
         pool: Pool::Web,
         read_timeout_secs: 60,
     });
@@ -332,14 +316,7 @@ pub fn builtin() -> Vec<Rule> {
         cookie: None,
         host_suffix: None,
         authorization: None,
-        kas_cookie: false,
-        action: ActionKind::Default,
-        requires_token: false,
-        max_body_bytes: None,
-        edge_hold: false,
-        fast_path: false,
-        sources: vec![],
-        pod: None,
+        action: Action::Default,
         pool: Pool::Web,
         read_timeout_secs: 60,
     });

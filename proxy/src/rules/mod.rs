@@ -1,17 +1,21 @@
 //! Ordered routing rules: the first rule whose method, path and header/cookie
 //! conditions match decides how a request is routed ([`rule_for`]). What a rule
 //! does with the request (whether it needs a token, how much body it reads, whether
-//! its polls may be held at the edge) is in its fields, never in its name.
+//! its polls may be held at the edge) is in its action, never in its name.
 //!
-//! - this module: the rule model and matching;
+//! - this module: the rule model ([`Rule`], an [`Action`] per kind with what only
+//!   that kind needs) and matching;
+//! - [`RuleSpec`]: a rule as `proxy.toml` writes it, checked into a [`Rule`];
 //! - [`builtin`]: the built-in table, with the GitLab source of each row;
 //! - [`session_pod`]: the cookies' Pod, for a request with no token.
 
 mod builtin;
 mod session;
+mod spec;
 
 pub use builtin::{builtin, workspaces_rule};
 pub use session::{KAS_COOKIE, session_pod};
+pub use spec::RuleSpec;
 
 use http::{HeaderMap, Method};
 use podgate_tokens::PodId;
@@ -43,23 +47,6 @@ mod serde_regex {
     }
 }
 
-mod serde_regex_opt {
-    use regex::Regex;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(r: &Option<Regex>, s: S) -> Result<S::Ok, S::Error> {
-        match r {
-            Some(r) => s.serialize_some(r.as_str()),
-            None => s.serialize_none(),
-        }
-    }
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Regex>, D::Error> {
-        Option::<String>::deserialize(d)?
-            .map(|s| Regex::new(&s).map_err(serde::de::Error::custom))
-            .transpose()
-    }
-}
-
 impl PathMatch {
     fn matches(&self, path: &str) -> bool {
         match self {
@@ -88,7 +75,7 @@ pub enum Pool {
     KasWorkspaces,
 }
 
-/// What a matching rule does.
+/// What a matching rule does, as `proxy.toml` names it ([`RuleSpec::action`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ActionKind {
@@ -102,78 +89,85 @@ pub enum ActionKind {
     Default,
 }
 
-/// One rule.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    /// A name for metrics, logs and the `X-Podgate-Rule` header.
-    pub name: String,
-    /// Methods it applies to; empty means any.
-    #[serde(default)]
-    pub methods: Vec<String>,
-    /// The path condition.
-    pub path: PathMatch,
-    /// Only when this header is present.
-    #[serde(default)]
-    pub header: Option<String>,
-    /// Only when this cookie is present.
-    #[serde(default)]
-    pub cookie: Option<String>,
-    /// Only when the request's host (`Host`, or HTTP/2's `:authority`), its port
-    /// removed, ends with this, case-insensitively (`.workspaces.example.com`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_suffix: Option<String>,
-    /// Only when an `Authorization` header matches this regular expression.
-    #[serde(
-        default,
-        with = "serde_regex_opt",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub authorization: Option<Regex>,
-    /// Where no token is found: route by the `_gitlab_kas` cookie's Pod prefix
-    /// before the `_gitlab_session` cookie's ([`session_pod`]).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub kas_cookie: bool,
-    /// What to do.
-    pub action: ActionKind,
-    /// For `route-by-token`: where to look, in order.
-    #[serde(default)]
+/// What a matching rule does, with what only that action needs: a rule cannot
+/// carry a token source without routing by token, nor a Pod without pinning one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Classify the tokens found and route by them.
+    RouteByToken(ByToken),
+    /// Always send to this Pod.
+    RouteToPod(PodId),
+    /// Route by the `_gitlab_session` cookie's `cell-<n>-` prefix, else the default
+    /// Pod.
+    SessionPrefix,
+    /// Send to the default (legacy) Pod.
+    Default,
+}
+
+impl Action {
+    /// The action's name in `proxy.toml`.
+    pub fn kind(&self) -> ActionKind {
+        match self {
+            Action::RouteByToken(_) => ActionKind::RouteByToken,
+            Action::RouteToPod(_) => ActionKind::RouteToPod,
+            Action::SessionPrefix => ActionKind::SessionPrefix,
+            Action::Default => ActionKind::Default,
+        }
+    }
+}
+
+/// How a `route-by-token` rule finds and uses its token.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ByToken {
+    /// Where to look, in order (at least one).
     pub sources: Vec<TokenSource>,
-    /// For `route-by-token`: GitLab refuses the endpoint without a token (runner
-    /// and job endpoints: Grape's `requires :token`, `authenticate_job!`), so a
-    /// request with none is answered 400 `token_not_found` here rather than sent to
-    /// the default Pod.
-    #[serde(default)]
+    /// GitLab refuses the endpoint without a token (runner and job endpoints:
+    /// Grape's `requires :token`, `authenticate_job!`), so a request with none is
+    /// answered 400 `token_not_found` here rather than sent to the default Pod.
     pub requires_token: bool,
     /// Largest body read whole to find a token, in bytes, when smaller than
     /// `body_lookahead_bytes` (413 above it). `jobs/request`: 32 KiB, as Workhorse
     /// (`workhorse/internal/builds/register.go`, `maxRegisterBodySize`).
-    #[serde(default)]
     pub max_body_bytes: Option<usize>,
-    /// For `route-by-token` on the `web` pool: the rule's requests are runners'
-    /// `jobs/request` long polls, which a Pod with `runner_queue_redis` may have held
-    /// at the edge ([`crate::edge_poll`]) rather than by its Workhorse.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// Where no token is found: route by the `_gitlab_kas` cookie's Pod prefix
+    /// before the `_gitlab_session` cookie's ([`session_pod`]).
+    pub kas_cookie: bool,
+    /// On the `web` pool only: the rule's requests are runners' `jobs/request` long
+    /// polls, which a Pod with `runner_queue_redis` may have held at the edge
+    /// ([`crate::edge_poll`]) rather than by its Workhorse.
     pub edge_hold: bool,
-    /// For `route-by-token` on the `web` pool: the proxy's HTTP/1 fast path
-    /// ([`crate::fast`]) may serve the rule's plain HTTP/1.1 requests itself
-    /// (runner and job endpoints); else pingora-proxy serves them. Both answer
-    /// alike; the fast path costs less per request.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// On the `web` pool only: the proxy's HTTP/1 fast path ([`crate::fast`]) may
+    /// serve the rule's plain HTTP/1.1 requests itself (runner and job endpoints);
+    /// else pingora-proxy serves them. Both answer alike; the fast path costs less
+    /// per request.
     pub fast_path: bool,
-    /// For `route-to-pod`: the Pod.
-    #[serde(default)]
-    pub pod: Option<PodId>,
-    /// Which upstream pool of the Pod.
-    #[serde(default)]
-    pub pool: Pool,
-    /// Upstream read timeout in seconds (long polls need more than a minute).
-    #[serde(default = "default_timeout")]
-    pub read_timeout_secs: u64,
 }
 
-fn default_timeout() -> u64 {
-    60
+/// One rule: the conditions a request must meet, then what to do with it. Written
+/// in `proxy.toml` as a [`RuleSpec`], whose [`RuleSpec::build`] checks it.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    /// A name for metrics, logs and the `X-Podgate-Rule` header.
+    pub name: String,
+    /// Methods it applies to; empty means any.
+    pub methods: Vec<String>,
+    /// The path condition.
+    pub path: PathMatch,
+    /// Only when this header is present.
+    pub header: Option<String>,
+    /// Only when this cookie is present.
+    pub cookie: Option<String>,
+    /// Only when the request's host (`Host`, or HTTP/2's `:authority`), its port
+    /// removed, ends with this, case-insensitively (`.workspaces.example.com`).
+    pub host_suffix: Option<String>,
+    /// Only when an `Authorization` header matches this regular expression.
+    pub authorization: Option<Regex>,
+    /// What to do.
+    pub action: Action,
+    /// Which upstream pool of the Pod.
+    pub pool: Pool,
+    /// Upstream read timeout in seconds (long polls need more than a minute).
+    pub read_timeout_secs: u64,
 }
 
 impl Rule {
@@ -220,7 +214,27 @@ impl Rule {
             })
     }
 
-    /// Every problem with this rule, each naming its field (`rules[3].pod`).
+    /// How the rule routes by token, when it does.
+    pub fn by_token(&self) -> Option<&ByToken> {
+        match &self.action {
+            Action::RouteByToken(by) => Some(by),
+            _ => None,
+        }
+    }
+
+    /// Whether the rule's requests may be served on the HTTP/1 fast path.
+    pub fn fast_path(&self) -> bool {
+        self.by_token().is_some_and(|b| b.fast_path)
+    }
+
+    /// Whether the rule's requests are runners' polls a Pod may have held at the
+    /// edge.
+    pub fn edge_hold(&self) -> bool {
+        self.by_token().is_some_and(|b| b.edge_hold)
+    }
+
+    /// What the types cannot rule out, each problem naming its field
+    /// (`rules[3].read_timeout_secs`).
     pub fn problems(&self, at: &str) -> Vec<String> {
         let mut bad = Vec::new();
         if self.name.is_empty() {
@@ -231,15 +245,6 @@ impl Rule {
                 bad.push(format!("{at}.methods: {m:?} is not an HTTP method"));
             }
         }
-        match self.action {
-            ActionKind::RouteByToken if self.sources.is_empty() => bad.push(format!(
-                "{at}.sources: route-by-token needs at least one source"
-            )),
-            ActionKind::RouteToPod if self.pod.is_none() => {
-                bad.push(format!("{at}.pod: route-to-pod needs a Pod id"))
-            }
-            _ => {}
-        }
         if let Some(suffix) = &self.host_suffix
             && (suffix.is_empty() || suffix.contains(['/', ':', ' ']))
         {
@@ -247,34 +252,30 @@ impl Rule {
                 "{at}.host_suffix = {suffix:?}: a domain suffix such as \".workspaces.example.com\""
             ));
         }
-        if self.max_body_bytes == Some(0) {
-            bad.push(format!("{at}.max_body_bytes: must be positive"));
-        }
-        let by_token = self.action == ActionKind::RouteByToken;
-        if self.requires_token && !by_token {
-            bad.push(format!(
-                "{at}.requires_token: only a route-by-token rule reads a token"
-            ));
-        }
-        if self.max_body_bytes.is_some() && !by_token {
-            bad.push(format!(
-                "{at}.max_body_bytes: only a route-by-token rule reads a body"
-            ));
-        }
-        if self.edge_hold && !(by_token && self.pool == Pool::Web) {
-            bad.push(format!(
-                "{at}.edge_hold: only a route-by-token rule on the web pool (runners' \
-                 jobs/request polls) can be held at the edge"
-            ));
-        }
-        if self.fast_path && !(by_token && self.pool == Pool::Web) {
-            bad.push(format!(
-                "{at}.fast_path: only a route-by-token rule on the web pool (runner and \
-                 job endpoints) is served on the fast path"
-            ));
-        }
         if self.read_timeout_secs == 0 {
             bad.push(format!("{at}.read_timeout_secs: must be positive"));
+        }
+        if let Action::RouteByToken(by) = &self.action {
+            if by.sources.is_empty() {
+                bad.push(format!(
+                    "{at}.sources: route-by-token needs at least one source"
+                ));
+            }
+            if by.max_body_bytes == Some(0) {
+                bad.push(format!("{at}.max_body_bytes: must be positive"));
+            }
+            if by.edge_hold && self.pool != Pool::Web {
+                bad.push(format!(
+                    "{at}.edge_hold: only a rule on the web pool (runners' jobs/request \
+                     polls) can be held at the edge"
+                ));
+            }
+            if by.fast_path && self.pool != Pool::Web {
+                bad.push(format!(
+                    "{at}.fast_path: only a rule on the web pool (runner and job \
+                     endpoints) is served on the fast path"
+                ));
+            }
         }
         bad
     }

@@ -3,11 +3,11 @@
 
 use http::HeaderMap;
 
-use super::{Rule, cookie};
+use super::cookie;
 
-/// The Pod a request without a token follows: for a rule with `kas_cookie`, the
-/// `_gitlab_kas` cookie's Pod prefix; then the `_gitlab_session` cookie's; `None`:
-/// the default Pod.
+/// The Pod a request without a token follows: with `kas_cookie` (a rule's
+/// [`super::ByToken::kas_cookie`]), the `_gitlab_kas` cookie's Pod prefix; then the
+/// `_gitlab_session` cookie's; `None`: the default Pod.
 ///
 /// GitLab writes the `_gitlab_kas` cookie as the Rails session's
 /// `session_cookie_token_prefix` (a Cell's `cell-<id>`, the same prefix its session
@@ -19,7 +19,7 @@ use super::{Rule, cookie};
 /// Browsers send the session cookie along in the Omnibus layout
 /// (`/-/kubernetes-agent/k8s-proxy/` is on GitLab's host), not to kas's own host.
 pub fn session_pod<'a>(
-    rule: &Rule,
+    kas_cookie: bool,
     headers: &HeaderMap,
     topology: &'a podgate_registry::Topology,
 ) -> Option<&'a std::sync::Arc<podgate_registry::Pod>> {
@@ -32,7 +32,7 @@ pub fn session_pod<'a>(
         let pod = matching.next()?;
         matching.next().is_none().then_some(pod)
     };
-    rule.kas_cookie
+    kas_cookie
         .then(by_kas_cookie)
         .flatten()
         .or_else(|| topology.pod_for_session(cookie(headers, "_gitlab_session")?))

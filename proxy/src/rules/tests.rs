@@ -90,7 +90,7 @@ fn builtin_rules_are_valid_and_config_problems_name_fields() {
     for (i, r) in builtin().iter().enumerate() {
         assert!(r.problems(&format!("rules[{i}]")).is_empty(), "{}", r.name);
     }
-    let bad: Rule = toml::from_str(
+    let bad: RuleSpec = toml::from_str(
         r#"name = "x"
            methods = ["GE T"]
            path = { prefix = "/" }
@@ -98,14 +98,15 @@ fn builtin_rules_are_valid_and_config_problems_name_fields() {
            read_timeout_secs = 0"#,
     )
     .unwrap();
-    let p = bad.problems("rules[0]").join("\n");
+    let p = bad.build("rules[0]").unwrap_err().join("\n");
     assert!(
         p.contains("rules[0].methods")
             && p.contains("rules[0].pod")
             && p.contains("read_timeout_secs"),
         "{p}"
     );
-    let err = toml::from_str::<Rule>("name='x'\npath={regex='('}\naction='default'").unwrap_err();
+    let err =
+        toml::from_str::<RuleSpec>("name='x'\npath={regex='('}\naction='default'").unwrap_err();
     assert!(err.to_string().contains("regex"), "{err}");
 }
 
@@ -131,8 +132,9 @@ fn kas_k8s_proxy_rules_come_before_kas_agent_and_need_kas_credentials_on_the_hos
     assert!(pos("kas-k8s-proxy") < pos("kas-agent"));
     for r in rules.iter().filter(|r| r.name.starts_with("kas-k8s-proxy")) {
         assert_eq!(r.pool, Pool::KasK8sProxy, "{}", r.name);
-        assert!(r.kas_cookie, "{}", r.name);
-        assert!(!r.requires_token, "{}", r.name);
+        let by = r.by_token().unwrap();
+        assert!(by.kas_cookie, "{}", r.name);
+        assert!(!by.requires_token, "{}", r.name);
     }
     // kas's own host: `/k8s-proxy/` is a namespace path on GitLab's host, so only
     // with kas's credentials.
@@ -175,7 +177,7 @@ fn kas_cookie_names_its_pod_by_prefix_unless_ambiguous() {
     let pod = |cookies: &str| {
         let mut h = HeaderMap::new();
         h.insert(http::header::COOKIE, cookies.parse().unwrap());
-        session_pod(&rule, &h, &t).map(|p| p.id.get())
+        session_pod(rule.by_token().unwrap().kas_cookie, &h, &t).map(|p| p.id.get())
     };
     // GitLab writes `<session_cookie_token_prefix><encrypted id>`, no separator.
     assert_eq!(pod("_gitlab_kas=cell-1QmFzZTY0--aXY=--dGFn"), Some(1));
@@ -209,7 +211,7 @@ fn kas_cookie_names_its_pod_by_prefix_unless_ambiguous() {
         http::header::COOKIE,
         "_gitlab_kas=cell-1abc".parse().unwrap(),
     );
-    assert!(session_pod(&api, &h, &t).is_none());
+    assert!(session_pod(api.by_token().unwrap().kas_cookie, &h, &t).is_none());
 }
 
 #[test]
@@ -246,8 +248,8 @@ fn workspace_hosts_match_by_suffix_whatever_the_path() {
     assert_ne!(pick(None, "/"), "kas-workspaces");
     let r = &rules[0];
     assert_eq!(r.pool, Pool::KasWorkspaces);
-    assert_eq!(r.action, ActionKind::RouteByToken);
-    assert!(!r.requires_token);
+    assert_eq!(r.action.kind(), ActionKind::RouteByToken);
+    assert!(!r.by_token().unwrap().requires_token);
     // HTTP/2's :authority is passed in as the host.
     assert!(r.matches_host(
         &Method::GET,
@@ -268,19 +270,19 @@ fn workspace_hosts_match_by_suffix_whatever_the_path() {
     );
 }
 
-/// What a rule does is in its fields: renaming a built-in rule keeps it.
+/// What a rule does is in its action: renaming a built-in rule keeps it.
 #[test]
-fn behaviour_is_in_fields_not_names() {
+fn behaviour_is_in_the_action_not_names() {
     let rules = builtin();
-    let with = |f: fn(&Rule) -> bool| -> Vec<&str> {
+    let with = |f: fn(&ByToken) -> bool| -> Vec<&str> {
         rules
             .iter()
-            .filter(|r| f(r))
+            .filter(|r| r.by_token().is_some_and(f))
             .map(|r| r.name.as_str())
             .collect()
     };
     assert_eq!(
-        with(|r| r.requires_token),
+        with(|b| b.requires_token),
         [
             "jobs-request",
             "runners",
@@ -289,9 +291,9 @@ fn behaviour_is_in_fields_not_names() {
             "job-update"
         ]
     );
-    assert_eq!(with(|r| r.edge_hold), ["jobs-request"]);
+    assert_eq!(with(|b| b.edge_hold), ["jobs-request"]);
     assert_eq!(
-        with(|r| r.max_body_bytes == Some(32 * 1024)),
+        with(|b| b.max_body_bytes == Some(32 * 1024)),
         ["jobs-request"]
     );
     let renamed: Vec<Rule> = rules
@@ -302,14 +304,14 @@ fn behaviour_is_in_fields_not_names() {
             ..r
         })
         .collect();
-    let jobs = &renamed[0];
+    let jobs = renamed[0].by_token().unwrap();
     assert!(jobs.requires_token && jobs.edge_hold);
     assert_eq!(jobs.max_body_bytes, Some(32 * 1024));
 }
 
 #[test]
 fn typed_fields_from_proxy_toml_are_validated_by_name() {
-    let parsed: Rule = toml::from_str(
+    let parsed: RuleSpec = toml::from_str(
         r#"
         name = "polls"
         path = { regex = "^/api/v4/jobs/request$" }
@@ -322,10 +324,12 @@ fn typed_fields_from_proxy_toml_are_validated_by_name() {
         "#,
     )
     .unwrap();
-    assert!(parsed.requires_token && parsed.edge_hold && parsed.fast_path);
-    assert_eq!(parsed.max_body_bytes, Some(1024));
-    assert!(parsed.problems("rules[0]").is_empty());
-    let bad: Rule = toml::from_str(
+    let rule = parsed.build("rules[0]").unwrap();
+    let by = rule.by_token().unwrap();
+    assert!(by.requires_token && by.edge_hold && by.fast_path);
+    assert_eq!(by.max_body_bytes, Some(1024));
+    assert_eq!(by.sources, ["param:token".parse().unwrap()]);
+    let bad: RuleSpec = toml::from_str(
         r#"
         name = "pinned"
         path = { prefix = "/" }
@@ -339,7 +343,7 @@ fn typed_fields_from_proxy_toml_are_validated_by_name() {
         "#,
     )
     .unwrap();
-    let problems = bad.problems("rules[4]");
+    let problems = bad.build("rules[4]").unwrap_err();
     for field in ["requires_token", "max_body_bytes", "edge_hold", "fast_path"] {
         assert!(
             problems
@@ -348,6 +352,32 @@ fn typed_fields_from_proxy_toml_are_validated_by_name() {
             "{field}: {problems:?}"
         );
     }
+    // The fields of the right action, on the wrong pool; a Pod on a rule that
+    // pins none; no sources to route by.
+    let problems = |toml: &str| {
+        toml::from_str::<RuleSpec>(toml)
+            .unwrap()
+            .build("rules[1]")
+            .unwrap_err()
+    };
+    let kas = problems(
+        "name = 'k'\npath = { prefix = '/' }\naction = 'route-by-token'\n\
+         sources = ['bearer']\npool = 'kas'\nedge_hold = true\nfast_path = true",
+    );
+    assert_eq!(kas.len(), 2, "{kas:?}");
+    assert!(kas[0].starts_with("rules[1].edge_hold:"), "{kas:?}");
+    assert!(kas[1].starts_with("rules[1].fast_path:"), "{kas:?}");
+    let pinned = problems("name = 'd'\npath = { prefix = '/' }\naction = 'default'\npod = 2");
+    assert_eq!(pinned.len(), 1, "{pinned:?}");
+    assert!(
+        pinned[0].starts_with("rules[1].pod: only a route-to-pod rule"),
+        "{pinned:?}"
+    );
+    let sourceless = problems("name = 't'\npath = { prefix = '/' }\naction = 'route-by-token'");
+    assert!(
+        sourceless[0].starts_with("rules[1].sources:"),
+        "{sourceless:?}"
+    );
 }
 
 /// The fast path serves the runner and job endpoints, and says so in the rule:
@@ -356,7 +386,7 @@ fn typed_fields_from_proxy_toml_are_validated_by_name() {
 fn the_fast_path_rules_are_the_runner_and_job_endpoints() {
     let fast: Vec<String> = builtin()
         .into_iter()
-        .filter(|r| r.fast_path)
+        .filter(Rule::fast_path)
         .map(|r| r.name)
         .collect();
     assert_eq!(

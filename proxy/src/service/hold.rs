@@ -26,7 +26,7 @@ impl PodGate {
     /// The Pod's polls, when the request is forwarded by a rule with `edge_hold`
     /// to a Pod that opts in to edge holds (`runner_queue_redis`).
     pub(crate) fn edge_polls_for(&self, ctx: &Ctx, rule: &Rule) -> Option<PodPolls> {
-        let pod = ctx.forwarded().filter(|_| rule.edge_hold)?;
+        let pod = ctx.forwarded().filter(|_| rule.edge_hold())?;
         self.edge_polls.as_ref()?.pod(pod.id)
     }
 

@@ -119,7 +119,11 @@ impl PodGate {
     ) -> Self {
         let source_labels = rules
             .iter()
-            .map(|r| r.sources.iter().map(TokenSource::labels).collect())
+            .map(|r| {
+                r.by_token()
+                    .map(|b| b.sources.iter().map(TokenSource::labels).collect())
+                    .unwrap_or_default()
+            })
             .collect();
         let histograms = rules
             .iter()
