@@ -54,6 +54,9 @@ enum Command {
     Loadtest(cli::loadtest::LoadtestCommand),
     /// Run a kas instance (agent, GitLab and kas-to-kas listeners).
     Kas(cli::kas::KasArgs),
+    /// Run GitLab's Topology Service: which Cell owns what (claims), and
+    /// classification for the HTTP Router, gitlab-shell, mail room and Rails.
+    TopologyService(cli::topology_service::TopologyServiceArgs),
     /// Run one agentk replica: connect to kas, keep reverse tunnels, answer with the
     /// Kubernetes API.
     Agentk(cli::agentk::AgentkArgs),
@@ -115,6 +118,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "sim")]
         Command::Workspaces(args) => cli::workspaces::run(args),
         Command::Kas(args) => cli::kas::run(args),
+        Command::TopologyService(args) => cli::topology_service::run(args),
         Command::Agentk(args) => cli::agentk::run(args),
         #[cfg(feature = "sim")]
         Command::Loadtest(cmd) => cli::loadtest::run(cmd),

@@ -36,5 +36,6 @@ mod proxy_ops;
 mod proxy_routing;
 mod proxy_upstreams;
 mod third_party_runner;
+mod topology_service;
 mod workspace_traffic;
 mod workspaces_e2e;

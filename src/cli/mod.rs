@@ -22,6 +22,7 @@ pub(crate) mod loadtest_agents;
 pub(crate) mod pod_sim;
 pub(crate) mod registry;
 pub(crate) mod token;
+pub(crate) mod topology_service;
 #[cfg(feature = "sim")]
 pub(crate) mod up;
 #[cfg(feature = "sim")]
@@ -72,6 +73,7 @@ pub(crate) fn exit_code(e: &anyhow::Error) -> u8 {
         c.is::<Usage>()
             || c.is::<clap::Error>()
             || c.is::<kas::config::Error>()
+            || c.is::<podgate_topology_service::config::Error>()
             || c.is::<podgate_tokens::keys::Error>()
             || matches!(
                 c.downcast_ref::<proxy::Error>(),

@@ -18,9 +18,10 @@ use std::process::Command;
 use serde_json::Value;
 
 /// The product's library crates.
-const PRODUCT: [&str; 6] = [
+const PRODUCT: [&str; 7] = [
     "podgate-tokens",
     "podgate-registry",
+    "podgate-topology-service",
     "podgate-proxy",
     "podgate-agent",
     "podgate-kas",

@@ -1,0 +1,99 @@
+//! One listener for everything: gRPC over h2c (the Topology Service's services and
+//! gRPC health) and the REST mapping over HTTP/1.1, as GitLab's Topology Service
+//! answers both on one port.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
+
+use crate::access::Caller;
+use crate::cells::Cells;
+use crate::config::Config;
+use crate::grpc::{CellService, ClaimService, Classify, Health, TopologyService};
+use crate::proto::gitlab::cells::topology_service::cell_service_server::CellServiceServer;
+use crate::proto::gitlab::cells::topology_service::claims::v1::claim_service_server::ClaimServiceServer;
+use crate::proto::gitlab::cells::topology_service::classify_service_server::ClassifyServiceServer;
+use crate::proto::grpc::health::v1::health_server::HealthServer;
+
+/// Why the service stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The listen address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The listener's address could not be read.
+    #[error("the listener's address: {0}")]
+    LocalAddr(#[source] std::io::Error),
+    /// Serving failed.
+    #[error("serving: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Largest request message: Rails' client allows 10 MiB
+/// (`grpc.max_receive_message_length` in
+/// `lib/gitlab/topology_service_client/base_service.rb`), and a `BeginUpdate` of a
+/// large batch comes near.
+const MAX_MESSAGE: usize = 10 * 1024 * 1024;
+
+/// A bound, not yet serving, Topology Service.
+pub struct Bound {
+    listener: TcpListener,
+    service: Arc<TopologyService>,
+}
+
+impl Bound {
+    /// Binds `config.listen`. Without TLS, every caller is an administrator.
+    pub async fn bind(config: &Config) -> Result<Self, Error> {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        Ok(Bound {
+            listener,
+            service: TopologyService::new(Cells::new(&config.cells), Some(Caller::Admin)),
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> Result<SocketAddr, Error> {
+        self.listener.local_addr().map_err(Error::LocalAddr)
+    }
+
+    /// The service's state (its Cells and claims).
+    pub fn service(&self) -> Arc<TopologyService> {
+        self.service.clone()
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
+        let s = self.service;
+        let routes = Routes::new(
+            ClassifyServiceServer::new(Classify(s.clone())).max_decoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(CellServiceServer::new(CellService(s.clone())))
+        .add_service(
+            ClaimServiceServer::new(ClaimService(s.clone())).max_decoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(HealthServer::new(Health))
+        .into_axum_router()
+        .merge(crate::rest::router(s));
+        tonic::transport::Server::builder()
+            .accept_http1(true)
+            .add_routes(Routes::from(routes))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), shutdown)
+            .await?;
+        Ok(())
+    }
+}
