@@ -173,6 +173,11 @@ pub struct ProxyConfig {
     /// Workspace hosts to kas (a rule before the others), if any.
     #[serde(default)]
     pub workspaces: Option<WorkspacesRouting>,
+    /// Path rules: a request whose path names a top-level namespace or an
+    /// organization goes to the Cell that claimed it, asked of this Topology
+    /// Service ([`crate::claims`]). None: no path rules.
+    #[serde(default)]
+    pub topology_service: Option<crate::claims::TopologyServiceConfig>,
     /// Worker threads.
     #[serde(default = "default_threads")]
     pub threads: usize,
@@ -333,6 +338,9 @@ impl ProxyConfig {
                 "workspaces.host_suffix = {:?}: a domain suffix starting with '.', such as \".workspaces.example.com\"",
                 w.host_suffix
             ));
+        }
+        if let Some(ts) = &self.topology_service {
+            bad.extend(ts.problems());
         }
         if let Err(problems) = self.build_rules() {
             bad.extend(problems);

@@ -56,6 +56,7 @@
 pub mod admin;
 mod answer;
 pub mod body;
+pub mod claims;
 pub mod config;
 pub mod decision;
 pub mod edge_poll;

@@ -67,6 +67,16 @@ pub struct Metrics {
     /// path ([`crate::fast`]) served (`served`), or handed to pingora-proxy, by why
     /// (`tls`, `head`, `framing`, `rule`, `body`, `upgrade`, …).
     pub fast_path: IntCounterVec,
+    /// `podgate_proxy_path_rules_total{outcome}`: requests whose path named a claim,
+    /// by what came of it (`claimed`, `unclaimed`, `unavailable`, `unknown_cell`).
+    pub path_rules: IntCounterVec,
+    /// `podgate_proxy_topology_service_calls_total{result}`: classify calls to the
+    /// Topology Service (`owner`, `unclaimed`, `error`, `deadline`; `skipped` while
+    /// quiet after a failure).
+    pub topology_calls: IntCounterVec,
+    /// `podgate_proxy_classify_cache_total{event}`: path rules' cache (`hit`,
+    /// `negative_hit`, `miss`, `expired`).
+    pub classify_cache: IntCounterVec,
     /// Idle client connections handed over at a binary upgrade (`crate::handover`).
     pub upgrade_connections: IntCounterVec,
     /// `podgate_proxy_upstream_in_use{pod}`: requests in flight to the Pod's web
@@ -176,6 +186,27 @@ impl Metrics {
                 ),
                 &["pod"],
             )?,
+            path_rules: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_path_rules_total",
+                    "Requests whose path named a claim (a top-level namespace, an organization), by outcome.",
+                ),
+                &["outcome"],
+            )?,
+            topology_calls: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_topology_service_calls_total",
+                    "Classify calls to the Topology Service by path rules, by result.",
+                ),
+                &["result"],
+            )?,
+            classify_cache: IntCounterVec::new(
+                Opts::new(
+                    "podgate_proxy_classify_cache_total",
+                    "Path rules' cache of claim owners, by event.",
+                ),
+                &["event"],
+            )?,
             fast_path: IntCounterVec::new(
                 Opts::new(
                     "podgate_proxy_fast_path_requests_total",
@@ -230,6 +261,9 @@ impl Metrics {
         registry.register(Box::new(m.edge_poll_redis_errors.clone()))?;
         registry.register(Box::new(m.edge_poll_notifications.clone()))?;
         registry.register(Box::new(m.fast_path.clone()))?;
+        registry.register(Box::new(m.path_rules.clone()))?;
+        registry.register(Box::new(m.topology_calls.clone()))?;
+        registry.register(Box::new(m.classify_cache.clone()))?;
         registry.register(Box::new(m.upgrade_connections.clone()))?;
         Ok(m)
     }

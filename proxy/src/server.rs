@@ -212,6 +212,9 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
     if let Some(e) = &edge_polls {
         pod_gate = pod_gate.with_edge_polls(e.clone());
     }
+    if let Some(ts) = &config.topology_service {
+        pod_gate = pod_gate.with_path_router(Arc::new(crate::claims::PathRouter::new(ts.clone())));
+    }
 
     let conf = ServerConf {
         threads: config.threads,

@@ -245,6 +245,7 @@ async fn pods(
                 labels: label.into_iter().collect::<BTreeMap<_, _>>(),
                 session_prefix,
                 runner_queue_redis: current.pod(id).and_then(|p| p.runner_queue_redis.clone()),
+                cell_address: current.pod(id).and_then(|p| p.cell_address.clone()),
             };
             let t = registry.put_pod(pod).await?;
             if default {

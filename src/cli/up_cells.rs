@@ -270,6 +270,7 @@ pub(crate) fn topology(
                 labels: BTreeMap::new(),
                 session_prefix: None,
                 runner_queue_redis: edge_redis.map(str::to_owned),
+                cell_address: None,
             }
         })
         .collect()

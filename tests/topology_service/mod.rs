@@ -12,8 +12,11 @@
 //! - [`shell`]: gitlab-shell's `Classify` (`internal/topology/` in
 //!   gitlabhq/gitlab-shell): the retired field 4 and the `claims` chain, route,
 //!   username and SSH fingerprint claims, its timeout and retries;
-//! - [`router`]: the HTTP Router's REST classify and mail room's `FIRST_CELL`.
+//! - [`router`]: the HTTP Router's REST classify and mail room's `FIRST_CELL`;
+//! - [`proxy`]: podgate's proxy routing by path through it, as the HTTP Router
+//!   does, and falling through when it is gone.
 
+mod proxy;
 mod rails;
 mod router;
 mod shell;
@@ -52,9 +55,14 @@ session_prefix = \"cell-3\"
 
 /// Starts `podgate topology-service` on a free port.
 pub fn start() -> Ts {
+    start_on(0)
+}
+
+/// Starts `podgate topology-service` on `port` (0: a free one).
+pub fn start_on(port: u16) -> Ts {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("topology-service.toml");
-    std::fs::write(&path, format!("listen = \"127.0.0.1:0\"\n{CELLS}")).unwrap();
+    std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{CELLS}")).unwrap();
     let (child, lines) = spawn_podgate(["topology-service", "--config", path.to_str().unwrap()]);
     let addr = first_line(
         &lines,
@@ -83,3 +91,43 @@ impl Ts {
             .unwrap()
     }
 }
+
+/// Commits `claims` (bucket type, value) for `cell_id` in one lease, as a Cell's
+/// Rails does.
+pub async fn claim(ts: &Ts, cell_id: i64, claims: &[(ts_proto::claims::v1::bucket::Type, &str)]) {
+    use ts_proto::claims::v1 as cv1;
+    let mut c = cv1::claim_service_client::ClaimServiceClient::new(ts.channel().await);
+    let create = claims
+        .iter()
+        .enumerate()
+        .map(|(i, (t, v))| cv1::Metadata {
+            bucket: Some(cv1::Bucket {
+                r#type: *t as i32,
+                value: (*v).to_owned(),
+            }),
+            source: Some(cv1::Source {
+                r#type: cv1::source::Type::RailsTableRoutes as i32,
+                rails_primary_key_id: (i as u64 + 1).to_be_bytes().to_vec(),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let lease = c
+        .begin_update(cv1::BeginUpdateRequest {
+            create_records: create,
+            cell_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .lease_uuid;
+    c.commit_update(cv1::CommitUpdateRequest {
+        cell_id,
+        lease_uuid: lease,
+    })
+    .await
+    .unwrap();
+}
+
+use podgate_topology_service::proto::gitlab::cells::topology_service as ts_proto;

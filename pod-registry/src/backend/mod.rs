@@ -87,8 +87,8 @@ pub(crate) enum BackendEvent {
 /// One change to the topology.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TopologyChange {
-    /// Add or replace a Pod.
-    Put(Pod),
+    /// Add or replace a Pod (boxed: a Pod is large beside the other changes).
+    Put(Box<Pod>),
     /// Remove a Pod.
     Remove(PodId),
     /// Change a Pod's state.
@@ -111,7 +111,7 @@ impl TopologyChange {
                         problems,
                     });
                 }
-                next.pods.insert(pod.id, Arc::new(pod.clone()));
+                next.pods.insert(pod.id, Arc::new((**pod).clone()));
             }
             TopologyChange::Remove(id) => {
                 next.pods.remove(id).ok_or(crate::Error::NoSuchPod(*id))?;

@@ -96,6 +96,11 @@ pub struct Pod {
     /// (`podgate_proxy::edge_poll`); `None`: they are forwarded to the Pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_queue_redis: Option<String>,
+    /// The Cell's address as GitLab's Topology Service names it (a `Classify`
+    /// answer's `proxy.address`, `host` or `host:port`): how the proxy knows which
+    /// Pod a claim's owner is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell_address: Option<String>,
 }
 
 /// A [`Pod`] as read: the same fields, plus a `weight`, accepted and dropped, so
@@ -123,6 +128,8 @@ struct PodWire {
     session_prefix: Option<String>,
     #[serde(default)]
     runner_queue_redis: Option<String>,
+    #[serde(default)]
+    cell_address: Option<String>,
 }
 
 impl From<PodWire> for Pod {
@@ -138,6 +145,7 @@ impl From<PodWire> for Pod {
             labels: w.labels,
             session_prefix: w.session_prefix,
             runner_queue_redis: w.runner_queue_redis,
+            cell_address: w.cell_address,
         }
     }
 }
@@ -156,6 +164,7 @@ impl Pod {
             labels: BTreeMap::new(),
             session_prefix: None,
             runner_queue_redis: None,
+            cell_address: None,
         }
     }
 

@@ -230,6 +230,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(none.contains("cells: at least one"), "{none}");
-        assert!(none.contains("listen = \"0.0.0.0:9096\": a loopback address"), "{none}");
+        assert!(
+            none.contains("listen = \"0.0.0.0:9096\": a loopback address"),
+            "{none}"
+        );
     }
 }

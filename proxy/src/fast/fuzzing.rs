@@ -70,7 +70,12 @@ pub fn request_head(buf: &[u8]) -> Request<'_> {
                     buf,
                     &h,
                     h.len + h.body_len,
-                    &crate::service::Added::new(UPSTREAM.1.id, &UPSTREAM.0.name, "fuzz"),
+                    &crate::service::Added::new(
+                        UPSTREAM.1.id,
+                        &UPSTREAM.0.name,
+                        "fuzz",
+                        "routable",
+                    ),
                 )
             }),
             method: h.method.clone(),

@@ -277,18 +277,23 @@ mod tests {
 
     #[test]
     fn the_pod_gets_no_hop_by_hop_header_and_the_proxys_own() {
-        let raw = "POST /api/v4/jobs/request HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nKeep-Alive: 5\r\nTE: trailers\r\nX-Podgate-Pod: 3\r\nX-A: 1\r\nContent-Length: 5\r\n\r\nhello";
+        let raw = "POST /api/v4/jobs/request HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\nKeep-Alive: 5\r\nTE: trailers\r\nX-Podgate-Pod: 3\r\nX-GitLab-HTTP-Router-Rule-Type: route\r\nX-A: 1\r\nContent-Length: 5\r\n\r\nhello";
         let h = head(raw);
         let up = super::super::forward::upstream_request(
             raw.as_bytes(),
             &h,
             raw.len(),
-            &crate::service::Added::new(podgate_tokens::PodId::new(2).unwrap(), "r", "rid"),
+            &crate::service::Added::new(
+                podgate_tokens::PodId::new(2).unwrap(),
+                "r",
+                "rid",
+                "routable",
+            ),
         );
         let up = String::from_utf8(up).unwrap();
         assert_eq!(
             up,
-            "POST /api/v4/jobs/request HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nContent-Length: 5\r\nx-podgate-pod: 2\r\nx-podgate-rule: r\r\nx-request-id: rid\r\n\r\nhello"
+            "POST /api/v4/jobs/request HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nContent-Length: 5\r\nx-podgate-pod: 2\r\nx-podgate-rule: r\r\nx-request-id: rid\r\nx-gitlab-http-router-rule-action: classify\r\nx-gitlab-http-router-rule-type: CELL_ID\r\n\r\nhello"
         );
     }
 

@@ -161,7 +161,18 @@ impl FastPath {
     fn plan(&self, conn: &Conn, head: &Head) -> Result<(usize, Option<BodyPlan>), Next> {
         let gate = &self.gate;
         let (rule, body) = match gate.plan(&view(conn, head)) {
-            Plan::Route { rule, body } if fast_rule(&gate.rules[rule]) => (rule, body),
+            // A path that names a claim: path rules ask the Topology Service
+            // (pingora-proxy's service awaits them; the fast path's rules are the
+            // runner and job endpoints, under `/api`, which name none).
+            Plan::Route { rule, body }
+                if fast_rule(&gate.rules[rule])
+                    && gate
+                        .path_router
+                        .as_ref()
+                        .is_none_or(|r| r.claim(head.path(&conn.buf)).is_none()) =>
+            {
+                (rule, body)
+            }
             // A type GitLab would refuse: pingora-proxy answers it, with the body
             // read as pingora reads it.
             Plan::Refuse { .. } => return Err(Next::HandOff(HandOff::Body)),

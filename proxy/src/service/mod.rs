@@ -40,7 +40,7 @@ mod upstream;
 
 pub(crate) use hold::Held;
 pub(crate) use kas_open::KasOpen;
-pub(crate) use upstream::{Added, CONNECT_TIMEOUT};
+pub(crate) use upstream::{ADDED_HEADERS, Added, CONNECT_TIMEOUT};
 
 /// Concurrent gRPC calls on one connection to a kas, below the 200 that kas's
 /// server (hyper's HTTP/2 default) allows: kas's memory goes with its connections
@@ -105,6 +105,8 @@ pub struct PodGate {
     histograms: Arc<Vec<metrics::RuleHistograms>>,
     /// Long polls held at the edge (`None`: `edge_poll_hold_secs = 0`).
     pub(crate) edge_polls: Option<Arc<EdgePolls>>,
+    /// Path rules (`None`: no `[topology_service]`).
+    pub(crate) path_router: Option<Arc<crate::claims::PathRouter>>,
 }
 
 impl PodGate {
@@ -140,7 +142,14 @@ impl PodGate {
             upstreams,
             ids: Arc::new(RequestIds::new()),
             edge_polls: None,
+            path_router: None,
         }
+    }
+
+    /// Route requests whose path names a claim by its owner, asking `router`.
+    pub fn with_path_router(mut self, router: Arc<crate::claims::PathRouter>) -> Self {
+        self.path_router = Some(router);
+        self
     }
 
     /// Hold opted-in Pods' `jobs/request` polls at the edge with `polls`.
@@ -338,8 +347,16 @@ impl ProxyHttp for PodGate {
             Plan::Refuse { rule, refusal } => (rule, pipeline::refused(refusal), None),
             Plan::Route { rule, body } => {
                 ctx.rule = Some(rule);
-                let (decision, body) = self.read_and_decide(session, rule, body).await?;
-                (rule, decision, body)
+                match self
+                    .route_by_path(rule, session.req_header().uri.path())
+                    .await
+                {
+                    Some(decision) => (rule, decision, None),
+                    None => {
+                        let (decision, body) = self.read_and_decide(session, rule, body).await?;
+                        (rule, decision, body)
+                    }
+                }
             }
         };
         match self.conclude(idx, decision, ctx) {
@@ -436,6 +453,11 @@ impl ProxyHttp for PodGate {
             .collect();
         for name in dropped {
             upstream_request.remove_header(&name);
+        }
+        // A client's copies of the headers the proxy adds are never forwarded,
+        // including those this decision leaves unset.
+        for name in ADDED_HEADERS {
+            upstream_request.remove_header(name);
         }
         if let Some(pod) = ctx.forwarded() {
             let rule = self

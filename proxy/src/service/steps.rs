@@ -30,6 +30,48 @@ impl PodGate {
         }
     }
 
+    /// Path rules, before rule `rule`'s own action: a request to the web pool whose
+    /// path names a claim goes to the owning Cell's Pod. `None`: the rule decides
+    /// (no path rules, no claim in the path, no owner, or no answer in time).
+    pub(crate) async fn route_by_path(&self, rule: usize, path: &str) -> Option<Decision> {
+        let router = self.path_router.as_ref()?;
+        if self.rules[rule].pool != crate::rules::Pool::Web {
+            return None;
+        }
+        let claim = router.claim(path)?;
+        let label = |outcome: &str| {
+            METRICS.path_rules.with_label_values(&[outcome]).inc();
+        };
+        let address = match router.owner(&claim).await {
+            crate::claims::Owner::Cell(a) => a,
+            crate::claims::Owner::Unclaimed => {
+                label("unclaimed");
+                return None;
+            }
+            crate::claims::Owner::Unavailable => {
+                label("unavailable");
+                return None;
+            }
+        };
+        let topology = self.registry.topology();
+        let Some(pod) = crate::claims::pod_of(&topology, &address) else {
+            // A Cell the topology does not name: the token rules decide, and the
+            // operator is told.
+            label("unknown_cell");
+            tracing::warn!(cell = %address, "a claim's owner is no Pod's cell_address");
+            return None;
+        };
+        label("claimed");
+        let why = match claim {
+            crate::claims::PathClaim::Route(_) => crate::claims::BY_ROUTE,
+            crate::claims::PathClaim::Organization(_) => crate::claims::BY_ORGANIZATION,
+        };
+        Some(Decision {
+            outcome: crate::decision::to_pod(&topology, pod, why),
+            token: None,
+        })
+    }
+
     /// Step 1 of [`crate::pipeline`] with this router's rules and look-ahead.
     pub(crate) fn plan(&self, head: &pipeline::Head<'_>) -> Plan {
         pipeline::plan(&self.rules, head, self.body_lookahead)

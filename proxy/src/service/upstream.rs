@@ -16,23 +16,49 @@ use crate::rules::{Pool, Rule};
 pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The headers the proxy sets on a forwarded request, replacing any the client
-/// sent: the Pod decided, the rule that decided it, and the request id.
-pub(crate) const ADDED_HEADERS: [&str; 3] = ["x-podgate-pod", "x-podgate-rule", "x-request-id"];
+/// sent: the Pod decided, the rule that decided it, the request id, and how GitLab's
+/// HTTP Router would name the decision (Rails logs and counts these,
+/// `lib/gitlab/http_router/rule_context.rb` in gitlabhq/gitlabhq): the action
+/// (`classify` or `proxy`) and, for `classify`, its type (`CELL_ID`,
+/// `SESSION_PREFIX`, or a path rule's claim: `route`, `organizationPath`).
+pub(crate) const ADDED_HEADERS: [&str; 5] = [
+    "x-podgate-pod",
+    "x-podgate-rule",
+    "x-request-id",
+    "x-gitlab-http-router-rule-action",
+    "x-gitlab-http-router-rule-type",
+];
 
 /// The values of [`ADDED_HEADERS`] for one request.
 pub(crate) struct Added<'a> {
     pod: PodId,
     rule: &'a str,
     request_id: &'a str,
+    why: &'static str,
+}
+
+/// How GitLab's HTTP Router names a decision that forwarded for `why` (an
+/// [`crate::decision::Outcome::Forward`]'s reason): the action and, when it
+/// classified, the type.
+pub(crate) fn router_rule(why: &str) -> (&'static str, Option<&'static str>) {
+    match why {
+        "routable" => ("classify", Some("CELL_ID")),
+        "session" => ("classify", Some("SESSION_PREFIX")),
+        crate::claims::BY_ROUTE => ("classify", Some("route")),
+        crate::claims::BY_ORGANIZATION => ("classify", Some("organizationPath")),
+        _ => ("proxy", None),
+    }
 }
 
 impl<'a> Added<'a> {
-    /// The headers for a request to `pod`, by rule `rule`, with `request_id`.
-    pub(crate) fn new(pod: PodId, rule: &'a str, request_id: &'a str) -> Self {
+    /// The headers for a request to `pod`, by rule `rule`, with `request_id`,
+    /// forwarded for `why`.
+    pub(crate) fn new(pod: PodId, rule: &'a str, request_id: &'a str, why: &'static str) -> Self {
         Added {
             pod,
             rule,
             request_id,
+            why,
         }
     }
 
@@ -43,6 +69,11 @@ impl<'a> Added<'a> {
         f(ADDED_HEADERS[0], pod.format(self.pod.get()).as_bytes());
         f(ADDED_HEADERS[1], self.rule.as_bytes());
         f(ADDED_HEADERS[2], self.request_id.as_bytes());
+        let (action, kind) = router_rule(self.why);
+        f(ADDED_HEADERS[3], action.as_bytes());
+        if let Some(kind) = kind {
+            f(ADDED_HEADERS[4], kind.as_bytes());
+        }
     }
 
     /// Whether `name` is one of the added headers (a client's copy is dropped).
@@ -62,7 +93,11 @@ impl PodGate {
 
     /// The headers added to a request forwarded to `pod` by `rule`.
     pub(crate) fn added<'a>(&self, ctx: &'a Ctx, rule: &'a Rule, pod: PodId) -> Added<'a> {
-        Added::new(pod, rule.name.as_str(), ctx.request_id.as_str())
+        let why = match &ctx.outcome {
+            Some(crate::decision::Outcome::Forward { why, .. }) => why,
+            _ => "default",
+        };
+        Added::new(pod, rule.name.as_str(), ctx.request_id.as_str(), why)
     }
 
     /// The next address of the decided Pod's pool to send the request to: one it

@@ -133,6 +133,7 @@ async fn topology_owner(args: TopologyOwnerArgs) -> anyhow::Result<ExitCode> {
             labels: BTreeMap::new(),
             session_prefix: None,
             runner_queue_redis: args.queue_redis.clone(),
+            cell_address: None,
         })
         .collect();
     let config = RegistryConfig {
