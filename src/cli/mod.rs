@@ -40,6 +40,8 @@ pub(crate) mod up_redis;
 #[cfg(feature = "sim")]
 pub(crate) mod up_table;
 #[cfg(feature = "sim")]
+pub(crate) mod up_topology;
+#[cfg(feature = "sim")]
 pub(crate) mod up_workspaces;
 #[cfg(feature = "sim")]
 pub(crate) mod workspaces;

@@ -201,6 +201,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         cell_kas.insert(pod, kas);
     }
     let pods = super::up_cells::topology(&sims, kube.as_ref(), &cell_kas, edge_redis.as_deref());
+    let topology_service = super::up_topology::start(&sims).await?;
 
     // Instance and project runners on every Pod: each Pod's instance registration
     // token, then its projects' tokens.
@@ -223,6 +224,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
                 .map(|(pod, k)| (*pod, k.observability))
                 .collect(),
             runner_metrics: runner_metrics.as_ref().map(|m| m.addr),
+            topology_service,
         },
         &pods,
         &sims,
@@ -256,6 +258,11 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     say(&format!(
         "  topology   {}",
         args.redis.as_deref().unwrap_or("in memory")
+    ));
+    say(&format!(
+        "  topology_service address={topology_service} (gRPC and POST /v1/classify; path rules: /{}/… /o/{}/… and so on per Pod)",
+        podgate_loadtest::pod_sim::namespace(sims[0].state().pod()),
+        podgate_loadtest::pod_sim::organization(sims[0].state().pod()),
     ));
     say(&match (&queue_redis, &edge_redis) {
         (Some(q), Some(_)) => format!(

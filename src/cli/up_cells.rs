@@ -270,7 +270,8 @@ pub(crate) fn topology(
                 labels: BTreeMap::new(),
                 session_prefix: None,
                 runner_queue_redis: edge_redis.map(str::to_owned),
-                cell_address: None,
+                // The Topology Service's address of the Pod's Cell (`up_topology`).
+                cell_address: Some(s.addr().to_string()),
             }
         })
         .collect()

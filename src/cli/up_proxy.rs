@@ -27,6 +27,8 @@ pub(crate) struct ProxySettings<'a> {
     pub(crate) cell_kas: Vec<(u64, SocketAddr)>,
     /// The fleet's runner metrics, for the console.
     pub(crate) runner_metrics: Option<SocketAddr>,
+    /// The Topology Service path rules ask.
+    pub(crate) topology_service: SocketAddr,
 }
 
 /// The proxy's files: its directory (removed when dropped), `proxy.toml` in it,
@@ -76,6 +78,10 @@ pub(crate) async fn write_config(
         ));
         ca = Some(cert);
     }
+    config.push_str(&format!(
+        "[topology_service]\naddress = \"{}\"\n",
+        s.topology_service
+    ));
     config.push_str(&super::up_console::config_section(
         sims,
         kube,
@@ -110,6 +116,9 @@ pub(crate) async fn write_config(
                 ));
                 if let Some(url) = &p.runner_queue_redis {
                     config.push_str(&format!("runner_queue_redis = {url:?}\n"));
+                }
+                if let Some(address) = &p.cell_address {
+                    config.push_str(&format!("cell_address = {address:?}\n"));
                 }
             }
         }

@@ -20,6 +20,7 @@ mod proxy;
 mod rails;
 mod router;
 mod shell;
+mod up;
 
 use std::time::Duration;
 

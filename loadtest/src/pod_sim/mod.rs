@@ -31,6 +31,9 @@
 //!   streamed to disk and hashed) and download (streamed back).
 //! - Git smart HTTP (`git http-backend`) for `/group/project-<pod>.git`, with
 //!   `gitlab-ci-token:<job token>` Basic authentication.
+//! - The pages of the Pod's own group and organization ([`namespace`],
+//!   [`organization`]: `/team-<pod>/…`, `/o/org-<pod>/…`), which a path-routing
+//!   front must bring here; another Pod's is a misroute (404, counted).
 //! - What kas asks GitLab for its Kubernetes API proxy ([`kubernetes`]):
 //!   `POST /api/v4/internal/kubernetes/authorize_proxy_user` (kas's JWT checked with
 //!   [`PodSimConfig::kas_secret`]) and `GET /api/v4/job/allowed_agents`, from the
@@ -81,6 +84,7 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 
 pub use config::{PodSimConfig, TokenFormat, WorkspacesSimConfig};
+pub use http::pages::{namespace, organization};
 pub use kubernetes::{AgentSpec, AgentTokenOwner, KubeAccess};
 pub use metrics::{RAILS_EVENTS, SimMetrics, WORKHORSE_STATES, WORKHORSE_STATUSES, sum_samples};
 pub use repo::BRANCH;

@@ -240,7 +240,8 @@ impl Registry {
 
     /// Add or replace a Pod.
     pub async fn put_pod(&self, pod: Pod) -> Result<Arc<Topology>> {
-        self.update_topology(TopologyChange::Put(Box::new(pod))).await
+        self.update_topology(TopologyChange::Put(Box::new(pod)))
+            .await
     }
 
     /// Remove a Pod.

@@ -23,6 +23,7 @@ mod control;
 mod git;
 mod jobs;
 mod kubernetes;
+pub(super) mod pages;
 mod runners;
 mod trace;
 mod users;
@@ -154,6 +155,9 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> (&'static str, Respon
         return (endpoint, resp.run(shared, req).await);
     }
     let Some(rest) = path.strip_prefix("/api/v4/") else {
+        if let Some(page) = pages::route(shared, &path) {
+            return page;
+        }
         return ("other", not_found());
     };
     // Grape routes accept a `.json` format suffix.

@@ -1,0 +1,103 @@
+//! `podgate up`'s Topology Service: one Cell per simulated Pod (its address the
+//! Pod's web listener, which is also the Pod's `cell_address` in the proxy's
+//! topology), served in this process on a free loopback port, and each Pod's
+//! claims made as a Cell's Rails makes them at start: its group's top-level
+//! namespace and its organization, `BeginUpdate` then `CommitUpdate`.
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use podgate_loadtest::pod_sim::{PodSim, namespace, organization};
+use podgate_topology_service::config::{CellConfig, Config, SequenceRange};
+use podgate_topology_service::proto::gitlab::cells::topology_service::claims::v1 as cv1;
+use podgate_topology_service::server::Bound;
+
+/// Each Cell's ids: a trillion apiece, the first from 1 (GitLab's legacy Cell
+/// starts at 1; new Cells at 100 billion and more).
+const RANGE: i64 = 1_000_000_000_000;
+
+/// Starts the service for `sims` and makes each Pod's claims; returns where it
+/// listens.
+pub(crate) async fn start(sims: &[PodSim]) -> anyhow::Result<SocketAddr> {
+    let cells = sims
+        .iter()
+        .map(|s| {
+            let id = i64::try_from(s.state().pod().get()).unwrap_or(i64::MAX);
+            CellConfig {
+                id,
+                address: s.addr().to_string(),
+                session_prefix: format!("cell-{id}"),
+                sequence_ranges: vec![SequenceRange {
+                    minval: (id - 1) * RANGE + 1,
+                    maxval: id * RANGE,
+                }],
+            }
+        })
+        .collect();
+    let config = Config {
+        listen: "127.0.0.1:0".parse()?,
+        cells,
+    };
+    config.validate("podgate up")?;
+    let bound = Bound::bind(&config).await?;
+    let addr = bound.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) = bound.serve(std::future::pending()).await {
+            tracing::error!(error = %e, "the topology service stopped");
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await
+        .context("connecting to the topology service")?;
+    let mut claims = cv1::claim_service_client::ClaimServiceClient::new(channel);
+    for s in sims {
+        let pod = s.state().pod();
+        let cell_id = i64::try_from(pod.get()).unwrap_or(i64::MAX);
+        let record =
+            |bucket: cv1::bucket::Type, value: String, source: cv1::source::Type| cv1::Metadata {
+                bucket: Some(cv1::Bucket {
+                    r#type: bucket as i32,
+                    value,
+                }),
+                subject: None,
+                source: Some(cv1::Source {
+                    r#type: source as i32,
+                    // Rails' encoding of an integer primary key: 8 bytes, big-endian.
+                    rails_primary_key_id: pod.get().to_be_bytes().to_vec(),
+                }),
+                user_data: None,
+                claim: None,
+            };
+        let lease = claims
+            .begin_update(cv1::BeginUpdateRequest {
+                create_records: vec![
+                    record(
+                        cv1::bucket::Type::Routes,
+                        namespace(pod),
+                        cv1::source::Type::RailsTableRoutes,
+                    ),
+                    record(
+                        cv1::bucket::Type::OrganizationPath,
+                        organization(pod),
+                        cv1::source::Type::RailsTableOrganizations,
+                    ),
+                ],
+                destroy_records: Vec::new(),
+                cell_id,
+                organization_id: cell_id,
+            })
+            .await
+            .with_context(|| format!("Pod {pod}'s claims"))?
+            .into_inner()
+            .lease_uuid;
+        claims
+            .commit_update(cv1::CommitUpdateRequest {
+                cell_id,
+                lease_uuid: lease,
+            })
+            .await
+            .with_context(|| format!("committing Pod {pod}'s claims"))?;
+    }
+    Ok(addr)
+}
