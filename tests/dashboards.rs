@@ -245,7 +245,7 @@ mod proxy {
     const DASHBOARD: &str = include_str!("../proxy/dashboards/podgate-proxy.json");
 
     /// Every metric the proxy defines in `metrics.rs`.
-    const EXPECTED: [&str; 19] = [
+    const EXPECTED: [&str; 22] = [
         "podgate_proxy_requests_total",
         "podgate_proxy_request_duration_seconds",
         "podgate_proxy_decision_duration_seconds",
@@ -265,6 +265,9 @@ mod proxy {
         "podgate_proxy_edge_poll_redis_errors_total",
         "podgate_proxy_edge_poll_notifications_total",
         "podgate_proxy_kas_open",
+        "podgate_proxy_path_rules_total",
+        "podgate_proxy_topology_service_calls_total",
+        "podgate_proxy_classify_cache_total",
     ];
 
     /// EXPECTED is what `metrics.rs` declares: a metric added there and touched
@@ -318,6 +321,9 @@ mod proxy {
         m.edge_poll_redis_errors.with_label_values(&["2"]).inc();
         m.edge_poll_notifications.with_label_values(&["2"]).inc();
         m.kas_open.with_label_values(&["2", "runner"]).set(0);
+        m.path_rules.with_label_values(&["claimed"]).inc();
+        m.topology_calls.with_label_values(&["owner"]).inc();
+        m.classify_cache.with_label_values(&["hit"]).inc();
         m.set_cache(1, 1);
         // `render` is the whole default registry. A running proxy also serves its
         // presence registry's `podgate_registry_*` families there (charted on the
