@@ -201,7 +201,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         cell_kas.insert(pod, kas);
     }
     let pods = super::up_cells::topology(&sims, kube.as_ref(), &cell_kas, edge_redis.as_deref());
-    let topology_service = super::up_topology::start(&sims).await?;
+    let topology_service = super::up_topology::start(&sims, args.redis.as_deref()).await?;
 
     // Instance and project runners on every Pod: each Pod's instance registration
     // token, then its projects' tokens.

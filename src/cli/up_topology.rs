@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use podgate_loadtest::pod_sim::{PodSim, namespace, organization};
-use podgate_topology_service::config::{CellConfig, Config, SequenceRange};
+use podgate_registry::BackendConfig;
+use podgate_topology_service::config::{CellConfig, ClaimsConfig, Config, SequenceRange};
 use podgate_topology_service::proto::gitlab::cells::topology_service::claims::v1 as cv1;
 use podgate_topology_service::server::Bound;
 
@@ -16,9 +17,10 @@ use podgate_topology_service::server::Bound;
 /// starts at 1; new Cells at 100 billion and more).
 const RANGE: i64 = 1_000_000_000_000;
 
-/// Starts the service for `sims` and makes each Pod's claims; returns where it
+/// Starts the service for `sims`, its claims in memory or, with `redis`, in that
+/// Redis (where the topology is), and makes each Pod's claims; returns where it
 /// listens.
-pub(crate) async fn start(sims: &[PodSim]) -> anyhow::Result<SocketAddr> {
+pub(crate) async fn start(sims: &[PodSim], redis: Option<&str>) -> anyhow::Result<SocketAddr> {
     let cells = sims
         .iter()
         .map(|s| {
@@ -37,6 +39,15 @@ pub(crate) async fn start(sims: &[PodSim]) -> anyhow::Result<SocketAddr> {
     let config = Config {
         listen: "127.0.0.1:0".parse()?,
         cells,
+        claims: ClaimsConfig {
+            backend: match redis {
+                Some(url) => BackendConfig::Redis {
+                    url: url.to_owned(),
+                },
+                None => BackendConfig::Memory,
+            },
+            ..ClaimsConfig::default()
+        },
     };
     config.validate("podgate up")?;
     let bound = Bound::bind(&config).await?;
@@ -69,7 +80,7 @@ pub(crate) async fn start(sims: &[PodSim]) -> anyhow::Result<SocketAddr> {
                 user_data: None,
                 claim: None,
             };
-        let lease = claims
+        let begun = claims
             .begin_update(cv1::BeginUpdateRequest {
                 create_records: vec![
                     record(
@@ -87,10 +98,34 @@ pub(crate) async fn start(sims: &[PodSim]) -> anyhow::Result<SocketAddr> {
                 cell_id,
                 organization_id: cell_id,
             })
-            .await
-            .with_context(|| format!("Pod {pod}'s claims"))?
-            .into_inner()
-            .lease_uuid;
+            .await;
+        let lease = match begun {
+            Ok(r) => r.into_inner().lease_uuid,
+            // Claimed by an earlier `podgate up` on the same Redis: if by this
+            // Pod's Cell, nothing to do.
+            Err(s) if s.code() == tonic::Code::AlreadyExists => {
+                let owner = claims
+                    .get_record(cv1::GetRecordRequest {
+                        bucket: Some(cv1::Bucket {
+                            r#type: cv1::bucket::Type::Routes as i32,
+                            value: namespace(pod),
+                        }),
+                        claim: None,
+                    })
+                    .await
+                    .with_context(|| format!("Pod {pod}'s earlier claims"))?
+                    .into_inner()
+                    .record
+                    .map(|r| r.cell_id);
+                anyhow::ensure!(
+                    owner == Some(cell_id),
+                    "Pod {pod}'s namespace {} is claimed by Cell {owner:?} in this Redis",
+                    namespace(pod)
+                );
+                continue;
+            }
+            Err(s) => return Err(s).with_context(|| format!("Pod {pod}'s claims")),
+        };
         claims
             .commit_update(cv1::CommitUpdateRequest {
                 cell_id,

@@ -26,6 +26,8 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
+use podgate_registry::testing::{RedisCluster, RedisServer};
+
 use crate::common::{Running, first_line, spawn_podgate};
 
 /// A running `podgate topology-service` with three Cells (`cell-1` the first).
@@ -34,7 +36,78 @@ pub struct Ts {
     _dir: tempfile::TempDir,
     /// Where it listens (gRPC and REST).
     pub addr: std::net::SocketAddr,
+    _redis: Option<RedisServer>,
+    _cluster: Option<RedisCluster>,
 }
+
+/// Where a test's Topology Service keeps its claims.
+#[derive(Clone, Copy, Debug)]
+pub enum Backend {
+    Memory,
+    /// A real `redis-server` on a free port.
+    Redis,
+    /// A real 3-master Redis Cluster.
+    RedisCluster,
+}
+
+/// Starts `podgate topology-service` on a free port with its claims on `backend`.
+pub fn start_on_backend(backend: Backend) -> Ts {
+    let (section, redis, cluster) = match backend {
+        Backend::Memory => (String::new(), None, None),
+        Backend::Redis => {
+            let r = RedisServer::start();
+            (
+                format!(
+                    "[claims]\nbackend = {{ kind = \"redis\", url = \"{}\" }}\n",
+                    r.url()
+                ),
+                Some(r),
+                None,
+            )
+        }
+        Backend::RedisCluster => {
+            let c = RedisCluster::start();
+            (
+                format!(
+                    "[claims]\nbackend = {{ kind = \"redis-cluster\", nodes = {:?} }}\n",
+                    c.urls()
+                ),
+                None,
+                Some(c),
+            )
+        }
+    };
+    let mut ts = start_with(0, &section);
+    ts._redis = redis;
+    ts._cluster = cluster;
+    ts
+}
+
+/// One test per backend for each `name => scenario`: `name::memory`,
+/// `name::redis`, `name::redis_cluster`, each running `scenario(&Ts)`.
+macro_rules! on_every_backend {
+    ($($name:ident => $scenario:ident;)*) => {$(
+        mod $name {
+            use crate::topology_service::{Backend, start_on_backend};
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$scenario(&start_on_backend(Backend::Memory)).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$scenario(&start_on_backend(Backend::Redis)).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis_cluster() {
+                super::$scenario(&start_on_backend(Backend::RedisCluster)).await;
+            }
+        }
+    )*};
+}
+pub(crate) use on_every_backend;
 
 /// The Cells every test's Topology Service knows.
 pub const CELLS: &str = "\
@@ -61,9 +134,19 @@ pub fn start() -> Ts {
 
 /// Starts `podgate topology-service` on `port` (0: a free one).
 pub fn start_on(port: u16) -> Ts {
+    start_with(port, "")
+}
+
+/// Starts `podgate topology-service` on `port` (0: a free one), `extra` TOML
+/// after the Cells.
+fn start_with(port: u16, extra: &str) -> Ts {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("topology-service.toml");
-    std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{CELLS}")).unwrap();
+    std::fs::write(
+        &path,
+        format!("listen = \"127.0.0.1:{port}\"\n{CELLS}{extra}"),
+    )
+    .unwrap();
     let (child, lines) = spawn_podgate(["topology-service", "--config", path.to_str().unwrap()]);
     let addr = first_line(
         &lines,
@@ -79,6 +162,8 @@ pub fn start_on(port: u16) -> Ts {
         _process: Running(child),
         _dir: dir,
         addr,
+        _redis: None,
+        _cluster: None,
     }
 }
 

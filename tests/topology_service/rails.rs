@@ -118,9 +118,12 @@ fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     }
 }
 
-#[tokio::test]
-async fn a_claim_counts_from_its_commit_and_a_taken_one_is_already_exists() {
-    let t = super::start();
+super::on_every_backend! {
+    a_claim_counts_from_its_commit_and_a_taken_one_is_already_exists => lifecycle;
+    list_records_pages_by_the_big_endian_source_key => paging;
+}
+
+async fn lifecycle(t: &super::Ts) {
     let ch = t.channel().await;
     let mut c = ClaimServiceClient::new(ch.clone());
 
@@ -263,9 +266,7 @@ async fn a_claim_counts_from_its_commit_and_a_taken_one_is_already_exists() {
 /// The verification job's loop: pages of `ListRecords` by `(source_id_gt,
 /// source_id_lte]` on the encoded primary key, continuing from the last record's
 /// key while `truncated`, until the cursor stops.
-#[tokio::test]
-async fn list_records_pages_by_the_big_endian_source_key() {
-    let t = super::start();
+async fn paging(t: &super::Ts) {
     let ch = t.channel().await;
     let mut c = ClaimServiceClient::new(ch);
     // 2,300 routes of Cell 1 (ids 1..=2300, written out of order) and a few of Cell 2.

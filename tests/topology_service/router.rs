@@ -62,10 +62,13 @@ async fn claim_namespace(t: &super::Ts, cell_id: i64, path: &str, namespace_id: 
     .unwrap();
 }
 
-#[tokio::test]
-async fn the_http_routers_rest_classify() {
-    let t = super::start();
-    claim_namespace(&t, 3, "gitlab-org", 9970).await;
+super::on_every_backend! {
+    the_http_routers_rest_classify => rest_classify;
+    mail_room_classifies_by_first_cell_and_by_ids => mail_room;
+}
+
+async fn rest_classify(t: &super::Ts) {
+    claim_namespace(t, 3, "gitlab-org", 9970).await;
     let port = t.addr.port();
 
     let (status, body) = post(port, &json!({"type": "SESSION_PREFIX", "value": "cell-2"})).await;
@@ -114,10 +117,8 @@ async fn the_http_routers_rest_classify() {
 
 /// Mail room: `FIRST_CELL` for mail no claim places, claims by project id or
 /// namespace id (int64s), `NOT_FOUND` as "unknown to the Topology Service".
-#[tokio::test]
-async fn mail_room_classifies_by_first_cell_and_by_ids() {
-    let t = super::start();
-    claim_namespace(&t, 2, "mailers", 4242).await;
+async fn mail_room(t: &super::Ts) {
+    claim_namespace(t, 2, "mailers", 4242).await;
     let mut c = ts::classify_service_client::ClassifyServiceClient::new(t.channel().await);
     let first = c
         .classify(ClassifyRequest {

@@ -143,9 +143,11 @@ fn metadata(bucket: cv1::bucket::Type, value: &str, row: u64) -> cv1::Metadata {
     }
 }
 
-#[tokio::test]
-async fn gitlab_shell_finds_the_cell_by_route_key_fingerprint_and_username() {
-    let t = super::start();
+super::on_every_backend! {
+    gitlab_shell_finds_the_cell_by_route_key_fingerprint_and_username => by_claims;
+}
+
+async fn by_claims(t: &super::Ts) {
     // Cell 2's Rails has claimed a group, a key and a username.
     let mut c = ClaimServiceClient::new(t.channel().await);
     let fp = fingerprint(KEY);

@@ -51,6 +51,37 @@ pub struct Config {
     pub listen: SocketAddr,
     /// The Cells, the first one answering `FIRST_CELL`.
     pub cells: Vec<CellConfig>,
+    /// Where claims are kept.
+    #[serde(default)]
+    pub claims: ClaimsConfig,
+}
+
+/// `[claims]`: where claims are kept, written as the registry's backends are:
+/// `backend = { kind = "memory" }` (the default: lost with the process),
+/// `{ kind = "redis", url = "redis://host:port" }` or `{ kind = "redis-cluster",
+/// nodes = ["redis://host:port", …] }`; keys under `key_prefix` (`P:{ts}:…`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimsConfig {
+    /// The backend.
+    #[serde(default)]
+    pub backend: podgate_registry::BackendConfig,
+    /// Prefix of every Redis key.
+    #[serde(default = "default_prefix")]
+    pub key_prefix: String,
+}
+
+impl Default for ClaimsConfig {
+    fn default() -> Self {
+        ClaimsConfig {
+            backend: podgate_registry::BackendConfig::Memory,
+            key_prefix: default_prefix(),
+        }
+    }
+}
+
+fn default_prefix() -> String {
+    "podgate".into()
 }
 
 /// One Cell.
@@ -109,6 +140,21 @@ impl Config {
                 "listen = \"{}\": a loopback address; without mutual TLS (not yet \
                  supported) every caller counts as an administrator",
                 self.listen
+            ));
+        }
+        match &self.claims.backend {
+            podgate_registry::BackendConfig::Redis { url } if !url.starts_with("redis") => {
+                bad.push(format!("claims.backend.url = {url:?}: redis://host:port"));
+            }
+            podgate_registry::BackendConfig::RedisCluster { nodes } if nodes.is_empty() => {
+                bad.push("claims.backend.nodes: at least one seed node".into());
+            }
+            _ => {}
+        }
+        if self.key_prefix_invalid() {
+            bad.push(format!(
+                "claims.key_prefix = {:?}: letters, digits, '-', '_' and ':'",
+                self.claims.key_prefix
             ));
         }
         if self.cells.is_empty() {
@@ -175,6 +221,16 @@ impl Config {
                 problems: bad,
             })
         }
+    }
+}
+
+impl Config {
+    fn key_prefix_invalid(&self) -> bool {
+        let p = &self.claims.key_prefix;
+        p.is_empty()
+            || !p
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':'))
     }
 }
 

@@ -10,8 +10,7 @@ use tonic::{Request, Response, Status};
 
 use crate::access::{self, Caller};
 use crate::cells::Cells;
-use crate::claims::memory::Memory;
-use crate::claims::{self, Key, LeaseCursor, RecordFilter};
+use crate::claims::{self, Key, LeaseCursor, RecordFilter, Store};
 use crate::classify::{self, ClassifyRequest};
 use crate::proto::gitlab::cells::topology_service::claims::v1 as cv1;
 use crate::proto::gitlab::cells::topology_service::types::v1::Uuid;
@@ -29,19 +28,19 @@ const CLAIMS: &str = "/gitlab.cells.topology_service.claims.v1.ClaimService/";
 /// The Topology Service's state: its Cells and their claims.
 pub struct TopologyService {
     cells: Cells,
-    claims: Memory,
+    claims: Store,
     /// Who a request without a certificate's identity is: `Admin` on a listener
     /// without TLS; `None` (refused) with mTLS.
     anonymous: Option<Caller>,
 }
 
 impl TopologyService {
-    /// A service for `cells`, every caller without an identity taken as
-    /// `anonymous`.
-    pub fn new(cells: Cells, anonymous: Option<Caller>) -> Arc<Self> {
+    /// A service for `cells` keeping claims in `claims`, every caller without an
+    /// identity taken as `anonymous`.
+    pub fn new(cells: Cells, claims: Store, anonymous: Option<Caller>) -> Arc<Self> {
         Arc::new(TopologyService {
             cells,
-            claims: Memory::new(),
+            claims,
             anonymous,
         })
     }
@@ -57,16 +56,25 @@ impl TopologyService {
 
     /// `Classify`, authorised for `caller`: what both the gRPC method and the REST
     /// mapping answer.
-    pub fn classify(
+    pub async fn classify(
         &self,
         caller: Option<Caller>,
         req: &ClassifyRequest,
     ) -> Result<ClassifyResponse, Status> {
         access::authorize(CLASSIFY, caller, None)?;
-        let owners: Vec<Option<i64>> = classify::chain(req)
-            .into_iter()
-            .map(|c| Key::of_claim(c).and_then(|k| self.claims.owner(&k)))
-            .collect();
+        let mut owners: Vec<Option<i64>> = Vec::new();
+        for claim in classify::chain(req) {
+            let owner = match Key::of_claim(claim) {
+                Some(k) => self.claims.owner(&k).await.map_err(status)?,
+                None => None,
+            };
+            // The first claimed one decides: no need to ask about the rest.
+            let found = owner.is_some_and(|id| self.cells.by_id(id).is_some());
+            owners.push(owner);
+            if found {
+                break;
+            }
+        }
         classify::classify(req, &self.cells, &owners).map_err(|e| match e {
             classify::Error::InvalidArgument(m) => Status::invalid_argument(m),
             classify::Error::NotFound(m) => Status::not_found(m),
@@ -127,7 +135,10 @@ impl ts::classify_service_server::ClassifyService for Classify {
         req: Request<ClassifyRequest>,
     ) -> Result<Response<ClassifyResponse>, Status> {
         let caller = self.0.caller(&req);
-        self.0.classify(caller, req.get_ref()).map(Response::new)
+        self.0
+            .classify(caller, req.get_ref())
+            .await
+            .map(Response::new)
     }
 }
 
@@ -218,6 +229,8 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
             .0
             .claims
             .get(&key)
+            .await
+            .map_err(status)?
             .ok_or_else(|| Status::not_found(format!("{key} is not claimed")))?;
         let cell_info = self.0.cells.by_id(record.cell_id).cloned();
         Ok(Response::new(cv1::GetRecordResponse {
@@ -240,6 +253,7 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
             .0
             .claims
             .begin(cell_id, &r.create_records, &r.destroy_records)
+            .await
             .map_err(status)?;
         Ok(Response::new(cv1::BeginUpdateResponse {
             cell_id,
@@ -254,7 +268,11 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
         let cell_id = req.get_ref().cell_id;
         self.allow("CommitUpdate", &req, Some(cell_id))?;
         let lease = lease_uuid(req.get_ref().lease_uuid.as_ref())?;
-        self.0.claims.end(cell_id, lease, true).map_err(status)?;
+        self.0
+            .claims
+            .end(cell_id, lease, true)
+            .await
+            .map_err(status)?;
         Ok(Response::new(cv1::CommitUpdateResponse {}))
     }
 
@@ -265,7 +283,11 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
         let cell_id = req.get_ref().cell_id;
         self.allow("RollbackUpdate", &req, Some(cell_id))?;
         let lease = lease_uuid(req.get_ref().lease_uuid.as_ref())?;
-        self.0.claims.end(cell_id, lease, false).map_err(status)?;
+        self.0
+            .claims
+            .end(cell_id, lease, false)
+            .await
+            .map_err(status)?;
         Ok(Response::new(cv1::RollbackUpdateResponse {}))
     }
 
@@ -281,10 +303,12 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
             Some(n) => usize::try_from(n).unwrap_or(claims::LEASES_PAGE),
             None => claims::LEASES_PAGE,
         };
-        let page =
-            self.0
-                .claims
-                .leases(r.cell_id, cursor.as_ref(), limit, r.created_after.as_ref());
+        let page = self
+            .0
+            .claims
+            .leases(r.cell_id, cursor.as_ref(), limit, r.created_after.as_ref())
+            .await
+            .map_err(status)?;
         Ok(Response::new(cv1::ListLeasesResponse {
             leases: page.leases,
             next: page.next.as_ref().map(encode_cursor),
@@ -297,14 +321,19 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
     ) -> Result<Response<cv1::ListRecordsResponse>, Status> {
         let r = req.get_ref();
         self.allow("ListRecords", &req, Some(r.cell_id))?;
-        let (records, truncated) = self.0.claims.records(&RecordFilter {
-            cell_id: r.cell_id,
-            source_type: r.source_type,
-            bucket_types: r.bucket_types.clone(),
-            claim_types: r.claim_types.clone(),
-            source_id_gt: r.source_id_gt.clone(),
-            source_id_lte: r.source_id_lte.clone(),
-        });
+        let (records, truncated) = self
+            .0
+            .claims
+            .records(&RecordFilter {
+                cell_id: r.cell_id,
+                source_type: r.source_type,
+                bucket_types: r.bucket_types.clone(),
+                claim_types: r.claim_types.clone(),
+                source_id_gt: r.source_id_gt.clone(),
+                source_id_lte: r.source_id_lte.clone(),
+            })
+            .await
+            .map_err(status)?;
         Ok(Response::new(cv1::ListRecordsResponse {
             records,
             truncated,

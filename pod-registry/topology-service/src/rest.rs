@@ -32,9 +32,13 @@ pub fn router(service: Arc<TopologyService>) -> axum::Router {
 }
 
 async fn classify(State(service): State<Arc<TopologyService>>, body: Bytes) -> Response {
-    let answer = parse_request(&body)
-        .and_then(|req| service.classify(service.anonymous(), &req))
-        .map(|r| response_json(&r));
+    let answer = match parse_request(&body) {
+        Ok(req) => service
+            .classify(service.anonymous(), &req)
+            .await
+            .map(|r| response_json(&r)),
+        Err(e) => Err(e),
+    };
     match answer {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(s) => error_response(&s),

@@ -12,12 +12,16 @@ use tonic::service::Routes;
 
 use crate::access::Caller;
 use crate::cells::Cells;
+use crate::claims::Store;
+use crate::claims::memory::Memory;
+use crate::claims::redis::{RedisClaims, Target};
 use crate::config::Config;
 use crate::grpc::{CellService, ClaimService, Classify, Health, TopologyService};
 use crate::proto::gitlab::cells::topology_service::cell_service_server::CellServiceServer;
 use crate::proto::gitlab::cells::topology_service::claims::v1::claim_service_server::ClaimServiceServer;
 use crate::proto::gitlab::cells::topology_service::classify_service_server::ClassifyServiceServer;
 use crate::proto::grpc::health::v1::health_server::HealthServer;
+use podgate_registry::BackendConfig;
 
 /// Why the service stopped or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +41,9 @@ pub enum Error {
     /// Serving failed.
     #[error("serving: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The claims store could not be opened.
+    #[error("opening the claims store: {0}")]
+    Claims(#[from] crate::claims::Error),
 }
 
 /// Largest request message: Rails' client allows 10 MiB
@@ -60,9 +67,20 @@ impl Bound {
                 addr: config.listen,
                 source,
             })?;
+        let claims = match &config.claims.backend {
+            BackendConfig::Memory => Store::Memory(Memory::new()),
+            BackendConfig::Redis { url } => Store::Redis(
+                RedisClaims::connect(&Target::Standalone(url.clone()), &config.claims.key_prefix)
+                    .await?,
+            ),
+            BackendConfig::RedisCluster { nodes } => Store::Redis(
+                RedisClaims::connect(&Target::Cluster(nodes.clone()), &config.claims.key_prefix)
+                    .await?,
+            ),
+        };
         Ok(Bound {
             listener,
-            service: TopologyService::new(Cells::new(&config.cells), Some(Caller::Admin)),
+            service: TopologyService::new(Cells::new(&config.cells), claims, Some(Caller::Admin)),
         })
     }
 

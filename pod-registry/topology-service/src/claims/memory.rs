@@ -82,33 +82,7 @@ impl Memory {
         creates: &[Metadata],
         destroys: &[Metadata],
     ) -> Result<String, Error> {
-        if creates.is_empty() && destroys.is_empty() {
-            return Err(Error::InvalidArgument(
-                "create_records and destroy_records are both empty".into(),
-            ));
-        }
-        let create_keys = creates
-            .iter()
-            .map(Key::of_metadata)
-            .collect::<Result<Vec<_>, _>>()?;
-        let destroy_keys = destroys
-            .iter()
-            .map(Key::of_metadata)
-            .collect::<Result<Vec<_>, _>>()?;
-        for (i, k) in create_keys.iter().enumerate() {
-            if create_keys[..i].contains(k) || destroy_keys.contains(k) {
-                return Err(Error::InvalidArgument(format!(
-                    "{k} appears twice in one update"
-                )));
-            }
-        }
-        for (i, k) in destroy_keys.iter().enumerate() {
-            if destroy_keys[..i].contains(k) {
-                return Err(Error::InvalidArgument(format!(
-                    "{k} appears twice in one update"
-                )));
-            }
-        }
+        let (create_keys, destroy_keys) = super::checked(creates, destroys)?;
         let mut state = self.lock();
         for k in &create_keys {
             if state.records.contains_key(k) {

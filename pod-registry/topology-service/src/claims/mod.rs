@@ -11,15 +11,18 @@
 //! Classification sees a key's owner while it is `ACTIVE` or `LEASE_DESTROYING`: a
 //! claim counts from its commit until the commit of its destruction.
 //!
-//! - this module: the key a record is stored under, the store's interface and its
-//!   errors;
-//! - [`memory`]: the store in one process.
+//! - this module: the key a record is stored under, the [`Store`] and its errors;
+//! - [`memory`]: the store in one process;
+//! - [`redis`]: the store on Redis or a Redis Cluster, each change one script.
 
 pub mod memory;
+pub mod redis;
 
 use prost_types::Timestamp;
 
-use crate::proto::gitlab::cells::topology_service::claims::v1::{LeaseRecord, Metadata, bucket};
+use crate::proto::gitlab::cells::topology_service::claims::v1::{
+    LeaseRecord, Metadata, Record, bucket,
+};
 use crate::proto::gitlab::cells::topology_service::types::v1::{Claim, claim};
 
 /// Why a claim operation was refused; each maps to the gRPC code GitLab's clients
@@ -177,6 +180,103 @@ pub const RECORDS_PAGE: usize = 1000;
 
 /// Most leases one `ListLeases` page returns, whatever `limit` asks.
 pub const LEASES_PAGE: usize = 1000;
+
+/// The keys of a `BeginUpdate`'s creates and destroys, checked as every store
+/// checks them first: something to do, known buckets and values, no key twice.
+pub fn checked(creates: &[Metadata], destroys: &[Metadata]) -> Result<(Vec<Key>, Vec<Key>), Error> {
+    if creates.is_empty() && destroys.is_empty() {
+        return Err(Error::InvalidArgument(
+            "create_records and destroy_records are both empty".into(),
+        ));
+    }
+    let create_keys = creates
+        .iter()
+        .map(Key::of_metadata)
+        .collect::<Result<Vec<_>, _>>()?;
+    let destroy_keys = destroys
+        .iter()
+        .map(Key::of_metadata)
+        .collect::<Result<Vec<_>, _>>()?;
+    let all: Vec<&Key> = create_keys.iter().chain(&destroy_keys).collect();
+    for (i, k) in all.iter().enumerate() {
+        if all[..i].contains(k) {
+            return Err(Error::InvalidArgument(format!(
+                "{k} appears twice in one update"
+            )));
+        }
+    }
+    Ok((create_keys, destroy_keys))
+}
+
+/// Where the claims are kept.
+pub enum Store {
+    /// In this process.
+    Memory(memory::Memory),
+    /// On Redis or a Redis Cluster.
+    Redis(redis::RedisClaims),
+}
+
+impl Store {
+    /// `BeginUpdate`: creates and destroys for `cell_id` under a new lease, all or
+    /// nothing. Returns the lease's uuid.
+    pub async fn begin(
+        &self,
+        cell_id: i64,
+        creates: &[Metadata],
+        destroys: &[Metadata],
+    ) -> Result<String, Error> {
+        match self {
+            Store::Memory(m) => m.begin(cell_id, creates, destroys),
+            Store::Redis(r) => r.begin(cell_id, creates, destroys).await,
+        }
+    }
+
+    /// `CommitUpdate` (`commit`) or `RollbackUpdate`.
+    pub async fn end(&self, cell_id: i64, lease: &str, commit: bool) -> Result<(), Error> {
+        match self {
+            Store::Memory(m) => m.end(cell_id, lease, commit),
+            Store::Redis(r) => r.end(cell_id, lease, commit).await,
+        }
+    }
+
+    /// The record of `key`, whatever its status.
+    pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        match self {
+            Store::Memory(m) => Ok(m.get(key)),
+            Store::Redis(r) => r.get(key).await,
+        }
+    }
+
+    /// The Cell that owns `key` for classification.
+    pub async fn owner(&self, key: &Key) -> Result<Option<i64>, Error> {
+        match self {
+            Store::Memory(m) => Ok(m.owner(key)),
+            Store::Redis(r) => r.owner(key).await,
+        }
+    }
+
+    /// `ListLeases`.
+    pub async fn leases(
+        &self,
+        cell_id: i64,
+        cursor: Option<&LeaseCursor>,
+        limit: usize,
+        created_after: Option<&Timestamp>,
+    ) -> Result<LeasePage, Error> {
+        match self {
+            Store::Memory(m) => Ok(m.leases(cell_id, cursor, limit, created_after)),
+            Store::Redis(r) => r.leases(cell_id, cursor, limit, created_after).await,
+        }
+    }
+
+    /// `ListRecords`: one page, and whether more follow.
+    pub async fn records(&self, filter: &RecordFilter) -> Result<(Vec<Record>, bool), Error> {
+        match self {
+            Store::Memory(m) => Ok(m.records(filter)),
+            Store::Redis(r) => r.records(filter).await,
+        }
+    }
+}
 
 /// Nanoseconds since the epoch of `t`.
 pub fn nanos(t: &Timestamp) -> i128 {
