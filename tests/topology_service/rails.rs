@@ -261,6 +261,17 @@ async fn lifecycle(t: &super::Ts) {
         cv1::record::Status::Active as i32
     );
     assert_eq!(rec.cell_info.unwrap().id, 2);
+
+    // Every call counted by method and code.
+    let metrics = crate::common::request(t.addr.port(), "GET /metrics HTTP/1.1", b"").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    for line in [
+        "podgate_topology_service_requests_total{code=\"ALREADY_EXISTS\",method=\"BeginUpdate\"} 1",
+        "podgate_topology_service_requests_total{code=\"PERMISSION_DENIED\",method=\"CommitUpdate\"} 1",
+        "podgate_topology_service_requests_total{code=\"NOT_FOUND\",method=\"Classify\"}",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
 }
 
 /// The verification job's loop: pages of `ListRecords` by `(source_id_gt,

@@ -12,6 +12,7 @@ use crate::access::{self, Caller};
 use crate::cells::Cells;
 use crate::claims::{self, Key, LeaseCursor, RecordFilter, Store};
 use crate::classify::{self, ClassifyRequest};
+use crate::metrics::counted;
 use crate::proto::gitlab::cells::topology_service::claims::v1 as cv1;
 use crate::proto::gitlab::cells::topology_service::types::v1::Uuid;
 use crate::proto::gitlab::cells::topology_service::{
@@ -122,23 +123,35 @@ impl ts::classify_service_server::ClassifyService for Classify {
         &self,
         req: Request<GetCellsRequest>,
     ) -> Result<Response<GetCellsResponse>, Status> {
-        access::authorize(
-            "/gitlab.cells.topology_service.ClassifyService/GetCells",
-            self.0.caller(&req),
-            None,
-        )?;
-        Ok(Response::new(get_cells(&self.0)))
+        counted(
+            "GetCells",
+            async {
+                access::authorize(
+                    "/gitlab.cells.topology_service.ClassifyService/GetCells",
+                    self.0.caller(&req),
+                    None,
+                )?;
+                Ok(Response::new(get_cells(&self.0)))
+            }
+            .await,
+        )
     }
 
     async fn classify(
         &self,
         req: Request<ClassifyRequest>,
     ) -> Result<Response<ClassifyResponse>, Status> {
-        let caller = self.0.caller(&req);
-        self.0
-            .classify(caller, req.get_ref())
-            .await
-            .map(Response::new)
+        counted(
+            "Classify",
+            async {
+                let caller = self.0.caller(&req);
+                self.0
+                    .classify(caller, req.get_ref())
+                    .await
+                    .map(Response::new)
+            }
+            .await,
+        )
     }
 }
 
@@ -152,20 +165,26 @@ impl ts::cell_service_server::CellService for CellService {
         &self,
         req: Request<GetCellRequest>,
     ) -> Result<Response<GetCellResponse>, Status> {
-        access::authorize(
-            "/gitlab.cells.topology_service.CellService/GetCell",
-            self.0.caller(&req),
-            None,
-        )?;
-        let id = req.get_ref().cell_id;
-        let cell = self
-            .0
-            .cells
-            .by_id(id)
-            .ok_or_else(|| Status::not_found(format!("cell not found: {id}")))?;
-        Ok(Response::new(GetCellResponse {
-            cell_info: Some(cell.clone()),
-        }))
+        counted(
+            "GetCell",
+            async {
+                access::authorize(
+                    "/gitlab.cells.topology_service.CellService/GetCell",
+                    self.0.caller(&req),
+                    None,
+                )?;
+                let id = req.get_ref().cell_id;
+                let cell = self
+                    .0
+                    .cells
+                    .by_id(id)
+                    .ok_or_else(|| Status::not_found(format!("cell not found: {id}")))?;
+                Ok(Response::new(GetCellResponse {
+                    cell_info: Some(cell.clone()),
+                }))
+            }
+            .await,
+        )
     }
 }
 
@@ -209,135 +228,179 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
         &self,
         req: Request<GetCellsRequest>,
     ) -> Result<Response<GetCellsResponse>, Status> {
-        self.allow("GetCells", &req, None)?;
-        Ok(Response::new(get_cells(&self.0)))
+        counted(
+            "GetCells",
+            async {
+                self.allow("GetCells", &req, None)?;
+                Ok(Response::new(get_cells(&self.0)))
+            }
+            .await,
+        )
     }
 
     async fn get_record(
         &self,
         req: Request<cv1::GetRecordRequest>,
     ) -> Result<Response<cv1::GetRecordResponse>, Status> {
-        self.allow("GetRecord", &req, None)?;
-        let r = req.get_ref();
-        let key = match (&r.bucket, &r.claim) {
-            (Some(b), _) if b.r#type != 0 => Key::new(b.r#type, &b.value),
-            (_, Some(c)) => Key::of_claim(c)
-                .ok_or_else(|| Status::invalid_argument("claim: one of its fields"))?,
-            _ => return Err(Status::invalid_argument("bucket or claim: required")),
-        };
-        let record = self
-            .0
-            .claims
-            .get(&key)
-            .await
-            .map_err(status)?
-            .ok_or_else(|| Status::not_found(format!("{key} is not claimed")))?;
-        let cell_info = self.0.cells.by_id(record.cell_id).cloned();
-        Ok(Response::new(cv1::GetRecordResponse {
-            record: Some(record),
-            cell_info,
-        }))
+        counted(
+            "GetRecord",
+            async {
+                self.allow("GetRecord", &req, None)?;
+                let r = req.get_ref();
+                let key = match (&r.bucket, &r.claim) {
+                    (Some(b), _) if b.r#type != 0 => Key::new(b.r#type, &b.value),
+                    (_, Some(c)) => Key::of_claim(c)
+                        .ok_or_else(|| Status::invalid_argument("claim: one of its fields"))?,
+                    _ => return Err(Status::invalid_argument("bucket or claim: required")),
+                };
+                let record = self
+                    .0
+                    .claims
+                    .get(&key)
+                    .await
+                    .map_err(status)?
+                    .ok_or_else(|| Status::not_found(format!("{key} is not claimed")))?;
+                let cell_info = self.0.cells.by_id(record.cell_id).cloned();
+                Ok(Response::new(cv1::GetRecordResponse {
+                    record: Some(record),
+                    cell_info,
+                }))
+            }
+            .await,
+        )
     }
 
     async fn begin_update(
         &self,
         req: Request<cv1::BeginUpdateRequest>,
     ) -> Result<Response<cv1::BeginUpdateResponse>, Status> {
-        let cell_id = req.get_ref().cell_id;
-        self.allow("BeginUpdate", &req, Some(cell_id))?;
-        if self.0.cells.by_id(cell_id).is_none() {
-            return Err(Status::not_found(format!("cell not found: {cell_id}")));
-        }
-        let r = req.get_ref();
-        let uuid = self
-            .0
-            .claims
-            .begin(cell_id, &r.create_records, &r.destroy_records)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(cv1::BeginUpdateResponse {
-            cell_id,
-            lease_uuid: Some(Uuid { value: uuid }),
-        }))
+        counted(
+            "BeginUpdate",
+            async {
+                let cell_id = req.get_ref().cell_id;
+                self.allow("BeginUpdate", &req, Some(cell_id))?;
+                if self.0.cells.by_id(cell_id).is_none() {
+                    return Err(Status::not_found(format!("cell not found: {cell_id}")));
+                }
+                let r = req.get_ref();
+                let uuid = self
+                    .0
+                    .claims
+                    .begin(cell_id, &r.create_records, &r.destroy_records)
+                    .await
+                    .map_err(status)?;
+                Ok(Response::new(cv1::BeginUpdateResponse {
+                    cell_id,
+                    lease_uuid: Some(Uuid { value: uuid }),
+                }))
+            }
+            .await,
+        )
     }
 
     async fn commit_update(
         &self,
         req: Request<cv1::CommitUpdateRequest>,
     ) -> Result<Response<cv1::CommitUpdateResponse>, Status> {
-        let cell_id = req.get_ref().cell_id;
-        self.allow("CommitUpdate", &req, Some(cell_id))?;
-        let lease = lease_uuid(req.get_ref().lease_uuid.as_ref())?;
-        self.0
-            .claims
-            .end(cell_id, lease, true)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(cv1::CommitUpdateResponse {}))
+        counted(
+            "CommitUpdate",
+            async {
+                let cell_id = req.get_ref().cell_id;
+                self.allow("CommitUpdate", &req, Some(cell_id))?;
+                let lease = lease_uuid(req.get_ref().lease_uuid.as_ref())?;
+                self.0
+                    .claims
+                    .end(cell_id, lease, true)
+                    .await
+                    .map_err(status)?;
+                Ok(Response::new(cv1::CommitUpdateResponse {}))
+            }
+            .await,
+        )
     }
 
     async fn rollback_update(
         &self,
         req: Request<cv1::RollbackUpdateRequest>,
     ) -> Result<Response<cv1::RollbackUpdateResponse>, Status> {
-        let cell_id = req.get_ref().cell_id;
-        self.allow("RollbackUpdate", &req, Some(cell_id))?;
-        let lease = lease_uuid(req.get_ref().lease_uuid.as_ref())?;
-        self.0
-            .claims
-            .end(cell_id, lease, false)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(cv1::RollbackUpdateResponse {}))
+        counted(
+            "RollbackUpdate",
+            async {
+                let cell_id = req.get_ref().cell_id;
+                self.allow("RollbackUpdate", &req, Some(cell_id))?;
+                let lease = lease_uuid(req.get_ref().lease_uuid.as_ref())?;
+                self.0
+                    .claims
+                    .end(cell_id, lease, false)
+                    .await
+                    .map_err(status)?;
+                Ok(Response::new(cv1::RollbackUpdateResponse {}))
+            }
+            .await,
+        )
     }
 
     async fn list_leases(
         &self,
         req: Request<cv1::ListLeasesRequest>,
     ) -> Result<Response<cv1::ListLeasesResponse>, Status> {
-        let r = req.get_ref();
-        self.allow("ListLeases", &req, Some(r.cell_id))?;
-        let cursor = r.next.as_ref().map(decode_cursor).transpose()?;
-        let limit = match r.limit {
-            Some(n) if n <= 0 => return Err(Status::invalid_argument("limit: must be positive")),
-            Some(n) => usize::try_from(n).unwrap_or(claims::LEASES_PAGE),
-            None => claims::LEASES_PAGE,
-        };
-        let page = self
-            .0
-            .claims
-            .leases(r.cell_id, cursor.as_ref(), limit, r.created_after.as_ref())
-            .await
-            .map_err(status)?;
-        Ok(Response::new(cv1::ListLeasesResponse {
-            leases: page.leases,
-            next: page.next.as_ref().map(encode_cursor),
-        }))
+        counted(
+            "ListLeases",
+            async {
+                let r = req.get_ref();
+                self.allow("ListLeases", &req, Some(r.cell_id))?;
+                let cursor = r.next.as_ref().map(decode_cursor).transpose()?;
+                let limit = match r.limit {
+                    Some(n) if n <= 0 => {
+                        return Err(Status::invalid_argument("limit: must be positive"));
+                    }
+                    Some(n) => usize::try_from(n).unwrap_or(claims::LEASES_PAGE),
+                    None => claims::LEASES_PAGE,
+                };
+                let page = self
+                    .0
+                    .claims
+                    .leases(r.cell_id, cursor.as_ref(), limit, r.created_after.as_ref())
+                    .await
+                    .map_err(status)?;
+                Ok(Response::new(cv1::ListLeasesResponse {
+                    leases: page.leases,
+                    next: page.next.as_ref().map(encode_cursor),
+                }))
+            }
+            .await,
+        )
     }
 
     async fn list_records(
         &self,
         req: Request<cv1::ListRecordsRequest>,
     ) -> Result<Response<cv1::ListRecordsResponse>, Status> {
-        let r = req.get_ref();
-        self.allow("ListRecords", &req, Some(r.cell_id))?;
-        let (records, truncated) = self
-            .0
-            .claims
-            .records(&RecordFilter {
-                cell_id: r.cell_id,
-                source_type: r.source_type,
-                bucket_types: r.bucket_types.clone(),
-                claim_types: r.claim_types.clone(),
-                source_id_gt: r.source_id_gt.clone(),
-                source_id_lte: r.source_id_lte.clone(),
-            })
-            .await
-            .map_err(status)?;
-        Ok(Response::new(cv1::ListRecordsResponse {
-            records,
-            truncated,
-        }))
+        counted(
+            "ListRecords",
+            async {
+                let r = req.get_ref();
+                self.allow("ListRecords", &req, Some(r.cell_id))?;
+                let (records, truncated) = self
+                    .0
+                    .claims
+                    .records(&RecordFilter {
+                        cell_id: r.cell_id,
+                        source_type: r.source_type,
+                        bucket_types: r.bucket_types.clone(),
+                        claim_types: r.claim_types.clone(),
+                        source_id_gt: r.source_id_gt.clone(),
+                        source_id_lte: r.source_id_lte.clone(),
+                    })
+                    .await
+                    .map_err(status)?;
+                Ok(Response::new(cv1::ListRecordsResponse {
+                    records,
+                    truncated,
+                }))
+            }
+            .await,
+        )
     }
 }
 
@@ -369,7 +432,10 @@ impl crate::proto::grpc::health::v1::health_server::Health for Health {
         &self,
         req: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
-        serving(&req.get_ref().service).map(Response::new)
+        counted(
+            "health:Check",
+            async { serving(&req.get_ref().service).map(Response::new) }.await,
+        )
     }
 
     type WatchStream = Pin<Box<dyn Stream<Item = Result<HealthCheckResponse, Status>> + Send>>;

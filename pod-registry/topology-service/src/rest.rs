@@ -28,6 +28,7 @@ use crate::proto::gitlab::cells::topology_service::{
 pub fn router(service: Arc<TopologyService>) -> axum::Router {
     axum::Router::new()
         .route("/v1/classify", axum::routing::post(classify))
+        .route("/metrics", axum::routing::get(metrics))
         .with_state(service)
 }
 
@@ -39,10 +40,21 @@ async fn classify(State(service): State<Arc<TopologyService>>, body: Bytes) -> R
             .map(|r| response_json(&r)),
         Err(e) => Err(e),
     };
+    let answer = crate::metrics::counted("rest:Classify", answer);
     match answer {
         Ok(v) => json_response(StatusCode::OK, &v),
         Err(s) => error_response(&s),
     }
+}
+
+/// `GET /metrics`: the service's own metrics ([`crate::metrics`]).
+async fn metrics() -> Response {
+    let mut r = crate::metrics::render().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response {
