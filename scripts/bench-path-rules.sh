@@ -53,6 +53,8 @@ POD2=$(sed -n 's/.*pod id=2 address=http:\/\/\([^ ]*\).*/\1/p' "$W/up.log")
 TOKEN=$("$PODGATE" token mint-gitlab --prefix glpat- --cell 2 --org 1)
 
 cat >"$W/cold.lua" <<'LUA'
+-- A path no run has asked for (each run's Lua state starts afresh).
+math.randomseed(os.time())
 local n = 0
 request = function()
   n = n + 1
