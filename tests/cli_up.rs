@@ -77,6 +77,10 @@ fn podgate_up_routes_a_fleet_to_all_three_pods_without_misroutes() {
             "Pod {pod}: registrations and job updates are runner traffic too: {row}"
         );
         assert_eq!(cols[6], "0", "Pod {pod} saw misroutes: {row}");
+        // People browsing the Pods' group and organization pages, each brought by
+        // the proxy's path rules to the Pod that claimed it.
+        let by_path: u64 = cols[7].parse().unwrap();
+        assert!(by_path > 0, "Pod {pod} served no page by path: {row}");
     }
     assert!(last.contains("misroutes: 0"), "{last}");
     // The proxy held polls at the edge (the Pods' queue keys in a private

@@ -409,6 +409,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         }));
         (tx, handle)
     });
+    // With the fleet, people browsing the Pods' group and organization pages too:
+    // the path rules' traffic.
+    let _browsing = fleet.is_some().then(|| {
+        let pods = sims.iter().map(|s| s.state().pod()).collect();
+        podgate_agent::task::AbortOnDrop::spawn(super::up_topology::browse(args.listen, pods))
+    });
     if fleet.is_some() {
         say(&format!(
             "  fleet      {} runners (half old: token in the body only; instance and project runners, 4 tag sets), check_interval {}s, concurrent {}, jobs/request expected ~{:.0}/s (runners / check_interval + {:.0} jobs/s)",

@@ -1,6 +1,7 @@
 //! `podgate up`'s live table: runner traffic per Pod as each simulated Pod counted it,
 //! polls held inside each Pod (its Workhorse) and at the proxy's edge, requests per
-//! token source and edge long-poll outcomes from the proxy's `/metrics`, misroutes.
+//! token source, edge long-poll and path rule outcomes from the proxy's `/metrics`,
+//! misroutes, and the pages of each Pod's namespaces it served (path-routed).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,8 +9,27 @@ use std::fmt::Write as _;
 use podgate_loadtest::pod_sim::{PodSim, sum_samples};
 
 /// The simulator's `podsim_requests_total` endpoints that are not runner traffic: the
-/// proxy's health probes, metrics scrapes, the control API and the current user.
-const NOT_RUNNER_TRAFFIC: [&str; 4] = ["health", "metrics", "control", "user"];
+/// proxy's health probes, metrics scrapes, the control API, the current user, and
+/// the pages of the Pod's namespaces ([`PAGES`]).
+const NOT_RUNNER_TRAFFIC: [&str; 6] = [
+    "health",
+    "metrics",
+    "control",
+    "user",
+    "namespace_page",
+    "organization_page",
+];
+
+/// The endpoints of the Pod's group and organization pages: requests the proxy's
+/// path rules brought.
+const PAGES: [&str; 2] = ["namespace_page", "organization_page"];
+
+/// Pages of the Pod's namespaces it answered (path-routed requests).
+fn pages(sim: &PodSim) -> u64 {
+    sum_samples(&sim.metrics().render(), "podsim_requests_total{", |l| {
+        label(l, "endpoint").is_some_and(|e| PAGES.contains(&e))
+    })
+}
 
 /// Endpoint prefixes of GitLab's internal API for kas and agents (Kubernetes API
 /// proxy authorization, agent configuration, Workspaces reconciliation): not runner
@@ -67,7 +87,7 @@ fn by_label(metrics: &str, prefix: &str, name: &str) -> BTreeMap<String, u64> {
 /// The table, from the Pods' own counters and the proxy's `/metrics` text.
 pub(crate) fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
     let mut out = String::from(
-        "  Pod  address              requests  jobs/request  held in Pod  held at edge  misroutes\n",
+        "  Pod  address              requests  jobs/request  held in Pod  held at edge  misroutes  by path\n",
     );
     for s in sims {
         let (requests, polls) = runner_traffic(s);
@@ -77,14 +97,15 @@ pub(crate) fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
         });
         let _ = writeln!(
             out,
-            "  {:<4} {:<20} {:>8}  {:>12}  {:>11}  {:>12}  {:>9}",
+            "  {:<4} {:<20} {:>8}  {:>12}  {:>11}  {:>12}  {:>9}  {:>7}",
             s.state().pod(),
             s.addr(),
             requests,
             polls,
             held_polls(s),
             at_edge,
-            s.metrics().misrouted.get()
+            s.metrics().misrouted.get(),
+            pages(s)
         );
     }
     let edge = by_label(proxy_metrics, "podgate_proxy_edge_polls_total{", "result");
@@ -96,6 +117,11 @@ pub(crate) fn table(sims: &[PodSim], proxy_metrics: &str) -> String {
     out.push_str("  token source          requests through the proxy\n");
     for (src, n) in by_source {
         let _ = writeln!(out, "  {src:<21} {n:>8}");
+    }
+    let paths = by_label(proxy_metrics, "podgate_proxy_path_rules_total{", "outcome");
+    if !paths.is_empty() {
+        let parts: Vec<String> = paths.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(out, "  path rules: {}", parts.join("   "));
     }
     let misroutes: u64 = sims.iter().map(|s| s.metrics().misrouted.get()).sum();
     let _ = writeln!(out, "  misroutes: {misroutes}");

@@ -13,6 +13,27 @@ use podgate_topology_service::config::{CellConfig, ClaimsConfig, Config, Sequenc
 use podgate_topology_service::proto::gitlab::cells::topology_service::claims::v1 as cv1;
 use podgate_topology_service::server::Bound;
 
+/// Browses the Pods' namespaces through the proxy at `proxy`, as people open
+/// project and organization pages, until `stop`: a page of each Pod's group and
+/// organization a second, which the proxy's path rules send by their claims (each
+/// Pod counts what it served, and a page of another's namespace as a misroute).
+pub(crate) async fn browse(proxy: SocketAddr, sims: Vec<podgate_tokens::PodId>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+    let mut n = 0usize;
+    loop {
+        tick.tick().await;
+        let pod = sims[n % sims.len()];
+        let path = if n.is_multiple_of(2) {
+            format!("/{}/project/-/issues/{n}", namespace(pod))
+        } else {
+            format!("/o/{}/groups/{}", organization(pod), namespace(pod))
+        };
+        // Errors show in the Pods' counts and the proxy's metrics; the browsing goes on.
+        let _ = super::http_client::get(proxy, &path).await;
+        n += 1;
+    }
+}
+
 /// Each Cell's ids: a trillion apiece, the first from 1 (GitLab's legacy Cell
 /// starts at 1; new Cells at 100 billion and more).
 const RANGE: i64 = 1_000_000_000_000;
