@@ -20,6 +20,7 @@ mod proxy;
 mod rails;
 mod router;
 mod shell;
+mod tls;
 mod up;
 
 use std::time::Duration;

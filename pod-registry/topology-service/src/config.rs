@@ -13,8 +13,10 @@
 //! ```
 //!
 //! The first Cell listed answers `FIRST_CELL` (the legacy Cell, where whatever no
-//! claim places lives). Until mutual TLS is configurable, `listen` must be a
-//! loopback address: every caller there counts as an administrator.
+//! claim places lives). With `[tls]` (`cert`, `key`, `client_ca`) every caller
+//! shows a client certificate naming its role ([`crate::tls`]); without it,
+//! `listen` must be a loopback address, where every caller counts as an
+//! administrator.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -54,6 +56,10 @@ pub struct Config {
     /// Where claims are kept.
     #[serde(default)]
     pub claims: ClaimsConfig,
+    /// Mutual TLS ([`crate::tls`]): callers identified by their certificates.
+    /// Without it, the listener must be a loopback address.
+    #[serde(default)]
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 /// `[claims]`: where claims are kept, written as the registry's backends are:
@@ -135,12 +141,23 @@ impl Config {
     /// Every problem, each naming its field (`cells[1].session_prefix`).
     pub fn validate(&self, origin: &str) -> Result<(), Error> {
         let mut bad = Vec::new();
-        if !self.listen.ip().is_loopback() {
+        if !self.listen.ip().is_loopback() && self.tls.is_none() {
             bad.push(format!(
-                "listen = \"{}\": a loopback address; without mutual TLS (not yet \
-                 supported) every caller counts as an administrator",
+                "listen = \"{}\": a loopback address, or set [tls]: without mutual TLS \
+                 every caller counts as an administrator",
                 self.listen
             ));
+        }
+        if let Some(t) = &self.tls {
+            for (field, path) in [
+                ("cert", &t.cert),
+                ("key", &t.key),
+                ("client_ca", &t.client_ca),
+            ] {
+                if !path.is_file() {
+                    bad.push(format!("tls.{field} = {}: no such file", path.display()));
+                }
+            }
         }
         match &self.claims.backend {
             podgate_registry::BackendConfig::Redis { url } if !url.starts_with("redis") => {

@@ -52,7 +52,16 @@ impl TopologyService {
     }
 
     fn caller<T>(&self, req: &Request<T>) -> Option<Caller> {
-        req.extensions().get::<Caller>().copied().or(self.anonymous)
+        self.caller_in(req.extensions())
+    }
+
+    /// The caller a request's extensions name: its client certificate's
+    /// ([`crate::tls::CallerInfo`]), or on a listener without TLS the anonymous one.
+    pub fn caller_in(&self, extensions: &http::Extensions) -> Option<Caller> {
+        match extensions.get::<crate::tls::CallerInfo>() {
+            Some(crate::tls::CallerInfo(c)) => *c,
+            None => self.anonymous,
+        }
     }
 
     /// `Classify`, authorised for `caller`: what both the gRPC method and the REST

@@ -9,7 +9,8 @@
 //!   [`cells`]: the configured Cells; [`claims`]: claims and leases, in memory or
 //!   on Redis; [`access`]: each method's caller roles.
 //! - [`grpc`]: the services; [`rest`]: `POST /v1/classify` and `GET /metrics`;
-//!   [`server`]: one listener for both; [`config`]: `topology-service.toml`;
+//!   [`server`]: one listener for both, mutual TLS with [`tls`]; [`config`]:
+//!   `topology-service.toml`;
 //!   [`metrics`]: requests by method and code.
 
 pub mod access;
@@ -22,3 +23,4 @@ pub mod metrics;
 pub mod proto;
 pub mod rest;
 pub mod server;
+pub mod tls;

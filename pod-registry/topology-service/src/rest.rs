@@ -10,7 +10,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
@@ -32,10 +31,19 @@ pub fn router(service: Arc<TopologyService>) -> axum::Router {
         .with_state(service)
 }
 
-async fn classify(State(service): State<Arc<TopologyService>>, body: Bytes) -> Response {
+async fn classify(
+    State(service): State<Arc<TopologyService>>,
+    request: axum::extract::Request,
+) -> Response {
+    let caller = service.caller_in(request.extensions());
+    // A classification is a few claims; more than a MiB is no request of GitLab's.
+    let body = match axum::body::to_bytes(request.into_body(), 1 << 20).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&Status::invalid_argument(format!("the body: {e}"))),
+    };
     let answer = match parse_request(&body) {
         Ok(req) => service
-            .classify(service.anonymous(), &req)
+            .classify(caller, &req)
             .await
             .map(|r| response_json(&r)),
         Err(e) => Err(e),

@@ -44,6 +44,9 @@ pub enum Error {
     /// The claims store could not be opened.
     #[error("opening the claims store: {0}")]
     Claims(#[from] crate::claims::Error),
+    /// TLS could not be set up.
+    #[error("{0}")]
+    Tls(#[from] crate::tls::Error),
 }
 
 /// Largest request message: Rails' client allows 10 MiB
@@ -56,11 +59,13 @@ const MAX_MESSAGE: usize = 10 * 1024 * 1024;
 pub struct Bound {
     listener: TcpListener,
     service: Arc<TopologyService>,
+    tls: Option<openssl::ssl::SslAcceptor>,
 }
 
 impl Bound {
     /// Binds `config.listen`. Without TLS, every caller is an administrator.
     pub async fn bind(config: &Config) -> Result<Self, Error> {
+        let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind {
@@ -78,9 +83,15 @@ impl Bound {
                     .await?,
             ),
         };
+        let anonymous = if tls.is_some() {
+            None
+        } else {
+            Some(Caller::Admin)
+        };
         Ok(Bound {
             listener,
-            service: TopologyService::new(Cells::new(&config.cells), claims, Some(Caller::Admin)),
+            service: TopologyService::new(Cells::new(&config.cells), claims, anonymous),
+            tls,
         })
     }
 
@@ -107,11 +118,61 @@ impl Bound {
         .add_service(HealthServer::new(Health))
         .into_axum_router()
         .merge(crate::rest::router(s));
-        tonic::transport::Server::builder()
+        let server = tonic::transport::Server::builder()
             .accept_http1(true)
-            .add_routes(Routes::from(routes))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), shutdown)
-            .await?;
+            .add_routes(Routes::from(routes));
+        match self.tls {
+            None => {
+                server
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(self.listener), shutdown)
+                    .await?;
+            }
+            Some(acceptor) => {
+                server
+                    .serve_with_incoming_shutdown(handshakes(self.listener, acceptor), shutdown)
+                    .await?;
+            }
+        }
         Ok(())
     }
+}
+
+/// TLS connections from `listener`, each handshake on a task of its own (a slow or
+/// silent client holds up no other); failed handshakes are logged and dropped.
+fn handshakes(
+    listener: TcpListener,
+    acceptor: openssl::ssl::SslAcceptor,
+) -> impl futures_util::Stream<Item = std::io::Result<crate::tls::Conn>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let acceptor = Arc::new(acceptor);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection");
+                    continue;
+                }
+            };
+            if tx.is_closed() {
+                return;
+            }
+            let (tx, acceptor) = (tx.clone(), acceptor.clone());
+            tokio::spawn(async move {
+                let handshake = tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    crate::tls::Conn::accept(&acceptor, tcp),
+                )
+                .await;
+                match handshake {
+                    Ok(Ok(conn)) => {
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                    Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
