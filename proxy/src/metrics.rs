@@ -75,7 +75,8 @@ pub struct Metrics {
     /// quiet after a failure).
     pub topology_calls: IntCounterVec,
     /// `podgate_proxy_classify_cache_total{event}`: path rules' cache (`hit`,
-    /// `negative_hit`, `miss`, `expired`).
+    /// `negative_hit`, `miss`, `expired`; `stale`: an expired owner kept while the
+    /// Topology Service gives no answer).
     pub classify_cache: IntCounterVec,
     /// Idle client connections handed over at a binary upgrade (`crate::handover`).
     pub upgrade_connections: IntCounterVec,

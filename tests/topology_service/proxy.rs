@@ -4,7 +4,8 @@
 //! own paths and unclaimed ones go on to the token rules, the session cookie, the
 //! default Pod. The Pod sees `X-GitLab-HTTP-Router-Rule-Action` / `-Type` as
 //! GitLab's HTTP Router sets them. With the Topology Service gone no request
-//! fails, and when it is back, routing by claims resumes without a restart.
+//! fails (a known owner keeps routing, past its cache time too), and when it is
+//! back, routing by claims resumes without a restart.
 
 use std::time::Duration;
 
@@ -141,7 +142,7 @@ async fn a_topology_service_outage_fails_no_request_and_routing_resumes() {
     );
     let stubs = [&s1, &s2, &s3];
     let config = format!(
-        "[topology_service]\naddress = \"{}\"\ndeadline_ms = 200\nretry_after_ms = 100\n{}",
+        "[topology_service]\naddress = \"{}\"\ndeadline_ms = 200\nretry_after_ms = 100\ncache_ttl_secs = 1\n{}",
         ts.addr,
         pods(&stubs)
     );
@@ -162,6 +163,19 @@ async fn a_topology_service_outage_fails_no_request_and_routing_resumes() {
             "falls through"
         );
     }
+    // Past its cache time (1 s), the owner still routes while no answer comes.
+    eventually(Duration::from_secs(10), "an expired owner kept", || async {
+        assert_eq!(
+            get(p, "/gitlab-org/a", "", &stubs).await.0,
+            2,
+            "stale owner"
+        );
+        let metrics = crate::common::admin_get(&proxy, "/metrics").await.1;
+        metrics
+            .contains("podgate_proxy_classify_cache_total{event=\"stale\"}")
+            .then_some(())
+    })
+    .await;
 
     let ts = super::start_on(port);
     super::claim(&ts, 3, &[(Type::Routes, "newcomer")]).await;

@@ -9,7 +9,8 @@
 //! - this module: [`PathRouter`], a bounded cache of answers (an owner for
 //!   `cache_ttl_secs`, none for `negative_ttl_secs`), one call in flight per claim,
 //!   and a deadline. **A Topology Service outage never fails a request**: a call
-//!   that errs or outlasts `deadline_ms` falls through to the token rules, and for
+//!   that errs or outlasts `deadline_ms` falls through to the token rules (or, for
+//!   an owner whose cache time ran out, keeps that owner), and for
 //!   `retry_after_ms` after it no call is made at all, so an outage costs one
 //!   deadline a second, not one a request.
 
@@ -151,6 +152,17 @@ impl PathRouter {
             Some(a) => Owner::Cell(a.clone()),
             None => Owner::Unclaimed,
         };
+        // An owner whose time in the cache ran out: still the best answer while the
+        // Topology Service cannot give a new one (an owner changes when a namespace
+        // moves Cells, rarely; the default Pod would be wrong for every request).
+        let mut stale: Option<Arc<str>> = None;
+        let fallback = |stale: Option<Arc<str>>| match stale {
+            Some(a) => {
+                METRICS.classify_cache.with_label_values(&["stale"]).inc();
+                Owner::Cell(a)
+            }
+            None => Owner::Unavailable,
+        };
         for _ in 0..2 {
             let guard = match self.cache.get_value_or_guard_async(claim).await {
                 Ok(e) if e.expires > Instant::now() => {
@@ -162,8 +174,9 @@ impl PathRouter {
                     METRICS.classify_cache.with_label_values(&[label]).inc();
                     return outcome(&e.owner);
                 }
-                Ok(_) => {
+                Ok(e) => {
                     METRICS.classify_cache.with_label_values(&["expired"]).inc();
+                    stale = stale.or(e.owner);
                     self.cache.remove(claim);
                     continue;
                 }
@@ -172,7 +185,7 @@ impl PathRouter {
             METRICS.classify_cache.with_label_values(&["miss"]).inc();
             if self.now_ms() < self.quiet_until_ms.load(Ordering::Relaxed) {
                 METRICS.topology_calls.with_label_values(&["skipped"]).inc();
-                return Owner::Unavailable;
+                return fallback(stale);
             }
             let deadline = Duration::from_millis(self.config.deadline_ms);
             let answer =
@@ -183,7 +196,7 @@ impl PathRouter {
                     METRICS.topology_calls.with_label_values(&["error"]).inc();
                     tracing::warn!(error = %e, "topology service: path rules fall through to token rules");
                     self.quiet();
-                    return Owner::Unavailable;
+                    return fallback(stale);
                 }
                 Err(_) => {
                     METRICS
@@ -195,7 +208,7 @@ impl PathRouter {
                         "topology service: no answer within the deadline; path rules fall through to token rules"
                     );
                     self.quiet();
-                    return Owner::Unavailable;
+                    return fallback(stale);
                 }
             };
             METRICS
@@ -217,7 +230,7 @@ impl PathRouter {
             });
             return outcome(&owner);
         }
-        Owner::Unavailable
+        fallback(stale)
     }
 
     fn quiet(&self) {
