@@ -213,7 +213,11 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
         pod_gate = pod_gate.with_edge_polls(e.clone());
     }
     if let Some(ts) = &config.topology_service {
-        pod_gate = pod_gate.with_path_router(Arc::new(crate::claims::PathRouter::new(ts.clone())));
+        let router = crate::claims::PathRouter::new(ts.clone()).map_err(|e| Error::Invalid {
+            origin: "topology_service".into(),
+            problems: vec![e],
+        })?;
+        pod_gate = pod_gate.with_path_router(Arc::new(router));
     }
 
     let conf = ServerConf {

@@ -254,3 +254,86 @@ async fn each_role_gets_what_gitlabs_schema_gives_it() {
     };
     assert!(refused, "a certificate of another CA got an answer");
 }
+
+/// The proxy reaches a Topology Service that requires mutual TLS as GitLab's HTTP
+/// Router does, with the Router's certificate: path rules route by its claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_asks_over_mutual_tls_with_the_routers_certificate() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    ca(dir, "ca");
+    let server = leaf(dir, "ca", "server", "/CN=localhost", true);
+    let router = leaf(dir, "ca", "router", "/OU=router/CN=router", false);
+    let admin = leaf(dir, "ca", "admin", "/OU=admin/CN=ops", false);
+    let config = dir.join("ts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\n{}[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
+            super::CELLS,
+            server.0.display(),
+            server.1.display(),
+            dir.join("ca.crt").display()
+        ),
+    )
+    .unwrap();
+    let (child, lines) = spawn_podgate(["topology-service", "--config", config.to_str().unwrap()]);
+    let _ts = Running(child);
+    let addr: std::net::SocketAddr =
+        first_line(&lines, Duration::from_secs(30), "topology-service", |l| {
+            l.strip_prefix("topology_service address=")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        });
+    let mut a = ClaimServiceClient::new(channel(addr, dir, &admin).await.unwrap());
+    let lease = a
+        .begin_update(cv1::BeginUpdateRequest {
+            create_records: vec![route("secure-group")],
+            cell_id: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .lease_uuid;
+    a.commit_update(cv1::CommitUpdateRequest {
+        cell_id: 3,
+        lease_uuid: lease,
+    })
+    .await
+    .unwrap();
+
+    let (s1, s3) = (
+        crate::common::Stub::start(1).await,
+        crate::common::Stub::start(3).await,
+    );
+    let proxy_config = format!(
+        "[topology_service]\naddress = \"{addr}\"\n[topology_service.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n{}",
+        dir.join("ca.crt").display(),
+        router.0.display(),
+        router.1.display(),
+        crate::common::topology(&[
+            crate::common::pod_entry(
+                1,
+                &[s1.addr.to_string()],
+                "cell_address = \"cell-1.example.com:443\""
+            ),
+            crate::common::pod_entry(
+                3,
+                &[s3.addr.to_string()],
+                "cell_address = \"cell-3.example.com\""
+            ),
+        ])
+    );
+    let proxy = crate::common::start_proxy(&proxy_config, tempfile::tempdir().unwrap()).await;
+    let (status, _, body) =
+        crate::common::send(proxy.port, "GET /secure-group/project HTTP/1.1", b"").await;
+    assert_eq!((status, body.as_str()), (200, r#"{"pod":3}"#));
+    let metrics = crate::common::admin_get(&proxy, "/metrics").await.1;
+    assert!(
+        metrics.contains("podgate_proxy_topology_service_calls_total{result=\"owner\"} 1"),
+        "{metrics}"
+    );
+}

@@ -4,7 +4,10 @@
 
 use std::net::SocketAddr;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use std::pin::Pin;
+
+use openssl::ssl::SslConnector;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use super::PathClaim;
@@ -52,13 +55,52 @@ pub fn body(claim: &PathClaim) -> String {
     }
 }
 
-/// Classifies `claim` at `addr`: `Ok(Some(address))` of the owning Cell,
-/// `Ok(None)` when no Cell holds it. The caller bounds the time.
-pub async fn classify(addr: SocketAddr, claim: &PathClaim) -> Result<Option<String>, Error> {
+/// TLS to the service: the connector (the CA, the client certificate) and the
+/// name its certificate must carry.
+pub struct Tls {
+    /// The connector.
+    pub connector: SslConnector,
+    /// The server's name (a DNS name or an IP address).
+    pub server_name: String,
+}
+
+/// Classifies `claim` at `addr` (over `tls` when given): `Ok(Some(address))` of
+/// the owning Cell, `Ok(None)` when no Cell holds it. The caller bounds the time.
+pub async fn classify(
+    addr: SocketAddr,
+    tls: Option<&Tls>,
+    claim: &PathClaim,
+) -> Result<Option<String>, Error> {
+    let io = |source| Error::Io { addr, source };
+    let tcp = TcpStream::connect(addr).await.map_err(io)?;
+    tcp.set_nodelay(true).map_err(io)?;
+    match tls {
+        None => exchange(addr, tcp, claim).await,
+        Some(t) => {
+            let ssl = t
+                .connector
+                .configure()
+                .and_then(|c| c.into_ssl(&t.server_name))
+                .map_err(|e| io(std::io::Error::other(e)))?;
+            let mut s = tokio_openssl::SslStream::new(ssl, tcp)
+                .map_err(|e| io(std::io::Error::other(e)))?;
+            Pin::new(&mut s)
+                .connect()
+                .await
+                .map_err(|e| io(std::io::Error::other(e)))?;
+            exchange(addr, s, claim).await
+        }
+    }
+}
+
+/// One request and its response on `s`.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    addr: SocketAddr,
+    mut s: S,
+    claim: &PathClaim,
+) -> Result<Option<String>, Error> {
     let io = |source| Error::Io { addr, source };
     let body = body(claim);
-    let mut s = TcpStream::connect(addr).await.map_err(io)?;
-    s.set_nodelay(true).map_err(io)?;
     let head = format!(
         "POST /v1/classify HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
          accept: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",

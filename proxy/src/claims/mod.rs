@@ -60,6 +60,25 @@ pub struct TopologyServiceConfig {
     /// [`path::RESERVED`]).
     #[serde(default)]
     pub reserved: Vec<String>,
+    /// Mutual TLS to the service, as GitLab's HTTP Router reaches its Topology
+    /// Service (with the Router's client certificate). None: plain HTTP.
+    #[serde(default)]
+    pub tls: Option<TopologyServiceTls>,
+}
+
+/// `[topology_service.tls]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyServiceTls {
+    /// The CA the service's certificate is signed by (PEM).
+    pub ca: std::path::PathBuf,
+    /// The proxy's client certificate (PEM): the Router's role.
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    pub key: std::path::PathBuf,
+    /// The name the service's certificate carries; default: `address`'s IP.
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 fn default_deadline() -> u64 {
@@ -87,6 +106,16 @@ impl TopologyServiceConfig {
         }
         if self.cache_capacity == 0 {
             bad.push("topology_service.cache_capacity: must be positive".into());
+        }
+        if let Some(t) = &self.tls {
+            for (field, path) in [("ca", &t.ca), ("cert", &t.cert), ("key", &t.key)] {
+                if !path.is_file() {
+                    bad.push(format!(
+                        "topology_service.tls.{field} = {}: no such file",
+                        path.display()
+                    ));
+                }
+            }
         }
         for (i, r) in self.reserved.iter().enumerate() {
             if r.is_empty() || r.contains('/') {
@@ -119,6 +148,7 @@ struct Entry {
 /// Path rules' lookups, shared by every request.
 pub struct PathRouter {
     config: TopologyServiceConfig,
+    tls: Option<client::Tls>,
     cache: quick_cache::sync::Cache<PathClaim, Entry>,
     started: Instant,
     /// No call before this many milliseconds after `started`.
@@ -126,14 +156,47 @@ pub struct PathRouter {
 }
 
 impl PathRouter {
-    /// A router asking the Topology Service of `config`.
-    pub fn new(config: TopologyServiceConfig) -> Self {
-        PathRouter {
+    /// A router asking the Topology Service of `config`; `Err` names the TLS file
+    /// that would not load.
+    pub fn new(config: TopologyServiceConfig) -> Result<Self, String> {
+        let tls = config
+            .tls
+            .as_ref()
+            .map(|t| {
+                let file = |field: &str, path: &std::path::Path| {
+                    let path = path.display().to_string();
+                    let field = field.to_owned();
+                    move |e: openssl::error::ErrorStack| {
+                        format!("topology_service.tls.{field} = {path}: {e}")
+                    }
+                };
+                let mut b =
+                    openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())
+                        .map_err(|e| e.to_string())?;
+                b.set_ca_file(&t.ca).map_err(file("ca", &t.ca))?;
+                b.set_certificate_chain_file(&t.cert)
+                    .map_err(file("cert", &t.cert))?;
+                b.set_private_key_file(&t.key, openssl::ssl::SslFiletype::PEM)
+                    .map_err(file("key", &t.key))?;
+                b.check_private_key().map_err(file("key", &t.key))?;
+                b.set_alpn_protos(b"\x08http/1.1")
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(client::Tls {
+                    connector: b.build(),
+                    server_name: t
+                        .server_name
+                        .clone()
+                        .unwrap_or_else(|| config.address.ip().to_string()),
+                })
+            })
+            .transpose()?;
+        Ok(PathRouter {
             cache: quick_cache::sync::Cache::new(config.cache_capacity),
             config,
+            tls,
             started: Instant::now(),
             quiet_until_ms: AtomicU64::new(0),
-        }
+        })
     }
 
     /// The claim a path names, if path rules apply to it.
@@ -188,8 +251,11 @@ impl PathRouter {
                 return fallback(stale);
             }
             let deadline = Duration::from_millis(self.config.deadline_ms);
-            let answer =
-                tokio::time::timeout(deadline, client::classify(self.config.address, claim)).await;
+            let answer = tokio::time::timeout(
+                deadline,
+                client::classify(self.config.address, self.tls.as_ref(), claim),
+            )
+            .await;
             let owner = match answer {
                 Ok(Ok(owner)) => owner.map(Arc::<str>::from),
                 Ok(Err(e)) => {
