@@ -105,6 +105,9 @@ pub(super) async fn serve(mut pipe: Pipe, streams: Streams, work: Work) {
     let _ = tokio::time::timeout(Duration::from_secs(5), &mut pipe.closed).await;
 }
 
+/// How long an exec's process takes to start, as a container runtime's does.
+const EXEC_START: Duration = Duration::from_millis(20);
+
 /// Run `work` with the client's `stdin`, writing `(channel, bytes)` to `out`
 /// (stdout 1, stderr 2): the status to report, or `None` when the client went
 /// away (`gone`) before an attached process ended.
@@ -137,6 +140,12 @@ pub(super) async fn run(
                 stdout,
                 stderr,
             };
+            // A kubelet's exec starts a process in the container before it writes
+            // anything; kube-sim's shell would write at once. client-go's WebSocket
+            // executor starts reading before it has created its streams
+            // (`client-go/tools/remotecommand/websocket.go`, "Unknown stream id …,
+            // discarding message"), so output sent in that gap is lost to kubectl.
+            tokio::time::sleep(EXEC_START).await;
             let outcome = shell::run(&argv, &env, &mut io).await;
             drop(io);
             let _ = out_task.await;

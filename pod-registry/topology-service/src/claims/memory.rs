@@ -259,7 +259,7 @@ impl Memory {
             })
             .map(|(_, r)| (source_key(r), r))
             .filter(|(s, _)| {
-                *s > filter.source_id_gt
+                (filter.source_id_gt.is_empty() || *s > filter.source_id_gt)
                     && (filter.source_id_lte.is_empty() || *s <= filter.source_id_lte)
             })
             .collect();
