@@ -85,7 +85,7 @@ pub mod testing;
 
 pub use backend::TopologyChange;
 pub use backend::memory::MemoryBackend;
-pub use backend::redis::RedisTarget;
+pub use backend::redis::{RedisConn, RedisTarget};
 pub use error::{Error, Result};
 pub use metrics::RegistryMetrics;
 pub use presence::{AgentConnection, AgentEvent, KasAddress, KasInstance, KubernetesVersion};

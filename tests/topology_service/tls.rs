@@ -92,6 +92,33 @@ fn leaf(dir: &Path, ca: &str, name: &str, subject: &str, server: bool) -> (PathB
     (dir.join(crt), dir.join(key))
 }
 
+/// `podgate topology-service` with mutual TLS: `server`'s certificate, callers'
+/// signed by `dir`'s `ca`. The process and where it listens.
+fn start_tls(dir: &Path, server: &(PathBuf, PathBuf)) -> (Running, std::net::SocketAddr) {
+    let config = dir.join("ts.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\n{}[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
+            super::CELLS,
+            server.0.display(),
+            server.1.display(),
+            dir.join("ca.crt").display()
+        ),
+    )
+    .unwrap();
+    let (child, lines) = spawn_podgate(["topology-service", "--config", config.to_str().unwrap()]);
+    let ts = Running(child);
+    let addr = first_line(&lines, Duration::from_secs(30), "topology-service", |l| {
+        l.strip_prefix("topology_service address=")?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    });
+    (ts, addr)
+}
+
 /// A gRPC channel over TLS to `addr`, showing `cert`.
 async fn channel(
     addr: std::net::SocketAddr,
@@ -149,28 +176,7 @@ async fn each_role_gets_what_gitlabs_schema_gives_it() {
     let admin = leaf(dir, "ca", "admin", "/OU=admin/CN=ops", false);
     let nobody = leaf(dir, "ca", "nobody", "/OU=intern/CN=x", false);
     let stranger = leaf(dir, "other-ca", "stranger", "/OU=admin/CN=ops", false);
-    let config = dir.join("ts.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\n{}[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
-            super::CELLS,
-            server.0.display(),
-            server.1.display(),
-            dir.join("ca.crt").display()
-        ),
-    )
-    .unwrap();
-    let (child, lines) = spawn_podgate(["topology-service", "--config", config.to_str().unwrap()]);
-    let _ts = Running(child);
-    let addr: std::net::SocketAddr =
-        first_line(&lines, Duration::from_secs(30), "topology-service", |l| {
-            l.strip_prefix("topology_service address=")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        });
+    let (_ts, addr) = start_tls(dir, &server);
 
     // A Cell claims for itself, not for another; classifies; reads no records.
     let mut c = ClaimServiceClient::new(channel(addr, dir, &cell2).await.unwrap());
@@ -265,28 +271,7 @@ async fn the_proxy_asks_over_mutual_tls_with_the_routers_certificate() {
     let server = leaf(dir, "ca", "server", "/CN=localhost", true);
     let router = leaf(dir, "ca", "router", "/OU=router/CN=router", false);
     let admin = leaf(dir, "ca", "admin", "/OU=admin/CN=ops", false);
-    let config = dir.join("ts.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\n{}[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n",
-            super::CELLS,
-            server.0.display(),
-            server.1.display(),
-            dir.join("ca.crt").display()
-        ),
-    )
-    .unwrap();
-    let (child, lines) = spawn_podgate(["topology-service", "--config", config.to_str().unwrap()]);
-    let _ts = Running(child);
-    let addr: std::net::SocketAddr =
-        first_line(&lines, Duration::from_secs(30), "topology-service", |l| {
-            l.strip_prefix("topology_service address=")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        });
+    let (_ts, addr) = start_tls(dir, &server);
     let mut a = ClaimServiceClient::new(channel(addr, dir, &admin).await.unwrap());
     let lease = a
         .begin_update(cv1::BeginUpdateRequest {

@@ -205,6 +205,24 @@ impl ClaimService {
     fn allow<T>(&self, method: &str, req: &Request<T>, cell_id: Option<i64>) -> Result<(), Status> {
         access::authorize(&format!("{CLAIMS}{method}"), self.0.caller(req), cell_id)
     }
+
+    /// `CommitUpdate` (`commit`) or `RollbackUpdate` of `lease` by `cell_id`.
+    async fn end_lease<T>(
+        &self,
+        method: &str,
+        req: &Request<T>,
+        cell_id: i64,
+        lease: Option<&Uuid>,
+        commit: bool,
+    ) -> Result<(), Status> {
+        self.allow(method, req, Some(cell_id))?;
+        let lease = lease_uuid(lease)?;
+        self.0
+            .claims
+            .end(cell_id, lease, commit)
+            .await
+            .map_err(status)
+    }
 }
 
 /// The `Any` type URL of a `ListLeases` cursor. The cursor is opaque to clients
@@ -311,20 +329,13 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
         &self,
         req: Request<cv1::CommitUpdateRequest>,
     ) -> Result<Response<cv1::CommitUpdateResponse>, Status> {
+        let r = req.get_ref();
+        let ended = self
+            .end_lease("CommitUpdate", &req, r.cell_id, r.lease_uuid.as_ref(), true)
+            .await;
         counted(
             "CommitUpdate",
-            async {
-                let cell_id = req.get_ref().cell_id;
-                self.allow("CommitUpdate", &req, Some(cell_id))?;
-                let lease = lease_uuid(req.get_ref().lease_uuid.as_ref())?;
-                self.0
-                    .claims
-                    .end(cell_id, lease, true)
-                    .await
-                    .map_err(status)?;
-                Ok(Response::new(cv1::CommitUpdateResponse {}))
-            }
-            .await,
+            ended.map(|()| Response::new(cv1::CommitUpdateResponse {})),
         )
     }
 
@@ -332,20 +343,19 @@ impl cv1::claim_service_server::ClaimService for ClaimService {
         &self,
         req: Request<cv1::RollbackUpdateRequest>,
     ) -> Result<Response<cv1::RollbackUpdateResponse>, Status> {
+        let r = req.get_ref();
+        let ended = self
+            .end_lease(
+                "RollbackUpdate",
+                &req,
+                r.cell_id,
+                r.lease_uuid.as_ref(),
+                false,
+            )
+            .await;
         counted(
             "RollbackUpdate",
-            async {
-                let cell_id = req.get_ref().cell_id;
-                self.allow("RollbackUpdate", &req, Some(cell_id))?;
-                let lease = lease_uuid(req.get_ref().lease_uuid.as_ref())?;
-                self.0
-                    .claims
-                    .end(cell_id, lease, false)
-                    .await
-                    .map_err(status)?;
-                Ok(Response::new(cv1::RollbackUpdateResponse {}))
-            }
-            .await,
+            ended.map(|()| Response::new(cv1::RollbackUpdateResponse {})),
         )
     }
 

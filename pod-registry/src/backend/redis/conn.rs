@@ -10,10 +10,13 @@ use crate::error::{Error, Result};
 /// The slot a Cluster pipeline is confined to (`None`: standalone, anything goes).
 pub(super) type SlotGroup = Option<redis::cluster_routing::Slot>;
 
-/// A connection to either kind of deployment; cheap to clone (multiplexed).
+/// A connection to either kind of deployment; cheap to clone (multiplexed). Also
+/// the Topology Service's claims connection (`podgate-topology-service`).
 #[derive(Clone)]
-pub(super) enum Conn {
+pub enum Conn {
+    /// One server, reconnected by the manager.
     Single(ConnectionManager),
+    /// A Cluster.
     Cluster(ClusterConnection),
 }
 

@@ -26,6 +26,8 @@ use conn::{Conn, client_for};
 use keys::Keys;
 
 mod conn;
+
+pub use conn::Conn as RedisConn;
 mod gc;
 mod kas;
 mod keys;

@@ -16,10 +16,10 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use base64::Engine as _;
+use podgate_registry::RedisConn as Conn;
 use prost::Message as _;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::Script;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
 
 use super::{Error, Key, LEASES_PAGE, LeaseCursor, LeasePage, RECORDS_PAGE, RecordFilter, nanos};
@@ -35,38 +35,6 @@ pub enum Target {
     Standalone(String),
     /// A Cluster's seed nodes.
     Cluster(Vec<String>),
-}
-
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
 }
 
 /// Claims on Redis.
