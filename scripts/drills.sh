@@ -2,7 +2,7 @@
 # Fault drills (issue 15): break one part of the podgate system while a runner fleet
 # works through it, print the figures, and check the ledger.
 #
-#   ./scripts/drills.sh                 # every drill: R2 R3 R4 R5 R7 R8 R9
+#   ./scripts/drills.sh                 # every drill: R2 R3 R4 R5 R7 R8 R9 R10
 #   ./scripts/drills.sh R4 R5           # a subset
 #   ./scripts/drills.sh --smoke         # each drill for seconds (tests/drills_smoke.rs)
 #   SOAK=30m ./scripts/drills.sh R7     # the soak's length (default 2m; --soak 30m too)
@@ -56,6 +56,15 @@
 #       restarted empty while runners hold GetJob at every kas: kas stops holding
 #       (each call goes to Rails at once) and holds again once the Redis is back
 #       and the Pods write the keys again; the fleet loses nothing.
+#   R10 the Topology Service stopped under the fleet, with path-routed requests
+#       flowing (`drill path-probe`: each Pod's group and organization pages, and a
+#       namespace no cache holds): hung (SIGSTOP) for half the outage, then killed,
+#       then restarted on the same claims (in the drill's Redis). No path-routed
+#       request fails or reaches a Pod other than its namespace's (owners known
+#       keep routing past their cache time); uncached ones fall through to the
+#       default Pod within the deadline (TS_DEADLINE_MS); the token probe and the
+#       fleet see nothing; once it is back the proxy gets owners again, and a group
+#       claimed after the restart reaches its Pod at its first request.
 #   R7  soak: capacity measured beside the fleet (`podgate loadtest http` on
 #       runners/verify, 64 in flight, CAP_S s: 2xx per second; at most CAP_RATE
 #       requests a second, since the generator sends CAP_RATE * CAP_S requests in all
@@ -78,13 +87,13 @@ while [ $# -gt 0 ]; do
     --smoke) SMOKE=1 ;;
     --soak) SOAK=$2; shift ;;
     --soak=*) SOAK=${1#--soak=} ;;
-    R2|R3|R4|R5|R7|R8|R9) DRILLS+=("$1") ;;
+    R2|R3|R4|R5|R7|R8|R9|R10) DRILLS+=("$1") ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "drills.sh: unknown argument $1 (R2 R3 R4 R5 R7 R8 R9 --smoke --soak DURATION)" >&2; exit 2 ;;
+    *) echo "drills.sh: unknown argument $1 (R2 R3 R4 R5 R7 R8 R9 R10 --smoke --soak DURATION)" >&2; exit 2 ;;
   esac
   shift
 done
-[ ${#DRILLS[@]} -gt 0 ] || DRILLS=(R2 R3 R4 R5 R7 R8 R9)
+[ ${#DRILLS[@]} -gt 0 ] || DRILLS=(R2 R3 R4 R5 R7 R8 R9 R10)
 
 if [ -z "${PODGATE:-}" ]; then
   podgate_ensure_rust
@@ -451,6 +460,64 @@ drill_R9() {
   check "kas holds again" "$([ "$up_ms" != 0 ] && [ "$held_ms" != 0 ] && echo ok)" "queue Redis up at every kas: $up_ms, held again: $held_ms"
   check "no GetJob failed" "$([ "$(jq '[.job_router_by_pod[] | .errors] | add' "$D/fleet.json")" = 0 ] && echo ok)" "GetJob errors"
   ledger_check || DRILL_OK=0
+}
+
+drill_R10() {
+  system_up R10 --topology
+  fleet_start "$RUN"; probe_start; path_probe_start
+  sleep $(( RUN / 3 ))
+  local stop_ms kill_ms restart_ms back_ms=0 owner_before late
+  stop_ms=$(now_ms)
+  # Hung first (SIGSTOP: connections open, nothing answers, every call waits out
+  # the deadline), then gone (SIGKILL: calls refused).
+  kill -STOP "$TS_PID"
+  sleep $(( OUTAGE / 2 ))
+  kill_ms=$(now_ms)
+  kill -KILL "$TS_PID"; wait "$TS_PID" 2>/dev/null || true
+  sleep $(( OUTAGE - OUTAGE / 2 ))
+  restart_ms=$(now_ms)
+  owner_before=$(proxy_metric 'podgate_proxy_topology_service_calls_total{result="owner"}')
+  ts_start
+  # Routing by claims resumes: the proxy's calls are answered with owners again.
+  if wait_for 300 eval '[ "$(proxy_metric "podgate_proxy_topology_service_calls_total{result=\"owner\"}")" -gt "$owner_before" ]'; then
+    back_ms=$(now_ms)
+  fi
+  # A group Pod 3 creates once the service is back, which no cache has seen: its
+  # first request reaches Pod 3.
+  "$PODGATE" loadtest drill claim --topology-service "127.0.0.1:$TS_PORT" --pod 3 --namespace team-3-late >>"$D/claims.log" 2>&1 || true
+  late=$(curl -s --max-time 5 "http://127.0.0.1:$PROXY_PORT/team-3-late/project" | jq -r '.pod // "none"' 2>/dev/null || echo none)
+  sleep 1
+  fleet_wait; probe_stop; path_probe_stop
+  local before hung gone after tokens
+  before=$(path_probe_stats --to "$stop_ms")
+  hung=$(path_probe_stats --from "$stop_ms" --to "$kill_ms")
+  gone=$(path_probe_stats --from "$kill_ms" --to "$restart_ms")
+  after=$(path_probe_stats --from "$restart_ms")
+  tokens=$(probe_stats --from "$stop_ms" --to "$restart_ms")
+  local calls; calls=$(curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | grep -E '^podgate_proxy_(topology_service_calls|classify_cache)_total' | sed 's/^podgate_proxy_//' | tr '\n' ' ')
+  say "  path probe before the outage: $(jq -c 'map_values({requests, failed, wrong, p50_ms, p99_ms})' <<<"$before")"
+  say "  Topology Service hung (SIGSTOP) $(( (kill_ms - stop_ms) / 1000 )) s: $(jq -c 'map_values({requests, failed, wrong, p50_ms, p99_ms, max_ms})' <<<"$hung") (deadline ${TS_DEADLINE_MS} ms)"
+  say "  Topology Service gone (SIGKILL) $(( (restart_ms - kill_ms) / 1000 )) s: $(jq -c 'map_values({requests, failed, wrong, p50_ms, p99_ms, max_ms})' <<<"$gone")"
+  say "  restarted: answers with owners again after $(( back_ms > 0 ? back_ms - restart_ms : -1 )) ms; team-3-late (claimed after the restart) first reached Pod $late; after: $(jq -c 'map_values({requests, failed, wrong})' <<<"$after")"
+  say "  token probe during the outage: $(jq -c '{requests, failed, statuses}' <<<"$tokens"); fleet: $(jq -c '{jobs_done, misroutes, unexpected}' "$D/fleet.json")"
+  say "  proxy: $calls"
+  local bad_paths=0 k w
+  for w in "$before" "$hung" "$gone" "$after"; do
+    for k in route org fresh; do
+      [ "$(jq ".$k.failed" <<<"$w")" = 0 ] && [ "$(jq ".$k.wrong" <<<"$w")" = 0 ] || bad_paths=1
+    done
+  done
+  check "no path-routed request failed or misrouted" "$([ "$bad_paths" = 0 ] && echo ok)" "failures or wrong Pods in the path probe"
+  check "path requests during the outage" "$([ "$(jq '.route.requests + .fresh.requests' <<<"$hung")" -gt 0 ] && [ "$(jq '.route.requests + .fresh.requests' <<<"$gone")" -gt 0 ] && echo ok)" "no path probe requests while it was down"
+  check "the deadline was met and calls refused" "$([ "$(proxy_metric 'podgate_proxy_topology_service_calls_total{result="deadline"}')" -gt 0 ] && [ "$(proxy_metric 'podgate_proxy_topology_service_calls_total{result="error"}')" -gt 0 ] && echo ok)" "$calls"
+  # The deadline bounds what a request waits for the service (a CI machine's
+  # scheduling aside: checked on full runs only).
+  if [ "$SMOKE" = 0 ]; then
+    check "fall-through within the deadline" "$([ "$(jq '.fresh.max_ms // 0 | floor' <<<"$hung")" -le $(( TS_DEADLINE_MS + 250 )) ] && echo ok)" "slowest uncached path request while hung: $(jq .fresh.max_ms <<<"$hung") ms"
+  fi
+  check "token-routed traffic untouched" "$([ "$(jq .failed <<<"$tokens")" = 0 ] && [ "$(jq .requests <<<"$tokens")" -gt 0 ] && echo ok)" "$(jq -c .statuses <<<"$tokens")"
+  check "routing by claims resumed" "$([ "$back_ms" != 0 ] && [ "$late" = 3 ] && echo ok)" "owners again: $back_ms; team-3-late reached Pod $late"
+  ledger_check --no-failed-requests || DRILL_OK=0
 }
 
 say "drills: ${DRILLS[*]}$([ "$SMOKE" = 1 ] && echo ' (smoke)') with $PODGATE"

@@ -49,7 +49,7 @@ fn every_drill_passes_a_smoke_run() {
         status.success(),
         "drills.sh --smoke: {status}\n{out}\n{err}"
     );
-    for drill in ["R2", "R3", "R4", "R5", "R7", "R8", "R9"] {
+    for drill in ["R2", "R3", "R4", "R5", "R7", "R8", "R9", "R10"] {
         assert!(
             out.contains(&format!("== {drill} ok")),
             "{drill} did not pass:\n{out}"
@@ -59,7 +59,7 @@ fn every_drill_passes_a_smoke_run() {
         .lines()
         .filter(|l| l.trim() == "ledger check: ok")
         .count();
-    assert_eq!(ledger_ok, 7, "a ledger check per drill:\n{out}");
+    assert_eq!(ledger_ok, 8, "a ledger check per drill:\n{out}");
     assert!(out.contains("rss check: ok"), "{out}");
     assert!(out.contains("drills: all passed"), "{out}");
 }

@@ -91,20 +91,23 @@ wait_ready() { # up to 60 s: a CI machine running the test suite beside it is sl
   return 1
 }
 
-system_up() { # system_up NAME [--kas] [--job-router]: with --kas, also two kas, kube-sim
-  # and an agentk (kas_up); with --job-router, each Pod's kas with GitLab's Job Router
-  # (jr_prepare), for the fleet's JR_SHARE of runners
-  local name=$1 with_kas=0 with_jr=0 flag
+system_up() { # system_up NAME [--kas] [--job-router] [--topology]: with --kas, also two
+  # kas, kube-sim and an agentk (kas_up); with --job-router, each Pod's kas with
+  # GitLab's Job Router (jr_prepare), for the fleet's JR_SHARE of runners; with
+  # --topology, the Topology Service, each Pod's claims, and path rules at the proxy
+  # (ts_up)
+  local name=$1 with_kas=0 with_jr=0 with_ts=0 flag
   for flag in "${@:2}"; do
     case "$flag" in
       --kas) with_kas=1 ;;
       --job-router) with_jr=1 ;;
+      --topology) with_ts=1 ;;
     esac
   done
   D=$W/$name
   mkdir -p "$D"
   REDIS_PORT=$(port) PROXY_PORT=$(port) ADMIN_PORT=$(port)
-  OWNER_EXTRA=() PROXY_EXTRA="" POD_EXTRA=() JR_PID=()
+  OWNER_EXTRA=() PROXY_EXTRA="" PROXY_TABLES="" POD_EXTRA=() JR_PID=()
   # One check decides (R4 measures "within one health interval"); the soak keeps
   # the defaults, since a CPU-saturated check must not take a Pod out.
   if [ "$name" = R7 ]; then HEALTH_TIMEOUT_MS=1000 HEALTH_RISE_FALL=3; else HEALTH_TIMEOUT_MS=500 HEALTH_RISE_FALL=1; fi
@@ -120,6 +123,7 @@ system_up() { # system_up NAME [--kas] [--job-router]: with --kas, also two kas,
   redis_start
   for i in 1 2 3; do pod_start "$i"; done
   if [ "$with_jr" = 1 ]; then for i in 1 2 3; do jr_kas_start "$i"; done; fi
+  if [ "$with_ts" = 1 ]; then ts_up; fi
   spawn "$D/owner.log" "$PODGATE" loadtest drill topology-owner --redis "$REDIS_URL" \
     --queue-redis "$REDIS_URL" --pod "1=127.0.0.1:${POD_PORT[1]}" \
     --pod "2=127.0.0.1:${POD_PORT[2]}" --pod "3=127.0.0.1:${POD_PORT[3]}" "${OWNER_EXTRA[@]}"
@@ -138,6 +142,7 @@ rise = $HEALTH_RISE_FALL
 fall = $HEALTH_RISE_FALL
 [registry]
 backend = { kind = "redis", url = "$REDIS_URL" }
+$PROXY_TABLES
 EOF
   proxy_start
   wait_ready
@@ -186,6 +191,63 @@ jr_metric() {
   curl -s --max-time 2 "http://127.0.0.1:${JR_OBS[$1]}/metrics" 2>/dev/null |
     awk -v m="$2" 'index($0, m) == 1 { s += $NF } END { print s + 0 }'
 }
+
+# --- the Topology Service and path rules (R10) -----------------------------------
+# `podgate topology-service` with a Cell per Pod (its address the Pod's web
+# listener, the Pod's `cell_address` in the topology) and its claims in the drill's
+# Redis, so a restarted service still has them; each Pod claims its group
+# `team-<i>` and organization `org-<i>` as its Rails does at start. The proxy asks
+# it with a TS_DEADLINE_MS deadline and keeps an owner TS_TTL s.
+TS_DEADLINE_MS=${TS_DEADLINE_MS:-250}
+TS_TTL=${TS_TTL:-2}
+ts_up() {
+  TS_PORT=$(port)
+  {
+    echo "listen = \"127.0.0.1:$TS_PORT\""
+    echo "[claims]"
+    echo "backend = { kind = \"redis\", url = \"$REDIS_URL\" }"
+    local i
+    for i in 1 2 3; do
+      echo "[[cells]]"
+      echo "id = $i"
+      echo "address = \"127.0.0.1:${POD_PORT[$i]}\""
+      echo "session_prefix = \"cell-$i\""
+      echo "sequence_ranges = [{ minval = $(( (i - 1) * 1000000000000 + 1 )), maxval = $(( i * 1000000000000 ))}]"
+    done
+  } >"$D/ts.toml"
+  ts_start
+  for i in 1 2 3; do
+    "$PODGATE" loadtest drill claim --topology-service "127.0.0.1:$TS_PORT" --pod "$i" >>"$D/claims.log" 2>&1 ||
+      { echo "drills.sh: Pod $i's claims failed" >&2; cat "$D/claims.log" >&2; return 1; }
+  done
+  OWNER_EXTRA+=(--cell-addresses)
+  PROXY_TABLES="[topology_service]
+address = \"127.0.0.1:$TS_PORT\"
+deadline_ms = $TS_DEADLINE_MS
+cache_ttl_secs = $TS_TTL
+retry_after_ms = 500"
+}
+ts_start() {
+  local log="$D/ts.$(now_ms).log"
+  spawn "$log" "$PODGATE" topology-service --config "$D/ts.toml"
+  TS_PID=$SPAWNED
+  wait_port "$TS_PORT" "$log"
+}
+# proxy_metric PREFIX: the sum of the proxy's samples whose line starts with PREFIX.
+proxy_metric() {
+  curl -s --max-time 2 "http://127.0.0.1:$ADMIN_PORT/metrics" 2>/dev/null |
+    awk -v m="$1" 'index($0, m) == 1 { s += $NF } END { print s + 0 }'
+}
+path_probe_start() {
+  spawn "$D/paths.out" "$PODGATE" loadtest drill path-probe --target "127.0.0.1:$PROXY_PORT" \
+    --pods 3 --out "$D/paths.log"
+  PATH_PROBE_PID=$SPAWNED
+  local _
+  for _ in $(seq 1 200); do [ -s "$D/paths.log" ] && return 0; sleep 0.05; done
+  echo "drills.sh: the path probe did not start" >&2; cat "$D/paths.out" >&2; return 1
+}
+path_probe_stop() { kill -TERM "$PATH_PROBE_PID" 2>/dev/null || true; wait "$PATH_PROBE_PID" 2>/dev/null || true; }
+path_probe_stats() { "$PODGATE" loadtest drill path-probe-stats --probe-log "$D/paths.log" "$@"; }
 
 # --- kas and an agent (R2, R3) ---------------------------------------------------
 # Two kas of Pod 1 sharing the registry's Redis (short TTL: KAS_TTL), both in the

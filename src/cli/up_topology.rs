@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use anyhow::Context as _;
 use podgate_loadtest::pod_sim::{PodSim, namespace, organization};
 use podgate_registry::BackendConfig;
+use podgate_tokens::PodId;
 use podgate_topology_service::config::{CellConfig, ClaimsConfig, Config, SequenceRange};
 use podgate_topology_service::proto::gitlab::cells::topology_service::claims::v1 as cv1;
 use podgate_topology_service::server::Bound;
@@ -81,82 +82,116 @@ pub(crate) async fn start(sims: &[PodSim], redis: Option<&str>) -> anyhow::Resul
             tracing::error!(error = %e, "the topology service stopped");
         }
     });
+    let mut claims = client(addr).await?;
+    for s in sims {
+        let pod = s.state().pod();
+        claim(
+            &mut claims,
+            pod,
+            &[(namespace(pod), pod.get())],
+            Some(organization(pod)),
+        )
+        .await?;
+    }
+    Ok(addr)
+}
+
+/// A `ClaimService` client of the service at `addr` (plain HTTP/2).
+pub(crate) async fn client(
+    addr: SocketAddr,
+) -> anyhow::Result<cv1::claim_service_client::ClaimServiceClient<tonic::transport::Channel>> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
         .connect()
         .await
-        .context("connecting to the topology service")?;
-    let mut claims = cv1::claim_service_client::ClaimServiceClient::new(channel);
-    for s in sims {
-        let pod = s.state().pod();
-        let cell_id = i64::try_from(pod.get()).unwrap_or(i64::MAX);
-        let record =
-            |bucket: cv1::bucket::Type, value: String, source: cv1::source::Type| cv1::Metadata {
-                bucket: Some(cv1::Bucket {
-                    r#type: bucket as i32,
-                    value,
-                }),
-                subject: None,
-                source: Some(cv1::Source {
-                    r#type: source as i32,
-                    // Rails' encoding of an integer primary key: 8 bytes, big-endian.
-                    rails_primary_key_id: pod.get().to_be_bytes().to_vec(),
-                }),
-                user_data: None,
-                claim: None,
-            };
-        let begun = claims
-            .begin_update(cv1::BeginUpdateRequest {
-                create_records: vec![
-                    record(
-                        cv1::bucket::Type::Routes,
-                        namespace(pod),
-                        cv1::source::Type::RailsTableRoutes,
-                    ),
-                    record(
-                        cv1::bucket::Type::OrganizationPath,
-                        organization(pod),
-                        cv1::source::Type::RailsTableOrganizations,
-                    ),
-                ],
-                destroy_records: Vec::new(),
-                cell_id,
-                organization_id: cell_id,
-            })
-            .await;
-        let lease = match begun {
-            Ok(r) => r.into_inner().lease_uuid,
-            // Claimed by an earlier `podgate up` on the same Redis: if by this
-            // Pod's Cell, nothing to do.
-            Err(s) if s.code() == tonic::Code::AlreadyExists => {
-                let owner = claims
-                    .get_record(cv1::GetRecordRequest {
-                        bucket: Some(cv1::Bucket {
-                            r#type: cv1::bucket::Type::Routes as i32,
-                            value: namespace(pod),
-                        }),
-                        claim: None,
-                    })
-                    .await
-                    .with_context(|| format!("Pod {pod}'s earlier claims"))?
-                    .into_inner()
-                    .record
-                    .map(|r| r.cell_id);
-                anyhow::ensure!(
-                    owner == Some(cell_id),
-                    "Pod {pod}'s namespace {} is claimed by Cell {owner:?} in this Redis",
-                    namespace(pod)
-                );
-                continue;
-            }
-            Err(s) => return Err(s).with_context(|| format!("Pod {pod}'s claims")),
-        };
-        claims
-            .commit_update(cv1::CommitUpdateRequest {
-                cell_id,
-                lease_uuid: lease,
-            })
-            .await
-            .with_context(|| format!("committing Pod {pod}'s claims"))?;
-    }
-    Ok(addr)
+        .with_context(|| format!("connecting to the topology service at {addr}"))?;
+    Ok(cv1::claim_service_client::ClaimServiceClient::new(channel))
+}
+
+/// Claims for Pod `pod`'s Cell, in one lease, as its Rails does when it creates
+/// them: `routes` (top-level namespaces, each with its `routes` row's primary key)
+/// and `organization`, `BeginUpdate` then `CommitUpdate`. Already claimed by this
+/// Cell (an earlier run on the same Redis): nothing to do; by another: an error.
+pub(crate) async fn claim(
+    claims: &mut cv1::claim_service_client::ClaimServiceClient<tonic::transport::Channel>,
+    pod: PodId,
+    routes: &[(String, u64)],
+    organization: Option<String>,
+) -> anyhow::Result<()> {
+    let cell_id = i64::try_from(pod.get()).unwrap_or(i64::MAX);
+    let record = |bucket: cv1::bucket::Type, value: String, source: cv1::source::Type, key: u64| {
+        cv1::Metadata {
+            bucket: Some(cv1::Bucket {
+                r#type: bucket as i32,
+                value,
+            }),
+            subject: None,
+            source: Some(cv1::Source {
+                r#type: source as i32,
+                // Rails' encoding of an integer primary key: 8 bytes, big-endian.
+                rails_primary_key_id: key.to_be_bytes().to_vec(),
+            }),
+            user_data: None,
+            claim: None,
+        }
+    };
+    let mut create_records: Vec<_> = routes
+        .iter()
+        .map(|(name, key)| {
+            record(
+                cv1::bucket::Type::Routes,
+                name.clone(),
+                cv1::source::Type::RailsTableRoutes,
+                *key,
+            )
+        })
+        .collect();
+    create_records.extend(organization.map(|o| {
+        record(
+            cv1::bucket::Type::OrganizationPath,
+            o,
+            cv1::source::Type::RailsTableOrganizations,
+            pod.get(),
+        )
+    }));
+    let begun = claims
+        .begin_update(cv1::BeginUpdateRequest {
+            create_records,
+            destroy_records: Vec::new(),
+            cell_id,
+            organization_id: cell_id,
+        })
+        .await;
+    let lease = match begun {
+        Ok(r) => r.into_inner().lease_uuid,
+        Err(s) if s.code() == tonic::Code::AlreadyExists => {
+            let first = routes.first().map(|(n, _)| n.clone()).unwrap_or_default();
+            let owner = claims
+                .get_record(cv1::GetRecordRequest {
+                    bucket: Some(cv1::Bucket {
+                        r#type: cv1::bucket::Type::Routes as i32,
+                        value: first.clone(),
+                    }),
+                    claim: None,
+                })
+                .await
+                .with_context(|| format!("Pod {pod}'s earlier claims"))?
+                .into_inner()
+                .record
+                .map(|r| r.cell_id);
+            anyhow::ensure!(
+                owner == Some(cell_id),
+                "Pod {pod}'s namespace {first} is claimed by Cell {owner:?} at the topology service"
+            );
+            return Ok(());
+        }
+        Err(s) => return Err(s).with_context(|| format!("Pod {pod}'s claims")),
+    };
+    claims
+        .commit_update(cv1::CommitUpdateRequest {
+            cell_id,
+            lease_uuid: lease,
+        })
+        .await
+        .with_context(|| format!("committing Pod {pod}'s claims"))?;
+    Ok(())
 }

@@ -176,6 +176,15 @@ async fn a_topology_service_outage_fails_no_request_and_routing_resumes() {
             .then_some(())
     })
     .await;
+    // And for every request after: the stale owner stays in the cache while the
+    // service gives no answer.
+    for _ in 0..20 {
+        assert_eq!(
+            get(p, "/gitlab-org/b", "", &stubs).await.0,
+            2,
+            "stale owner"
+        );
+    }
 
     let ts = super::start_on(port);
     super::claim(&ts, 3, &[(Type::Routes, "newcomer")]).await;

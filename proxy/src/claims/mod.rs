@@ -143,6 +143,9 @@ pub enum Owner {
 struct Entry {
     owner: Option<Arc<str>>,
     expires: Instant,
+    /// An owner kept past its cache time because the service gave no answer:
+    /// served until `expires` (one `retry_after_ms`), then asked for again.
+    stale: bool,
 }
 
 /// Path rules' lookups, shared by every request.
@@ -219,9 +222,20 @@ impl PathRouter {
         // Topology Service cannot give a new one (an owner changes when a namespace
         // moves Cells, rarely; the default Pod would be wrong for every request).
         let mut stale: Option<Arc<str>> = None;
+        // Without an answer: the stale owner, kept in the cache for the requests
+        // after this one until the next call is due.
         let fallback = |stale: Option<Arc<str>>| match stale {
             Some(a) => {
                 METRICS.classify_cache.with_label_values(&["stale"]).inc();
+                let until = Instant::now() + Duration::from_millis(self.config.retry_after_ms);
+                self.cache.insert(
+                    claim.clone(),
+                    Entry {
+                        owner: Some(a.clone()),
+                        expires: until,
+                        stale: true,
+                    },
+                );
                 Owner::Cell(a)
             }
             None => Owner::Unavailable,
@@ -229,7 +243,9 @@ impl PathRouter {
         for _ in 0..2 {
             let guard = match self.cache.get_value_or_guard_async(claim).await {
                 Ok(e) if e.expires > Instant::now() => {
-                    let label = if e.owner.is_some() {
+                    let label = if e.stale {
+                        "stale"
+                    } else if e.owner.is_some() {
                         "hit"
                     } else {
                         "negative_hit"
@@ -248,6 +264,7 @@ impl PathRouter {
             METRICS.classify_cache.with_label_values(&["miss"]).inc();
             if self.now_ms() < self.quiet_until_ms.load(Ordering::Relaxed) {
                 METRICS.topology_calls.with_label_values(&["skipped"]).inc();
+                drop(guard);
                 return fallback(stale);
             }
             let deadline = Duration::from_millis(self.config.deadline_ms);
@@ -262,6 +279,7 @@ impl PathRouter {
                     METRICS.topology_calls.with_label_values(&["error"]).inc();
                     tracing::warn!(error = %e, "topology service: path rules fall through to token rules");
                     self.quiet();
+                    drop(guard);
                     return fallback(stale);
                 }
                 Err(_) => {
@@ -274,6 +292,7 @@ impl PathRouter {
                         "topology service: no answer within the deadline; path rules fall through to token rules"
                     );
                     self.quiet();
+                    drop(guard);
                     return fallback(stale);
                 }
             };
@@ -293,6 +312,7 @@ impl PathRouter {
             let _ = guard.insert(Entry {
                 owner: owner.clone(),
                 expires: Instant::now() + Duration::from_secs(ttl),
+                stale: false,
             });
             return outcome(&owner);
         }

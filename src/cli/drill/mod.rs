@@ -9,10 +9,14 @@
 //! - `topology-owner`: writes the Pod topology into Redis and writes it again when
 //!   Redis lost it, as whatever owns the topology in production would;
 //! - `rss-check`: whether each process's resident memory stayed flat over a soak;
-//! - `get-pods`: GitLab's `GetPods` for an agent on one kas, timed (`kas.rs`).
+//! - `get-pods`: GitLab's `GetPods` for an agent on one kas, timed (`kas.rs`);
+//! - `claim`, `path-probe` and `path-probe-stats`: a Pod's claims at the Topology
+//!   Service, and requests the proxy places by them, logged and figured
+//!   (`paths.rs`).
 
 mod kas;
 mod ledger;
+mod paths;
 mod probe;
 
 use std::collections::BTreeMap;
@@ -45,12 +49,21 @@ pub(crate) enum DrillCommand {
     RssCheck(RssCheckArgs),
     /// GitLab's `GetPods` for an agent on one kas, timed (one JSON line).
     GetPods(kas::GetPodsArgs),
+    /// Make a Pod's claims at the Topology Service, as its Rails does.
+    Claim(paths::ClaimArgs),
+    /// GET each Pod's group and organization pages, and a namespace never named
+    /// before, through the proxy in turn, logging `unix_ms kind want got status
+    /// micros` per request, until SIGTERM.
+    PathProbe(paths::PathProbeArgs),
+    /// Figures of a path probe's log over a time window, per kind (JSON).
+    PathProbeStats(paths::PathProbeStatsArgs),
 }
 
 pub(crate) fn run(cmd: DrillCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         DrillCommand::RssCheck(args) => rss_check(&args),
         DrillCommand::ProbeStats(args) => probe::stats(&args),
+        DrillCommand::PathProbeStats(args) => paths::stats(&args),
         cmd => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -63,7 +76,11 @@ pub(crate) fn run(cmd: DrillCommand) -> anyhow::Result<ExitCode> {
                     DrillCommand::Probe(args) => probe::run(args).await,
                     DrillCommand::TopologyOwner(args) => topology_owner(args).await,
                     DrillCommand::GetPods(args) => kas::get_pods(args).await,
-                    DrillCommand::RssCheck(_) | DrillCommand::ProbeStats(_) => unreachable!(),
+                    DrillCommand::Claim(args) => paths::claim(args).await,
+                    DrillCommand::PathProbe(args) => paths::probe(args).await,
+                    DrillCommand::RssCheck(_)
+                    | DrillCommand::ProbeStats(_)
+                    | DrillCommand::PathProbeStats(_) => unreachable!(),
                 }
             })
         }
@@ -89,6 +106,10 @@ pub(crate) struct TopologyOwnerArgs {
     /// How often to look.
     #[arg(long, default_value = "500ms", value_parser = parse_millis)]
     every: Duration,
+    /// Each Pod's Cell is known to the Topology Service by the Pod's web address
+    /// (its `cell_address`), as `podgate up` names them.
+    #[arg(long)]
+    cell_addresses: bool,
 }
 
 fn parse_pod(s: &str) -> Result<(PodId, String), String> {
@@ -133,7 +154,7 @@ async fn topology_owner(args: TopologyOwnerArgs) -> anyhow::Result<ExitCode> {
             labels: BTreeMap::new(),
             session_prefix: None,
             runner_queue_redis: args.queue_redis.clone(),
-            cell_address: None,
+            cell_address: args.cell_addresses.then(|| web.clone()),
         })
         .collect();
     let config = RegistryConfig {
