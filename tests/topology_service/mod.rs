@@ -13,6 +13,7 @@
 //!   gitlabhq/gitlab-shell): the retired field 4 and the `claims` chain, route,
 //!   username and SSH fingerprint claims, its timeout and retries;
 //! - [`router`]: the HTTP Router's REST classify and mail room's `FIRST_CELL`;
+//! - [`snapshot`]: the paths of Rails' route snapshot through the proxy;
 //! - [`proxy`]: podgate's proxy routing by path through it, as the HTTP Router
 //!   does, and falling through when it is gone.
 
@@ -20,6 +21,7 @@ mod proxy;
 mod rails;
 mod router;
 mod shell;
+mod snapshot;
 mod tls;
 mod up;
 

@@ -14,7 +14,7 @@ use podgate_topology_service::proto::gitlab::cells::topology_service::claims::v1
 
 use crate::common::{Stub, send, start_proxy};
 
-fn pods(stubs: &[&Stub]) -> String {
+pub(super) fn pods(stubs: &[&Stub]) -> String {
     let address = [
         "cell-1.example.com:443",
         "cell-2.example.com:443",

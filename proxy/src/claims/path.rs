@@ -17,8 +17,12 @@ pub enum PathClaim {
 /// (`Gitlab::PathRegex::TOP_LEVEL_ROUTES`, `lib/gitlab/path_regex.rb` in
 /// gitlabhq/gitlabhq at 03b596d47dd85b115bf605c1e27f9d044ed8a256), and the routes
 /// since added at the top level that GitLab's HTTP Router guards from its route
-/// snapshot (`config/routing/gitlab_routes.json`): `rails`, `cable`, `o`,
-/// `organizations`. `[topology_service] reserved` adds more.
+/// snapshot (`config/routing/gitlab_routes.json` in gitlabhq/gitlabhq at
+/// 0739b8bfefeec6f2a70684c5e3dbe47c82c0acbd): `rails`, `cable`, `o`,
+/// `organizations`, `sitemap`, `v2` (the dependency proxy's registry API). Every
+/// literal first segment of that snapshot is here (the table test in
+/// `tests/topology_service/snapshot.rs` checks it). `[topology_service] reserved`
+/// adds more.
 pub const RESERVED: &[&str] = &[
     "-",
     ".well-known",
@@ -63,12 +67,14 @@ pub const RESERVED: &[&str] = &[
     "s",
     "search",
     "sent_notifications",
+    "sitemap",
     "slash-command-logo.png",
     "snippets",
     "u",
     "unsubscribes",
     "uploads",
     "users",
+    "v2",
 ];
 
 /// Formats Rails serves a namespace's last path segment in (`/gitlab-org.atom`,
@@ -76,6 +82,11 @@ pub const RESERVED: &[&str] = &[
 /// claim is read from when it ends the path. Only these: a dot is legal inside a
 /// path (`/john.doe`).
 const FORMATS: &[&str] = &["json", "atom", "rss", "xml", "html", "ics", "txt", "csv"];
+
+/// Rails' routes that put a literal suffix on a username, `/:username.keys` and
+/// `/:username.gpg` (`config/routes/user.rb` in gitlabhq/gitlabhq), each with a
+/// format after it too (`/john.doe.keys.json`): the claim is the username.
+const USER_SUFFIXES: &[&str] = &["keys", "gpg"];
 
 /// The claim `path` (without its query) names, if any: `None` for `/`, a reserved
 /// first segment (case-insensitively, as Rails' guard is), or one that is not a
@@ -106,12 +117,21 @@ pub fn path_claim(path: &str, extra_reserved: &[String]) -> Option<PathClaim> {
     Some(PathClaim::Route(name))
 }
 
-/// `segment` as a namespace path, one known format suffix removed when it ends the
-/// request's path.
+/// `name` without its last `.suffix` when that is one of `suffixes`.
+fn strip<'a>(name: &'a str, suffixes: &[&str]) -> &'a str {
+    match name.rsplit_once('.') {
+        Some((rest, suffix)) if suffixes.contains(&suffix) => rest,
+        _ => name,
+    }
+}
+
+/// `segment` as a namespace path: when it ends the request's path, one known
+/// format suffix removed, then a username's `.keys` or `.gpg`.
 fn namespace(segment: &str, last: bool) -> Option<String> {
-    let name = match segment.rsplit_once('.') {
-        Some((name, format)) if last && FORMATS.contains(&format) => name,
-        _ => segment,
+    let name = if last {
+        strip(strip(segment, FORMATS), USER_SUFFIXES)
+    } else {
+        segment
     };
     let valid = !name.is_empty()
         && !name.starts_with('-')
@@ -151,6 +171,9 @@ mod tests {
             ("/john.doe", r("john.doe")),
             ("/john.doe.json", r("john.doe")),
             ("/Gitlab-Org/x", r("Gitlab-Org")),
+            ("/john.doe.keys", r("john.doe")),
+            ("/foo.gpg.json", r("foo")),
+            ("/foo.keys/x", r("foo.keys")),
         ] {
             assert_eq!(route(path), want, "{path}");
         }
@@ -179,6 +202,8 @@ mod tests {
             "/a b/c",
             "/foo.git/info/refs",
             "/robots.txt",
+            "/v2/foo/bar/dependency_proxy/containers/foo/bar/blobs/foo",
+            "/sitemap.json",
         ] {
             assert_eq!(route(path), None, "{path}");
         }
