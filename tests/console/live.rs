@@ -29,7 +29,9 @@ const STATE: &str = "JSON.stringify({ \
     vertices: podgateConsole.graph.vertices.size, \
     closes: podgateConsole.graph.closes, \
     lastClose: podgateConsole.graph.lastClose, \
-    stats: document.getElementById('graph-stats').textContent })";
+    stats: document.getElementById('graph-stats').textContent, \
+    byPath: [...document.querySelectorAll('#pods td[data-k=by_path]')] \
+      .map((td) => Number(td.textContent.replace(/,/g, ''))) })";
 
 /// The page's state; `None` before its scripts have run.
 async fn look(page: &cdp::Page<'_>) -> Option<Value> {
@@ -64,6 +66,7 @@ async fn the_console_stays_live_with_the_fleet_running() {
     })
     .await;
 
+    let first = last.clone();
     let started = tokio::time::Instant::now();
     let mut looks = tokio::time::interval_at(started + LOOK, LOOK);
     let mut reconnected = Vec::new();
@@ -100,6 +103,20 @@ async fn the_console_stays_live_with_the_fleet_running() {
         reconnected.is_empty(),
         "the graph's stream closed {} times: {reconnected:?}",
         reconnected.len()
+    );
+    // People browsing the Pods' pages (`podgate up` with its fleet): each Pod's
+    // path-routed count moved on while the page was held.
+    let by_path = |s: &Value| -> Vec<u64> {
+        s["byPath"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default()
+    };
+    let (before, after) = (by_path(&first), by_path(&last));
+    assert_eq!(after.len(), 3, "a by-path cell per Pod: {last}");
+    assert!(
+        before.len() == after.len() && before.iter().zip(&after).all(|(b, a)| a > b),
+        "path-routed requests per Pod did not grow: {before:?} then {after:?}"
     );
     let errors = page.errors();
     assert!(errors.is_empty(), "the page reported errors: {errors:#?}");

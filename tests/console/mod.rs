@@ -95,7 +95,15 @@ async fn pod_counts(addr: &str) -> (u64, u64) {
     let runner: f64 = metrics::select(&metrics::samples(&text), "podsim_requests_total")
         .filter(|s| {
             let endpoint = s.label("endpoint").unwrap();
-            let not_runner = ["health", "metrics", "control", "user"].contains(&endpoint)
+            let not_runner = [
+                "health",
+                "metrics",
+                "control",
+                "user",
+                "namespace_page",
+                "organization_page",
+            ]
+            .contains(&endpoint)
                 || ["k8s_", "ws_", "agentw_"]
                     .iter()
                     .any(|p| endpoint.starts_with(p));
@@ -238,6 +246,21 @@ async fn the_console_in_chromium_agrees_with_the_pods_and_the_cluster() {
         })
         .collect();
 
+    // Pages of each Pod's group, which carry no token: the proxy's path rules
+    // place them by the Pod's claim (`podgate up` claims `team-<id>`), a
+    // different number per Pod.
+    for id in pods.keys() {
+        for n in 0..id.parse::<u32>().unwrap() {
+            let reply = common::request(
+                listen,
+                &format!("GET /team-{id}/project/-/issues/{n} HTTP/1.1"),
+                b"",
+            )
+            .await;
+            assert_eq!(reply.status, 200, "Pod {id}'s page");
+        }
+    }
+
     let browser = cdp::Browser::launch().await;
     let page = browser.page().await;
     let opened = now_ms();
@@ -267,13 +290,20 @@ async fn the_console_in_chromium_agrees_with_the_pods_and_the_cluster() {
         })
         .await;
         assert_eq!(got.1, "0");
-        // Only runner traffic reaches Pods 2 and 3 (Pod 1 also has kas's), so
-        // the proxy routed to each exactly what it answered.
+        let pages: u64 = id.parse().unwrap();
+        let by_path = page.eval(&cell(id, "by_path")).await.unwrap();
+        assert_eq!(
+            by_path.as_str(),
+            Some(pages.to_string().as_str()),
+            "Pod {id}"
+        );
+        // Only runner traffic and its pages reach Pods 2 and 3 (Pod 1 also has
+        // kas's), so the proxy routed to each exactly what it answered.
         if id != "1" {
             let proxied = page.eval(&cell(id, "proxied")).await.unwrap();
             assert_eq!(
                 proxied.as_str().unwrap().replace(',', ""),
-                want.0,
+                (runner + pages).to_string(),
                 "Pod {id}"
             );
         }

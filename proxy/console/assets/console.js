@@ -7,13 +7,16 @@ window.podgateConsole = window.podgateConsole || {};
 
 (() => {
   // The Pod simulator's endpoints that are not runner traffic (as `podgate up`'s
-  // table counts): probes, scrapes, the control API, the current user, and
-  // GitLab's internal API for kas and agents.
-  const NOT_RUNNER = new Set(['health', 'metrics', 'control', 'user']);
+  // table counts): probes, scrapes, the control API, the current user, the pages
+  // of its namespaces, and GitLab's internal API for kas and agents.
+  const NOT_RUNNER = new Set(['health', 'metrics', 'control', 'user', 'namespace_page', 'organization_page']);
   const AGENT_PREFIXES = ['k8s_', 'ws_', 'agentw_'];
   // The proxy's outcome labels, grouped as an operator reads them.
   const ROUTED = new Set(['routable', 'session', 'pinned']);
   const TO_DEFAULT = new Set(['default', 'no_token', 'unroutable', 'invalid_to_legacy']);
+  // Forwards the path rules decided: the Cell that claimed the namespace or the
+  // organization the path names.
+  const BY_PATH = new Set(['path_route', 'path_organization']);
   const HISTORY = 120;
 
   const C = window.podgateConsole;
@@ -88,11 +91,14 @@ window.podgateConsole = window.podgateConsole || {};
     const proxy = by.get('proxy');
     const pods = new Map(); // pod id -> row
     const row = (id) => {
-      if (!pods.has(id)) pods.set(id, { id, proxied: 0, answered: null, edge: 0, inPod: null, misroutes: null });
+      if (!pods.has(id)) pods.set(id, { id, proxied: 0, byPath: 0, answered: null, edge: 0, inPod: null, misroutes: null });
       return pods.get(id);
     };
     for (const [pod, n] of group(proxy, 'podgate_proxy_requests_total', 'pod')) {
       if (pod !== '0') row(pod).proxied = n;
+    }
+    for (const [pod, n] of group(proxy, 'podgate_proxy_requests_total', 'pod', (l) => BY_PATH.has(l.outcome))) {
+      if (pod !== '0') row(pod).byPath = n;
     }
     for (const [pod, n] of group(proxy, 'podgate_proxy_edge_polls_held', 'pod')) row(pod).edge = n;
     for (const src of by.values()) {
@@ -117,6 +123,7 @@ window.podgateConsole = window.podgateConsole || {};
           cell(id),
           cell(fmtRate(r.rate), { k: 'rate' }),
           cell(fmt(r.proxied), { k: 'proxied' }),
+          cell(fmt(r.byPath), { k: 'by_path' }),
           cell(fmt(r.answered), { k: 'answered' }),
           cell(fmt(r.edge), { k: 'edge' }),
           cell(fmt(r.inPod), { k: 'in_pod' }),
@@ -141,6 +148,7 @@ window.podgateConsole = window.podgateConsole || {};
       if (l.status === '401') return '401 unauthorized';
       if (l.status === '503') return '503 unavailable';
       if (ROUTED.has(l.outcome)) return 'routed by token';
+      if (BY_PATH.has(l.outcome)) return 'routed by path';
       if (TO_DEFAULT.has(l.outcome)) return 'default Pod';
       return `other (${l.outcome})`;
     });
