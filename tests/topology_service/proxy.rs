@@ -71,9 +71,10 @@ async fn paths_reach_the_pod_that_claimed_their_namespace() {
         Stub::start(3).await,
     );
     let stubs = [&s1, &s2, &s3];
+    // The service by a DNS name, as a deployment names it.
     let config = format!(
-        "[topology_service]\naddress = \"{}\"\n{}",
-        ts.addr,
+        "[topology_service]\naddress = \"localhost:{}\"\n{}",
+        ts.addr.port(),
         pods(&stubs)
     );
     let proxy = start_proxy(&config, tempfile::tempdir().unwrap()).await;

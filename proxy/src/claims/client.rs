@@ -2,8 +2,6 @@
 //! HTTP Router calls it: the path's claim chain as proto3 JSON, the owning Cell's
 //! `proxy.address` back, `404` for a claim no Cell holds.
 
-use std::net::SocketAddr;
-
 use std::pin::Pin;
 
 use openssl::ssl::SslConnector;
@@ -19,8 +17,8 @@ pub enum Error {
     /// The service could not be reached or broke the connection.
     #[error("topology service at {addr}: {source}")]
     Io {
-        /// Its address.
-        addr: SocketAddr,
+        /// Its address, `host:port`.
+        addr: String,
         /// The cause.
         #[source]
         source: std::io::Error,
@@ -64,14 +62,18 @@ pub struct Tls {
     pub server_name: String,
 }
 
-/// Classifies `claim` at `addr` (over `tls` when given): `Ok(Some(address))` of
-/// the owning Cell, `Ok(None)` when no Cell holds it. The caller bounds the time.
+/// Classifies `claim` at `addr` (`host:port`, a DNS name resolved at each call,
+/// or an IP address; over `tls` when given): `Ok(Some(address))` of the owning
+/// Cell, `Ok(None)` when no Cell holds it. The caller bounds the time.
 pub async fn classify(
-    addr: SocketAddr,
+    addr: &str,
     tls: Option<&Tls>,
     claim: &PathClaim,
 ) -> Result<Option<String>, Error> {
-    let io = |source| Error::Io { addr, source };
+    let io = |source| Error::Io {
+        addr: addr.to_owned(),
+        source,
+    };
     let tcp = TcpStream::connect(addr).await.map_err(io)?;
     tcp.set_nodelay(true).map_err(io)?;
     match tls {
@@ -95,11 +97,14 @@ pub async fn classify(
 
 /// One request and its response on `s`.
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    addr: SocketAddr,
+    addr: &str,
     mut s: S,
     claim: &PathClaim,
 ) -> Result<Option<String>, Error> {
-    let io = |source| Error::Io { addr, source };
+    let io = |source| Error::Io {
+        addr: addr.to_owned(),
+        source,
+    };
     let body = body(claim);
     let head = format!(
         "POST /v1/classify HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\

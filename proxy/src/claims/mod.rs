@@ -17,7 +17,6 @@
 pub mod client;
 pub mod path;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -38,8 +37,9 @@ pub const BY_ORGANIZATION: &str = "path_organization";
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TopologyServiceConfig {
-    /// The Topology Service's REST listener, `host:port` (an address; HTTP).
-    pub address: SocketAddr,
+    /// The Topology Service's REST listener, `host:port`: a DNS name (resolved at
+    /// each call, so a moved service is followed) or an IP address.
+    pub address: String,
     /// Longest wait for an answer before the request falls through to the token
     /// rules, in milliseconds.
     #[serde(default = "default_deadline")]
@@ -76,7 +76,7 @@ pub struct TopologyServiceTls {
     pub cert: std::path::PathBuf,
     /// Its private key (PEM).
     pub key: std::path::PathBuf,
-    /// The name the service's certificate carries; default: `address`'s IP.
+    /// The name the service's certificate carries; default: `address`'s host.
     #[serde(default)]
     pub server_name: Option<String>,
 }
@@ -97,10 +97,23 @@ fn default_retry_after() -> u64 {
     1000
 }
 
+/// The host of `host:port` (an IPv6 address without its brackets).
+fn host(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
 impl TopologyServiceConfig {
     /// Every problem, each naming its field.
     pub fn problems(&self) -> Vec<String> {
         let mut bad = Vec::new();
+        let port = self.address.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+        if host(&self.address).is_empty() || !matches!(port, Some(Ok(p)) if p > 0) {
+            bad.push(format!(
+                "topology_service.address = {:?}: expected host:port (a DNS name or an IP address, and a port)",
+                self.address
+            ));
+        }
         if self.deadline_ms == 0 {
             bad.push("topology_service.deadline_ms: must be positive".into());
         }
@@ -189,7 +202,7 @@ impl PathRouter {
                     server_name: t
                         .server_name
                         .clone()
-                        .unwrap_or_else(|| config.address.ip().to_string()),
+                        .unwrap_or_else(|| host(&config.address).to_owned()),
                 })
             })
             .transpose()?;
@@ -270,7 +283,7 @@ impl PathRouter {
             let deadline = Duration::from_millis(self.config.deadline_ms);
             let answer = tokio::time::timeout(
                 deadline,
-                client::classify(self.config.address, self.tls.as_ref(), claim),
+                client::classify(&self.config.address, self.tls.as_ref(), claim),
             )
             .await;
             let owner = match answer {
@@ -343,4 +356,35 @@ pub fn pod_of(topology: &Topology, address: &str) -> Option<PodId> {
             })
         })
         .map(|p| p.id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(address: &str) -> TopologyServiceConfig {
+        toml::from_str(&format!("address = {address:?}")).unwrap()
+    }
+
+    #[test]
+    fn the_address_is_a_host_and_a_port() {
+        for good in [
+            "127.0.0.1:9096",
+            "topology-service.gitlab.svc:443",
+            "[::1]:9096",
+        ] {
+            assert!(config(good).problems().is_empty(), "{good}");
+        }
+        for bad in ["topology-service", "ts:0", ":9096", "ts:http", ""] {
+            let problems = config(bad).problems();
+            assert!(
+                problems
+                    .iter()
+                    .any(|p| p.starts_with("topology_service.address")),
+                "{bad}: {problems:?}"
+            );
+        }
+        assert_eq!(host("[::1]:9096"), "::1");
+        assert_eq!(host("ts.example:443"), "ts.example");
+    }
 }
