@@ -48,6 +48,7 @@ pub mod workspaces;
 
 mod answer_cache;
 mod api;
+mod http_server;
 mod internal;
 mod lifecycle;
 mod tracker;

@@ -34,7 +34,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 
-use super::BoxBody;
+use crate::http_server::{BoxBody, empty_body};
 use crate::routing::AgentRouter;
 use podgate_agent::graph::wire::{ErrorInfo, MAX_CLOSE_REASON, truncate_close_reason};
 use podgate_agent::proto::kubernetes_api::{
@@ -123,7 +123,7 @@ pub(crate) fn handle(req: http::Request<Incoming>, ctx: GraphContext) -> http::R
             Err(e) => tracing::debug!(error = %e, "graph: the upgrade failed"),
         }
     });
-    let mut resp = http::Response::new(super::empty_body());
+    let mut resp = http::Response::new(empty_body());
     *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
     h.insert(header::UPGRADE, http::HeaderValue::from_static("websocket"));

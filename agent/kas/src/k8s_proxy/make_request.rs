@@ -40,11 +40,12 @@ use hyper_util::rt::TokioIo;
 use prost::Message as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
+use super::K8sProxy;
 use super::auth::Identity;
 use super::creds::{AGENT_ID_HEADER, AGENT_ID_PARAM, CSRF_HEADER, CSRF_PARAM};
-use super::forward::{SyncBody, grpc_error};
 use super::status::ErrResp;
-use super::{BoxBody, K8sProxy};
+use super::status::grpc_error;
+use crate::http_server::{BoxBody, SyncBody, empty_body};
 use crate::routing::Routed;
 use crate::tunnel::{Frame as TunnelFrame, Meta};
 use podgate_agent::httpz::{drop_hop_by_hop, from_values, parse_query, to_values};
@@ -179,7 +180,7 @@ pub(super) async fn make_request(
                     Err(e) => tracing::debug!(error = %e, "k8s proxy: the client's upgrade failed"),
                 }
             });
-            super::empty_body()
+            empty_body()
         }
         _ => response_body(routed, is_upgrade),
     };

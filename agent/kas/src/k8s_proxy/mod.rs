@@ -30,7 +30,6 @@
 
 mod auth;
 mod creds;
-pub(crate) mod forward;
 pub(crate) mod graph_ws;
 mod make_request;
 mod status;
@@ -41,28 +40,17 @@ pub use auth::{
     RoleAccess, User, UserAccess,
 };
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt as _, Empty, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use self::status::ErrResp;
 use super::routing::AgentRouter;
-
-/// The body type of the proxy's responses.
-pub(crate) type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
-
-/// How long a client may take to send a request's headers (kas: `readHeaderTimeout`).
-const READ_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::http_server::{BoxBody, empty_body};
 
 /// The `[k8s_proxy]` listener's configuration (`kas.toml`, see [`super::config`]).
 #[derive(Clone, Debug)]
@@ -239,25 +227,10 @@ impl K8sProxy {
     }
 }
 
-/// An empty body.
-pub(crate) fn empty_body() -> BoxBody {
-    Empty::new().map_err(|e| match e {}).boxed()
-}
-
-/// A whole body.
-pub(crate) fn full(b: impl Into<Bytes>) -> BoxBody {
-    Full::new(b.into()).map_err(|e| match e {}).boxed()
-}
-
 /// A `Status` answer with `code` and `msg` (after `GitLab Agent Server: `); a 401
 /// carries `Gitlab-Unauthorized: true`.
 pub(crate) fn status_response(code: StatusCode, msg: &str) -> Response<BoxBody> {
     ErrResp::new(code, msg).into_response()
-}
-
-/// Resolves once `draining` turns true (or its sender is gone).
-async fn drain_signal(draining: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = draining.wait_for(|d| *d).await;
 }
 
 /// Serve `proxy` on `listener` until `draining` turns true; then stop accepting, let
@@ -269,74 +242,9 @@ pub async fn serve(
     proxy: Arc<K8sProxy>,
     draining: tokio::sync::watch::Receiver<bool>,
 ) {
-    let handle: Handle = Arc::new(move |req| {
+    let handle: crate::http_server::Handle = Arc::new(move |req| {
         let proxy = proxy.clone();
         Box::pin(async move { proxy.handle(req).await })
     });
-    serve_http(listener, handle, draining, "k8s proxy").await;
-}
-
-/// Answers one request of a kas HTTP/1.1 listener.
-pub(crate) type Handle = Arc<
-    dyn Fn(
-            Request<Incoming>,
-        )
-            -> std::pin::Pin<Box<dyn std::future::Future<Output = Response<BoxBody>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// [`serve`] for any `handle` (the k8s proxy's and the Workspaces server's
-/// listeners); `what` names the listener in logs.
-pub(crate) async fn serve_http(
-    listener: TcpListener,
-    handle: Handle,
-    draining: tokio::sync::watch::Receiver<bool>,
-    what: &'static str,
-) {
-    let mut conns = tokio::task::JoinSet::new();
-    let mut stop = draining.clone();
-    loop {
-        tokio::select! {
-            _ = drain_signal(&mut stop) => break,
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "{what}: accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                // Responses and upgraded streams go out as written, not held for
-                // the client's delayed ACK (Go's net/http sets TCP_NODELAY too).
-                let _ = stream.set_nodelay(true);
-                let (handle, mut drain) = (handle.clone(), draining.clone());
-                conns.spawn(async move {
-                    let service = service_fn(move |req| {
-                        let answer = handle(req);
-                        async move { Ok::<_, Infallible>(answer.await) }
-                    });
-                    let conn = http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(READ_HEADER_TIMEOUT)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .with_upgrades();
-                    tokio::pin!(conn);
-                    let draining = tokio::select! {
-                        _ = conn.as_mut() => false,
-                        _ = drain_signal(&mut drain) => true,
-                    };
-                    if draining {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = conn.await;
-                    }
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    drop(listener);
-    while conns.join_next().await.is_some() {}
+    crate::http_server::serve(listener, handle, draining, "k8s proxy").await;
 }

@@ -13,7 +13,7 @@
 use http::{HeaderValue, Response, StatusCode};
 use serde_json::json;
 
-use super::{BoxBody, full};
+use crate::http_server::{BoxBody, full};
 
 /// The header that marks kas's own 401 (`httpz.GitlabUnauthorizedHeader`).
 pub(super) const GITLAB_UNAUTHORIZED: &str = "gitlab-unauthorized";
@@ -105,6 +105,20 @@ pub(super) fn reason(code: StatusCode) -> &'static str {
         504 => "Timeout",
         _ => "",
     }
+}
+
+/// A routing or agentk error before the response header: 502, as kas answers
+/// (`handleIoError("failed to read gRPC response", err)`), with gRPC's error text.
+pub(super) fn grpc_error(status: tonic::Status) -> ErrResp {
+    ErrResp::with_cause(
+        StatusCode::BAD_GATEWAY,
+        "HTTP->gRPC: failed to read gRPC response",
+        format!(
+            "rpc error: code = {:?} desc = {}",
+            status.code(),
+            status.message()
+        ),
+    )
 }
 
 #[cfg(test)]

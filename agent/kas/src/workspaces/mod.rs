@@ -80,9 +80,9 @@ use self::refusal::Refusal;
 pub use self::request::{agent_of, workspace_name};
 use self::request::{bearer, is_upgrade, request_host};
 use super::gitlab::GitlabClient;
-use super::k8s_proxy::BoxBody;
 use super::routing::AgentRouter;
 use crate::answer_cache::AnswerCache;
+use crate::http_server::BoxBody;
 
 /// The `[workspaces]` listener's configuration (`kas.toml`, see [`super::config`]).
 #[derive(Clone, Debug)]
@@ -214,9 +214,9 @@ pub async fn serve(
     server: Arc<WorkspacesServer>,
     draining: tokio::sync::watch::Receiver<bool>,
 ) {
-    let handle: super::k8s_proxy::Handle = Arc::new(move |req| {
+    let handle: crate::http_server::Handle = Arc::new(move |req| {
         let server = server.clone();
         Box::pin(async move { server.handle(req).await })
     });
-    super::k8s_proxy::serve_http(listener, handle, draining, "workspaces").await;
+    crate::http_server::serve(listener, handle, draining, "workspaces").await;
 }

@@ -5,7 +5,7 @@ use http::header;
 use http::{HeaderValue, Response, StatusCode};
 use serde_json::json;
 
-use super::super::k8s_proxy::{BoxBody, full};
+use crate::http_server::{BoxBody, full};
 
 /// An answer kas gives itself.
 #[derive(Clone, Debug)]
