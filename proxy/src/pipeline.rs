@@ -206,9 +206,11 @@ fn fixed_outcome(action: &Action, headers: &HeaderMap, topology: &Topology) -> O
     match action {
         Action::RouteToPod(p) => decision::to_pod(topology, *p, "pinned"),
         Action::SessionPrefix => {
-            match rules::cookie(headers, "_gitlab_session")
-                .and_then(|v| topology.pod_for_session(v))
-            {
+            let forced = rules::force_cell(headers)
+                .and_then(|cell| topology.pods.values().find(|p| p.session_prefix() == cell));
+            match forced.or_else(|| {
+                rules::session_cookie(headers).and_then(|v| topology.pod_for_session(v))
+            }) {
                 Some(p) => decision::to_pod(topology, p.id, "session"),
                 None => decision::to_legacy(topology, "default"),
             }

@@ -115,6 +115,14 @@ async fn paths_reach_the_pod_that_claimed_their_namespace() {
         (3, "classify".into(), "SESSION_PREFIX".into())
     );
     assert_eq!(get(p, "/gitlab-org/x", cookie, &stubs).await, route(2));
+    // `force-cell` first (GitLab's HTTP Router's `session_prefix` rules), and the
+    // session cookie under its development name.
+    let session = (3, "classify".to_owned(), "SESSION_PREFIX".to_owned());
+    let forced = "\r\ncookie: _gitlab_session=cell-2-abcdef; force-cell=cell-3";
+    assert_eq!(get(p, "/dashboard/groups", forced, &stubs).await, session);
+    assert_eq!(get(p, "/gitlab-org/y", forced, &stubs).await, route(2));
+    let dev = "\r\ncookie: _gitlab_session_9f86d081=cell-3-abcdef";
+    assert_eq!(get(p, "/dashboard/todos", dev, &stubs).await, session);
     // A client's own router headers never reach the Pod.
     assert_eq!(
         get(

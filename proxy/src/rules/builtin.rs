@@ -131,7 +131,8 @@ const KAS_K8S_PROXY: &[&str] = &["kas-bearer"];
 /// | `kas-agent`, `kas-grpc` | agentk's gRPC (GitLab's agent wire) and WebSocket; runners' Job Router (`/gitlab.agent.job_router.rpc.JobRouter/GetJob`, or a `ws-tunnel` WebSocket to `/-/kubernetes-agent/`) | `bearer` | kas: `Authorization: Bearer <agent token>`; gitlab-runner `router/token_creds.go` (`authorization: Bearer <runner token>` on every call) and `router/client_conn_factory.go` (the WebSocket upgrade's `Authorization`) |
 /// | `api-token` | any other `/api/…` | `basic`, `header:deploy-token`, `rails-param:access_token`, `bearer`, `rails-param:bearer_token`, `rails-param:private_token`, `header:private-token`, `rails-param:job_token`, `rails-param:token`, `header:job-token` | `lib/api/api_guard.rb` `find_user_from_sources`, `lib/gitlab/auth/auth_finders.rb`; packages: `lib/api/helpers/authentication.rb` |
 /// | `kas-workspaces` (only with `[workspaces] host_suffix`, before every other rule; [`workspaces_rule`]) | any request whose host ends with the suffix → the Pod's `kas_workspaces` pool | `bearer` (the user's personal access token) | kas's Workspaces HTTP server; `charts/gitlab/charts/kas/templates/ingress-workspaces.yaml` |
-/// | `session` | anything with `_gitlab_session` | the cookie's `cell-<n>-` prefix | the Cells HTTP router |
+/// | `force-cell` | anything with a `force-cell` cookie | the cookie's `cell-<n>` (else the session cookie's) | the Cells HTTP router's `session_prefix` rules |
+/// | `session` | anything with `_gitlab_session` (or `_gitlab_session_<hex>`) | the cookie's `cell-<n>-` prefix | the Cells HTTP router |
 /// | `default` | anything else | – | the legacy Pod |
 pub fn builtin() -> Vec<Rule> {
     let mut rules = vec![
@@ -296,6 +297,19 @@ pub fn builtin() -> Vec<Rule> {
             60,
         ),
     ];
+    // GitLab's HTTP Router's `session_prefix` rules: `force-cell` first.
+    rules.push(Rule {
+        name: "force-cell".into(),
+        methods: vec![],
+        path: PathMatch::Prefix("/".into()),
+        header: None,
+        cookie: Some(super::FORCE_CELL_COOKIE.into()),
+        host_suffix: None,
+        authorization: None,
+        action: Action::SessionPrefix,
+        pool: Pool::Web,
+        read_timeout_secs: 60,
+    });
     rules.push(Rule {
         name: "session".into(),
         methods: vec![],

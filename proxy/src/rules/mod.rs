@@ -83,7 +83,8 @@ pub enum ActionKind {
     RouteByToken,
     /// Always send to `pod`.
     RouteToPod,
-    /// Route by the `_gitlab_session` cookie's `cell-<n>-` prefix.
+    /// Route by the `force-cell` cookie's cell, else the `_gitlab_session`
+    /// cookie's `cell-<n>-` prefix.
     SessionPrefix,
     /// Send to the default (legacy) Pod.
     Default,
@@ -97,8 +98,9 @@ pub enum Action {
     RouteByToken(ByToken),
     /// Always send to this Pod.
     RouteToPod(PodId),
-    /// Route by the `_gitlab_session` cookie's `cell-<n>-` prefix, else the default
-    /// Pod.
+    /// Route by the `force-cell` cookie's cell, else the `_gitlab_session` cookie's
+    /// `cell-<n>-` prefix, else the default Pod (GitLab's HTTP Router's
+    /// `session_prefix` rules, in that order).
     SessionPrefix,
     /// Send to the default (legacy) Pod.
     Default,
@@ -299,8 +301,8 @@ pub fn host_ends_with(host: &str, suffix: &str) -> bool {
         && host.as_bytes()[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
 }
 
-/// The value of cookie `name`.
-pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// The value of the first cookie whose name `name` accepts.
+fn cookie_where(headers: &HeaderMap, name: impl Fn(&str) -> bool) -> Option<&str> {
     headers
         .get_all(http::header::COOKIE)
         .iter()
@@ -308,8 +310,48 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .flat_map(|v| v.split(';'))
         .find_map(|kv| {
             let (k, v) = kv.trim().split_once('=')?;
-            (k == name).then_some(v)
+            name(k).then_some(v)
         })
+}
+
+/// The value of cookie `name`; for [`SESSION_COOKIE`], of the Rails session's
+/// cookie under either of its names ([`session_cookie`]).
+pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    if name == SESSION_COOKIE {
+        return session_cookie(headers);
+    }
+    cookie_where(headers, |k| k == name)
+}
+
+/// The Rails session's cookie.
+pub const SESSION_COOKIE: &str = "_gitlab_session";
+
+/// The Rails session cookie's value: `_gitlab_session`, or `_gitlab_session_<hex>`
+/// as Rails names it in development (`config/initializers/session_store.rb` in
+/// gitlabhq/gitlabhq); GitLab's HTTP Router's session rule matches
+/// `_gitlab_session(_[0-9a-f]+)?`.
+pub fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    cookie_where(headers, |k| {
+        k.strip_prefix(SESSION_COOKIE).is_some_and(|rest| {
+            rest.is_empty()
+                || rest.strip_prefix('_').is_some_and(|hex| {
+                    !hex.is_empty() && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                })
+        })
+    })
+}
+
+/// The `force-cell` cookie, which GitLab's HTTP Router reads before the session
+/// cookie (its `session_prefix` rules, for development and tests: value
+/// `^(?<cell_name>cell-\d+)`): the cell name it starts with.
+pub const FORCE_CELL_COOKIE: &str = "force-cell";
+
+/// The cell name (`cell-<n>`) the `force-cell` cookie starts with.
+pub fn force_cell(headers: &HeaderMap) -> Option<&str> {
+    let v = cookie(headers, FORCE_CELL_COOKIE)?;
+    let digits = v.strip_prefix("cell-")?;
+    let n = digits.bytes().take_while(u8::is_ascii_digit).count();
+    (n > 0).then(|| &v[.."cell-".len() + n])
 }
 
 /// The index of the first of `rules` matching the request whose host is `host`

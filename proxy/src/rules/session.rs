@@ -35,7 +35,7 @@ pub fn session_pod<'a>(
     kas_cookie
         .then(by_kas_cookie)
         .flatten()
-        .or_else(|| topology.pod_for_session(cookie(headers, "_gitlab_session")?))
+        .or_else(|| topology.pod_for_session(super::session_cookie(headers)?))
 }
 
 /// GitLab's cookie for kas (`Gitlab::Kas::COOKIE_KEY`).

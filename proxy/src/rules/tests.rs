@@ -83,6 +83,47 @@ fn every_runner_endpoint_has_its_rule() {
         "session"
     );
     assert_eq!(name("GET", "/dashboard", &[]), "default");
+    assert_eq!(
+        name("GET", "/dashboard", &[("cookie", "force-cell=cell-3")]),
+        "force-cell"
+    );
+    assert_eq!(
+        name(
+            "GET",
+            "/dashboard",
+            &[("cookie", "_gitlab_session_0f3a=cell-2-xyz")]
+        ),
+        "session"
+    );
+    assert_eq!(
+        name(
+            "GET",
+            "/dashboard",
+            &[("cookie", "_gitlab_session_xyz=cell-2-a")]
+        ),
+        "default"
+    );
+}
+
+#[test]
+fn the_force_cell_cookie_names_a_cell_by_its_start() {
+    let h = |c: &str| {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::COOKIE, c.parse().unwrap());
+        h
+    };
+    assert_eq!(force_cell(&h("a=b; force-cell=cell-12")), Some("cell-12"));
+    assert_eq!(force_cell(&h("force-cell=cell-2xyz")), Some("cell-2"));
+    assert_eq!(force_cell(&h("force-cell=cell-")), None);
+    assert_eq!(force_cell(&h("force-cell=Cell-2")), None);
+    assert_eq!(force_cell(&h("force-cells=cell-2")), None);
+    assert_eq!(
+        session_cookie(&h(
+            "_gitlab_session_ab12=cell-1-x; _gitlab_session=cell-2-y"
+        )),
+        Some("cell-1-x")
+    );
+    assert_eq!(session_cookie(&h("_gitlab_sessionx=cell-1-x")), None);
 }
 
 #[test]
