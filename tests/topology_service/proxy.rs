@@ -35,6 +35,15 @@ pub(super) fn pods(stubs: &[&Stub]) -> String {
     )
 }
 
+/// Pods 1 to 3, answering with their id.
+pub(super) async fn three_pods() -> [Stub; 3] {
+    [
+        Stub::start(1).await,
+        Stub::start(2).await,
+        Stub::start(3).await,
+    ]
+}
+
 /// The Pod that answered a GET of `path` (with `extra` header lines), and the
 /// router headers it saw.
 async fn get(port: u16, path: &str, extra: &str, stubs: &[&Stub]) -> (u64, String, String) {
@@ -65,12 +74,8 @@ async fn paths_reach_the_pod_that_claimed_their_namespace() {
     )
     .await;
     super::claim(&ts, 3, &[(Type::OrganizationPath, "acme")]).await;
-    let (s1, s2, s3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
-    let stubs = [&s1, &s2, &s3];
+    let pods3 = three_pods().await;
+    let stubs = [&pods3[0], &pods3[1], &pods3[2]];
     // The service by a DNS name, as a deployment names it.
     let config = format!(
         "[topology_service]\naddress = \"localhost:{}\"\n{}",
@@ -144,12 +149,8 @@ async fn a_topology_service_outage_fails_no_request_and_routing_resumes() {
     let port = free_port();
     let ts = super::start_on(port);
     super::claim(&ts, 2, &[(Type::Routes, "gitlab-org")]).await;
-    let (s1, s2, s3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
-    let stubs = [&s1, &s2, &s3];
+    let pods3 = three_pods().await;
+    let stubs = [&pods3[0], &pods3[1], &pods3[2]];
     let config = format!(
         "[topology_service]\naddress = \"{}\"\ndeadline_ms = 200\nretry_after_ms = 100\ncache_ttl_secs = 1\n{}",
         ts.addr,

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 
 use podgate_topology_service::proto::gitlab::cells::topology_service::claims::v1::bucket::Type;
 
-use crate::common::{Stub, send, start_proxy};
+use crate::common::{send, start_proxy};
 
 /// One route of the snapshot.
 struct Route {
@@ -107,12 +107,8 @@ async fn the_snapshots_paths_reach_the_cell_of_their_claim() {
             .map(|w| (Type::Routes, *w)),
     );
     super::claim(&ts, 3, &cell_3).await;
-    let (s1, s2, s3) = (
-        Stub::start(1).await,
-        Stub::start(2).await,
-        Stub::start(3).await,
-    );
-    let stubs = [&s1, &s2, &s3];
+    let pods3 = super::proxy::three_pods().await;
+    let stubs = [&pods3[0], &pods3[1], &pods3[2]];
     let config = format!(
         "[topology_service]\naddress = \"{}\"\n{}",
         ts.addr,

@@ -128,6 +128,24 @@ fn parse_millis(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// A time window of a probe log (`--from`, `--to`: Unix milliseconds).
+#[derive(Clone, Copy, Debug, Args)]
+pub(crate) struct Window {
+    /// The window's start, Unix milliseconds (times in the answer are from it).
+    #[arg(long, default_value_t = 0)]
+    from: u128,
+    /// The window's end, Unix milliseconds.
+    #[arg(long)]
+    to: Option<u128>,
+}
+
+impl Window {
+    /// Whether `t` (Unix milliseconds) is in the window.
+    fn holds(&self, t: u128) -> bool {
+        t >= self.from && self.to.is_none_or(|to| t <= to)
+    }
+}
+
 fn unix_ms() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

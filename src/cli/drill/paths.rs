@@ -172,12 +172,8 @@ pub(crate) struct PathProbeStatsArgs {
     /// The probe's log.
     #[arg(long)]
     probe_log: PathBuf,
-    /// The window's start, Unix milliseconds.
-    #[arg(long, default_value_t = 0)]
-    from: u128,
-    /// The window's end, Unix milliseconds.
-    #[arg(long)]
-    to: Option<u128>,
+    #[command(flatten)]
+    window: super::Window,
 }
 
 /// One logged request.
@@ -208,12 +204,12 @@ fn parse(text: &str) -> Vec<Line> {
 
 /// Per kind in `[from, to]`: requests, failed (status 0 or 5xx), wrong (a page
 /// answered by a Pod other than the one it must reach), and latency in ms.
-fn figures(lines: &[Line], from: u128, to: Option<u128>) -> Value {
+fn figures(lines: &[Line], window: super::Window) -> Value {
     let mut out = serde_json::Map::new();
     for kind in ["route", "org", "fresh"] {
         let window: Vec<&Line> = lines
             .iter()
-            .filter(|l| l.kind == kind && l.t >= from && to.is_none_or(|to| l.t <= to))
+            .filter(|l| l.kind == kind && window.holds(l.t))
             .collect();
         let mut micros: Vec<u64> = window.iter().map(|l| l.micros).collect();
         micros.sort_unstable();
@@ -240,7 +236,7 @@ fn figures(lines: &[Line], from: u128, to: Option<u128>) -> Value {
 pub(crate) fn stats(args: &PathProbeStatsArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.probe_log)
         .with_context(|| format!("reading {}", args.probe_log.display()))?;
-    println!("{}", figures(&parse(&text), args.from, args.to));
+    println!("{}", figures(&parse(&text), args.window));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -258,7 +254,8 @@ mod tests {
                    2200 fresh 0 0 502 2000\n\
                    3000 route 1 1 200 700\n";
         let lines = parse(log);
-        let all = figures(&lines, 0, None);
+        let w = |from, to| super::super::Window { from, to };
+        let all = figures(&lines, w(0, None));
         assert_eq!(all["route"]["requests"], 3);
         assert_eq!(all["route"]["wrong"], 1);
         assert_eq!(all["route"]["failed"], 0);
@@ -266,7 +263,7 @@ mod tests {
         assert_eq!(all["fresh"]["wrong"], 0);
         assert_eq!(all["fresh"]["max_ms"], 5000.0);
         assert_eq!(all["fresh"]["p50_ms"], 150.0);
-        let late = figures(&lines, 1500, Some(2500));
+        let late = figures(&lines, w(1500, Some(2500)));
         assert_eq!(late["route"]["requests"], 0);
         assert_eq!(late["route"]["p50_ms"], Value::Null);
         assert_eq!(late["org"]["requests"], 1);

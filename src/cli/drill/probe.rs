@@ -129,12 +129,8 @@ pub(crate) struct ProbeStatsArgs {
     /// Only this Pod (from 1, as numbered in the log).
     #[arg(long)]
     pod: Option<u32>,
-    /// The window's start, Unix milliseconds (times in the answer are from it).
-    #[arg(long, default_value_t = 0)]
-    from: u128,
-    /// The window's end, Unix milliseconds.
-    #[arg(long)]
-    to: Option<u128>,
+    #[command(flatten)]
+    window: super::Window,
 }
 
 /// One logged request.
@@ -160,10 +156,11 @@ fn parse(text: &str) -> Vec<Line> {
 }
 
 /// Figures of `lines` in `[from, to]` (times relative to `from`).
-fn figures(lines: &[Line], pod: Option<u32>, from: u128, to: Option<u128>) -> Value {
+fn figures(lines: &[Line], pod: Option<u32>, within: super::Window) -> Value {
+    let from = within.from;
     let window: Vec<&Line> = lines
         .iter()
-        .filter(|l| pod.is_none_or(|p| l.pod == p) && l.t >= from && to.is_none_or(|to| l.t <= to))
+        .filter(|l| pod.is_none_or(|p| l.pod == p) && within.holds(l.t))
         .collect();
     let failed = |l: &&&Line| l.status == 0 || l.status >= 500;
     let mut statuses: BTreeMap<String, u64> = BTreeMap::new();
@@ -187,7 +184,7 @@ fn figures(lines: &[Line], pod: Option<u32>, from: u128, to: Option<u128>) -> Va
 pub(crate) fn stats(args: &ProbeStatsArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&args.probe_log)
         .with_context(|| format!("reading {}", args.probe_log.display()))?;
-    println!("{}", figures(&parse(&text), args.pod, args.from, args.to));
+    println!("{}", figures(&parse(&text), args.pod, args.window));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -199,7 +196,8 @@ mod tests {
     fn figures_of_a_window() {
         let log = "1000 1 200 -\n1000 2 200 -\n2000 2 0 -\n2100 2 503 1\n2200 2 503 1\n3000 2 403 -\n3100 1 200 -\n";
         let lines = parse(log);
-        let f = figures(&lines, Some(2), 1500, None);
+        let w = |from, to| super::super::Window { from, to };
+        let f = figures(&lines, Some(2), w(1500, None));
         assert_eq!(f["requests"], 4);
         assert_eq!(f["failed"], 3);
         assert_eq!(f["ok"], 1);
@@ -207,7 +205,7 @@ mod tests {
         assert_eq!(f["first_503_retry_after_ms"], 600);
         assert_eq!(f["first_ok_ms"], 1500);
         assert_eq!(f["last_failure_ms"], 700);
-        let all = figures(&lines, None, 0, Some(1000));
+        let all = figures(&lines, None, w(0, Some(1000)));
         assert_eq!(all["requests"], 2);
         assert_eq!(all["failed"], 0);
     }
