@@ -240,15 +240,8 @@ impl PathRouter {
         let fallback = |stale: Option<Arc<str>>| match stale {
             Some(a) => {
                 METRICS.classify_cache.with_label_values(&["stale"]).inc();
-                let until = Instant::now() + Duration::from_millis(self.config.retry_after_ms);
-                self.cache.insert(
-                    claim.clone(),
-                    Entry {
-                        owner: Some(a.clone()),
-                        expires: until,
-                        stale: true,
-                    },
-                );
+                self.cache
+                    .insert(claim.clone(), self.stale_entry(a.clone()));
                 Owner::Cell(a)
             }
             None => Owner::Unavailable,
@@ -275,39 +268,21 @@ impl PathRouter {
                 Err(guard) => guard,
             };
             METRICS.classify_cache.with_label_values(&["miss"]).inc();
-            if self.now_ms() < self.quiet_until_ms.load(Ordering::Relaxed) {
+            let answer = if self.now_ms() < self.quiet_until_ms.load(Ordering::Relaxed) {
                 METRICS.topology_calls.with_label_values(&["skipped"]).inc();
-                drop(guard);
-                return fallback(stale);
-            }
-            let deadline = Duration::from_millis(self.config.deadline_ms);
-            let answer = tokio::time::timeout(
-                deadline,
-                client::classify(&self.config.address, self.tls.as_ref(), claim),
-            )
-            .await;
-            let owner = match answer {
-                Ok(Ok(owner)) => owner.map(Arc::<str>::from),
-                Ok(Err(e)) => {
-                    METRICS.topology_calls.with_label_values(&["error"]).inc();
-                    tracing::warn!(error = %e, "topology service: path rules fall through to token rules");
-                    self.quiet();
-                    drop(guard);
-                    return fallback(stale);
-                }
-                Err(_) => {
-                    METRICS
-                        .topology_calls
-                        .with_label_values(&["deadline"])
-                        .inc();
-                    tracing::warn!(
-                        deadline_ms = self.config.deadline_ms,
-                        "topology service: no answer within the deadline; path rules fall through to token rules"
-                    );
-                    self.quiet();
-                    drop(guard);
-                    return fallback(stale);
-                }
+                None
+            } else {
+                self.ask(claim).await
+            };
+            let Some(owner) = answer else {
+                let Some(a) = stale else {
+                    return Owner::Unavailable;
+                };
+                METRICS.classify_cache.with_label_values(&["stale"]).inc();
+                // Through the guard: the requests that waited on this call get the
+                // stale owner too.
+                let _ = guard.insert(self.stale_entry(a.clone()));
+                return Owner::Cell(a);
             };
             METRICS
                 .topology_calls
@@ -330,6 +305,47 @@ impl PathRouter {
             return outcome(&owner);
         }
         fallback(stale)
+    }
+
+    /// The cache entry of an owner kept past its cache time: served until the next
+    /// call is due (`retry_after_ms`).
+    fn stale_entry(&self, owner: Arc<str>) -> Entry {
+        Entry {
+            owner: Some(owner),
+            expires: Instant::now() + Duration::from_millis(self.config.retry_after_ms),
+            stale: true,
+        }
+    }
+
+    /// One call, bounded by the deadline: the owner (`None` inside: no Cell
+    /// claims it), or `None` when no answer came (counted, logged, and no call
+    /// for `retry_after_ms`).
+    async fn ask(&self, claim: &PathClaim) -> Option<Option<Arc<str>>> {
+        let deadline = Duration::from_millis(self.config.deadline_ms);
+        let answer = tokio::time::timeout(
+            deadline,
+            client::classify(&self.config.address, self.tls.as_ref(), claim),
+        )
+        .await;
+        match answer {
+            Ok(Ok(owner)) => return Some(owner.map(Arc::<str>::from)),
+            Ok(Err(e)) => {
+                METRICS.topology_calls.with_label_values(&["error"]).inc();
+                tracing::warn!(error = %e, "topology service: path rules fall through to token rules");
+            }
+            Err(_) => {
+                METRICS
+                    .topology_calls
+                    .with_label_values(&["deadline"])
+                    .inc();
+                tracing::warn!(
+                    deadline_ms = self.config.deadline_ms,
+                    "topology service: no answer within the deadline; path rules fall through to token rules"
+                );
+            }
+        }
+        self.quiet();
+        None
     }
 
     fn quiet(&self) {
@@ -359,32 +375,4 @@ pub fn pod_of(topology: &Topology, address: &str) -> Option<PodId> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(address: &str) -> TopologyServiceConfig {
-        toml::from_str(&format!("address = {address:?}")).unwrap()
-    }
-
-    #[test]
-    fn the_address_is_a_host_and_a_port() {
-        for good in [
-            "127.0.0.1:9096",
-            "topology-service.gitlab.svc:443",
-            "[::1]:9096",
-        ] {
-            assert!(config(good).problems().is_empty(), "{good}");
-        }
-        for bad in ["topology-service", "ts:0", ":9096", "ts:http", ""] {
-            let problems = config(bad).problems();
-            assert!(
-                problems
-                    .iter()
-                    .any(|p| p.starts_with("topology_service.address")),
-                "{bad}: {problems:?}"
-            );
-        }
-        assert_eq!(host("[::1]:9096"), "::1");
-        assert_eq!(host("ts.example:443"), "ts.example");
-    }
-}
+mod tests;
