@@ -2,7 +2,8 @@
 //! Pod's web listener, which is also the Pod's `cell_address` in the proxy's
 //! topology), served in this process on a free loopback port, and each Pod's
 //! claims made as a Cell's Rails makes them at start: its group's top-level
-//! namespace and its organization, `BeginUpdate` then `CommitUpdate`.
+//! namespace and its organization, `BeginUpdate` then `CommitUpdate` (`claim`,
+//! which `podgate loadtest drill claim` makes too).
 
 use std::net::SocketAddr;
 
