@@ -201,6 +201,17 @@ pub async fn claim(ts: &Ts, cell_id: i64, claims: &[(ts_proto::claims::v1::bucke
             ..Default::default()
         })
         .collect();
+    commit(&mut c, cell_id, create).await;
+}
+
+/// `BeginUpdate` with `create` for `cell_id`, then `CommitUpdate` of its lease, on
+/// client `c`; each must succeed.
+pub async fn commit(
+    c: &mut ts_proto::claims::v1::claim_service_client::ClaimServiceClient<Channel>,
+    cell_id: i64,
+    create: Vec<ts_proto::claims::v1::Metadata>,
+) {
+    use ts_proto::claims::v1 as cv1;
     let lease = c
         .begin_update(cv1::BeginUpdateRequest {
             create_records: create,

@@ -41,25 +41,15 @@ async fn claim_namespace(t: &super::Ts, cell_id: i64, path: &str, namespace_id: 
         }),
         ..Default::default()
     };
-    let lease = c
-        .begin_update(cv1::BeginUpdateRequest {
-            create_records: vec![
-                bucket(cv1::bucket::Type::Routes, path.into()),
-                bucket(cv1::bucket::Type::NamespaceIds, namespace_id.to_string()),
-            ],
-            cell_id,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .lease_uuid;
-    c.commit_update(cv1::CommitUpdateRequest {
+    super::commit(
+        &mut c,
         cell_id,
-        lease_uuid: lease,
-    })
-    .await
-    .unwrap();
+        vec![
+            bucket(cv1::bucket::Type::Routes, path.into()),
+            bucket(cv1::bucket::Type::NamespaceIds, namespace_id.to_string()),
+        ],
+    )
+    .await;
 }
 
 super::on_every_backend! {

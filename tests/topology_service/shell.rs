@@ -152,26 +152,16 @@ async fn by_claims(t: &super::Ts) {
     let mut c = ClaimServiceClient::new(t.channel().await);
     let fp = fingerprint(KEY);
     assert_eq!(fp.len(), 43);
-    let lease = c
-        .begin_update(cv1::BeginUpdateRequest {
-            create_records: vec![
-                metadata(cv1::bucket::Type::Routes, "gitlab-org", 1),
-                metadata(cv1::bucket::Type::SshKeyFingerprints, &fp, 2),
-                metadata(cv1::bucket::Type::Usernames, "alice", 3),
-            ],
-            cell_id: 2,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .lease_uuid;
-    c.commit_update(cv1::CommitUpdateRequest {
-        cell_id: 2,
-        lease_uuid: lease,
-    })
-    .await
-    .unwrap();
+    super::commit(
+        &mut c,
+        2,
+        vec![
+            metadata(cv1::bucket::Type::Routes, "gitlab-org", 1),
+            metadata(cv1::bucket::Type::SshKeyFingerprints, &fp, 2),
+            metadata(cv1::bucket::Type::Usernames, "alice", 3),
+        ],
+    )
+    .await;
 
     for legacy in [true, false] {
         let shell = Shell {

@@ -273,22 +273,7 @@ async fn the_proxy_asks_over_mutual_tls_with_the_routers_certificate() {
     let admin = leaf(dir, "ca", "admin", "/OU=admin/CN=ops", false);
     let (_ts, addr) = start_tls(dir, &server);
     let mut a = ClaimServiceClient::new(channel(addr, dir, &admin).await.unwrap());
-    let lease = a
-        .begin_update(cv1::BeginUpdateRequest {
-            create_records: vec![route("secure-group")],
-            cell_id: 3,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .lease_uuid;
-    a.commit_update(cv1::CommitUpdateRequest {
-        cell_id: 3,
-        lease_uuid: lease,
-    })
-    .await
-    .unwrap();
+    super::commit(&mut a, 3, vec![route("secure-group")]).await;
 
     let (s1, s3) = (
         crate::common::Stub::start(1).await,
