@@ -5,6 +5,7 @@
 //! on_invalid = "reject"            # or "legacy" during migrations
 //! keys = ["/etc/podgate/keys"]     # JWT verification keys (PEM, JWKS, HS256 files)
 //! threads = 2
+//! work_stealing = false            # true: idle threads take busy ones' tasks
 //! grace_period_secs = 5           # in-flight requests' time after SIGTERM
 //! admin_listen = "127.0.0.1:9191" # /metrics, /healthz, /readyz
 //! edge_poll_hold_secs = 50         # jobs/request held at the edge (Pods with
@@ -181,6 +182,14 @@ pub struct ProxyConfig {
     /// Worker threads.
     #[serde(default = "default_threads")]
     pub threads: usize,
+    /// How the worker threads share the work. `false` (the default): each thread
+    /// runs its own event loop over the connections it is given at accept, one
+    /// at random (pingora's no-steal runtime), as HAProxy's and NGINX's workers
+    /// do. `true`: one work-stealing runtime, where an idle thread takes tasks
+    /// from a busy one, at the price of synchronising threads on every wake-up:
+    /// about a fifth more CPU per request on `scripts/bench-proxy.sh`.
+    #[serde(default)]
+    pub work_stealing: bool,
     /// On SIGTERM (and after an upgrade's handoff) the listener closes at once; requests
     /// in flight then get this many seconds to finish before the process exits.
     #[serde(default = "default_grace")]

@@ -222,6 +222,7 @@ pub fn run(config: ProxyConfig, run_options: RunOptions) -> Result<(), Error> {
 
     let conf = ServerConf {
         threads: config.threads,
+        work_stealing: config.work_stealing,
         grace_period_seconds: Some(config.grace_period_secs),
         // After the grace period, tasks still running are dropped; this only bounds
         // how long the runtimes may take to wind down.

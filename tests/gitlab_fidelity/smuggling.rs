@@ -302,13 +302,26 @@ async fn read_one(stream: &mut TcpStream) -> u16 {
 /// A keep-alive connection whose requests go one at a time: a poll on the fast path,
 /// then a chunked one (handed to pingora-proxy, which serves that one request and
 /// gives the connection back), then a poll again, on the fast path. Each reaches
-/// its token's Pod; nothing is lost at either switch.
+/// its token's Pod; nothing is lost at either switch. The worker threads each
+/// run their own event loop (the default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_moves_from_the_fast_path_to_pingora_between_requests() {
+    moves_between_paths("").await;
+}
+
+/// The same on one work-stealing runtime (`work_stealing = true`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_moves_between_paths_on_a_work_stealing_runtime() {
+    moves_between_paths("work_stealing = true").await;
+}
+
+/// Three requests on one keep-alive connection to a proxy configured with `extra`:
+/// fast path, pingora-proxy, fast path.
+async fn moves_between_paths(extra: &str) {
     let (t2, t3) = (gitlab_token("glrt-", 2), gitlab_token("glrt-", 3));
     let stubs = three_stubs().await;
     let proxy = start_proxy(
-        &three_pods(&stubs[0], &stubs[1], &stubs[2], ""),
+        &three_pods(&stubs[0], &stubs[1], &stubs[2], extra),
         tempfile::tempdir().unwrap(),
     )
     .await;

@@ -53,6 +53,15 @@ impl FastPath {
                 }
             };
             let (mut up, reused) = checked_out;
+            if self.batch_sends {
+                // The other requests this pass of the event loop read reach this
+                // point first, and all go out together: a Pod's event loop a send
+                // finds asleep must be woken (an interrupt to its CPU), one already
+                // woken by the send before costs nothing. On the bench, NGINX as
+                // the Pod slept 0.10 times a request instead of 0.22, and the proxy
+                // spent about 8% less CPU a request (`scripts/bench-proxy.sh`).
+                tokio::task::yield_now().await;
+            }
             if let Err(e) = up.write_all(&request).await {
                 if reused {
                     fresh_for = Some(addr);

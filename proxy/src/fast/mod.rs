@@ -113,6 +113,10 @@ pub struct FastPath {
     handover: Option<Arc<Handover>>,
     /// Most connection attempts for one request: pingora-proxy's `max_retries`.
     max_attempts: usize,
+    /// Whether a request waits for the rest of its event loop pass before it goes
+    /// upstream ([`FastPath::forward`]): on a thread's own runtime, not a
+    /// work-stealing one.
+    batch_sends: bool,
 }
 
 impl FastPath {
@@ -142,6 +146,7 @@ impl FastPath {
             served: METRICS.fast_path.with_label_values(&["served"]),
             handover: settings.handover,
             max_attempts: conf.max_retries,
+            batch_sends: !conf.work_stealing,
         }
     }
 }

@@ -3,6 +3,10 @@
 //! the Pod closed has reported readable to tokio's reactor: it is dropped), and
 //! connected with pingora's connect timeout when none is idle.
 //!
+//! Each runtime keeps its own idle connections: with pingora's no-steal runtime
+//! (`work_stealing = false`), a worker thread's tasks use the connections its own
+//! reactor watches, never one whose readiness another thread's event loop reports.
+//!
 //! A request that fails on a reused connection before any byte of the response
 //! arrived is sent again on a new one, as pingora retries `ReusedOnly` errors
 //! (`pingora-core/src/protocols/http/v1/client.rs`): the Pod closed an idle
@@ -15,14 +19,15 @@ use std::task::{Context, Poll};
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+use tokio::runtime::{Handle, Id};
 
 /// Most idle connections kept per upstream address (pingora's pool default).
 const MAX_IDLE_PER_ADDR: usize = 128;
 
-/// Idle upstream connections by address.
+/// Idle upstream connections by runtime and address.
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
-    idle: Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
+    idle: Mutex<HashMap<(Id, SocketAddr), Vec<TcpStream>>>,
 }
 
 /// Why no connection could be had.
@@ -50,8 +55,9 @@ impl Pool {
     }
 
     fn take_idle(&self, addr: SocketAddr) -> Option<TcpStream> {
+        let key = (Handle::current().id(), addr);
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.get_mut(&addr)?.pop()
+        idle.get_mut(&key)?.pop()
     }
 
     /// Keep `conn`, whose response was read to its end, for the next request to
@@ -65,8 +71,9 @@ impl Pool {
         let _ = conn.try_io(Interest::READABLE, || {
             Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
         });
+        let key = (Handle::current().id(), addr);
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.entry(addr).or_default();
+        let list = idle.entry(key).or_default();
         if list.len() < MAX_IDLE_PER_ADDR {
             list.push(conn);
         }
@@ -136,13 +143,38 @@ mod tests {
         pool.idle
             .lock()
             .unwrap()
-            .entry(addr)
+            .entry((Handle::current().id(), addr))
             .or_default()
             .push(idle);
         let (conn, reused) = pool.checkout(addr).await.unwrap();
         assert!(!reused, "a closed idle connection was reused");
         drop(conn);
         assert_eq!(pool.idle_count(), 0);
+    }
+
+    /// With the no-steal runtime every worker thread runs a runtime of its own: a
+    /// connection one put back is reused by that one only.
+    #[test]
+    fn each_runtime_reuses_its_own_connections_only() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (runtime(), runtime());
+        let pool = Pool::default();
+        let listener = a.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        a.block_on(async {
+            let (conn, reused) = pool.checkout(addr).await.unwrap();
+            assert!(!reused);
+            pool.put_back(addr, conn);
+        });
+        let from_b = b.block_on(async { pool.checkout(addr).await.unwrap() });
+        assert!(!from_b.1, "runtime b reused runtime a's connection");
+        let from_a = a.block_on(async { pool.checkout(addr).await.unwrap() });
+        assert!(from_a.1, "runtime a did not reuse its own connection");
     }
 
     #[tokio::test]
