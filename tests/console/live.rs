@@ -60,9 +60,18 @@ async fn the_console_stays_live_with_the_fleet_running() {
     let browser = cdp::Browser::launch().await;
     let page = browser.page().await;
     page.navigate(&url).await;
+    // Each Pod's path-routed count, once the fleet's first path-routed request has
+    // reached the table.
+    let by_path = |s: &Value| -> Vec<u64> {
+        s["byPath"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default()
+    };
     let mut last = eventually(Duration::from_secs(60), "the page is live", || async {
         let s = look(&page).await?;
-        (s["status"] == "live" && s["graph"] == true && s["vertices"].as_u64()? > 0).then_some(s)
+        let live = s["status"] == "live" && s["graph"] == true && s["vertices"].as_u64()? > 0;
+        (live && by_path(&s).len() == 3).then_some(s)
     })
     .await;
 
@@ -106,12 +115,6 @@ async fn the_console_stays_live_with_the_fleet_running() {
     );
     // People browsing the Pods' pages (`podgate up` with its fleet): each Pod's
     // path-routed count moved on while the page was held.
-    let by_path = |s: &Value| -> Vec<u64> {
-        s["byPath"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_u64).collect())
-            .unwrap_or_default()
-    };
     let (before, after) = (by_path(&first), by_path(&last));
     assert_eq!(after.len(), 3, "a by-path cell per Pod: {last}");
     assert!(
