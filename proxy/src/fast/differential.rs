@@ -204,7 +204,7 @@ impl Differential {
 /// The router over the built-in rules and Pods 1, 2, 3, each with `pod` as its web
 /// and kas upstreams (so that no request meets a Pod without the upstream it
 /// needs: a 5xx is the proxy's own).
-async fn gate(pod: SocketAddr, classifier: Arc<Classifier>) -> PodGate {
+pub(super) async fn gate(pod: SocketAddr, classifier: Arc<Classifier>) -> PodGate {
     let pods: String = [(1, "legacy"), (2, "two"), (3, "three")]
         .iter()
         .map(|(id, name)| {

@@ -125,8 +125,7 @@ impl FastPath {
         // Allocated when the first byte arrives: a poll the Pod holds costs no buffer.
         let mut rbuf: Vec<u8> = Vec::new();
         let mut byte = [0u8; 1];
-        let timeout = tokio::time::sleep(read_timeout);
-        tokio::pin!(timeout);
+        conn.deadline.set(read_timeout);
         loop {
             tokio::select! {
                 ready = up.readable() => {
@@ -149,7 +148,7 @@ impl FastPath {
                     };
                     return Err(Attempt::Failed(e.into_down()));
                 },
-                () = &mut timeout => {
+                () = conn.deadline.passed() => {
                     return Err(Attempt::Failed(
                         Error::explain(ErrorType::ReadTimedout, "reading the Pod's response")
                             .into_up(),

@@ -33,6 +33,10 @@
 //! (h2c's preface, HTTP/1.0) leaves the connection with pingora-proxy for good.
 //! `podgate_proxy_fast_path_requests_total{result}` counts both.
 
+mod deadline;
+#[cfg(test)]
+#[path = "deadline_tests.rs"]
+mod deadline_tests;
 #[cfg(any(test, feature = "test-util"))]
 #[doc(hidden)]
 pub mod differential;
@@ -66,6 +70,7 @@ use pingora::server::configuration::ServerConf;
 use prometheus::IntCounter;
 use tokio::io::AsyncWriteExt;
 
+use self::deadline::Deadline;
 use crate::handover::Handover;
 use crate::metrics::METRICS;
 use crate::rules::Rule;
@@ -162,6 +167,9 @@ struct Conn {
     /// The server's shutdown: an answer written once it is on says
     /// `Connection: close`.
     shutdown: ShutdownWatch,
+    /// When the current wait ends: the keep-alive between requests, the Pod's
+    /// answer.
+    deadline: Deadline,
 }
 
 impl Conn {
@@ -200,6 +208,7 @@ impl ServerApp for FastPath {
             stream,
             buf: Vec::new(),
             shutdown: shutdown.clone(),
+            deadline: Deadline::new(KEEPALIVE),
         };
         let mut buffered = false;
         loop {
@@ -209,7 +218,10 @@ impl ServerApp for FastPath {
             };
             METRICS.fast_path.with_label_values(&[why.label()]).inc();
             let Conn {
-                mut stream, buf, ..
+                mut stream,
+                buf,
+                deadline,
+                ..
             } = conn;
             if !buffered {
                 // Every write was flushed and every read went into `buf`: the
@@ -244,6 +256,7 @@ impl ServerApp for FastPath {
                 stream: stream.into_any().downcast::<L4Stream>().ok()?,
                 buf: Vec::new(),
                 shutdown: shutdown.clone(),
+                deadline,
             };
         }
     }

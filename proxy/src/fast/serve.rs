@@ -84,14 +84,13 @@ impl FastPath {
                         // Idle between requests: nothing is held but the socket.
                         conn.buf = Vec::new();
                     }
+                    conn.deadline.set(KEEPALIVE);
                     tokio::select! {
                         // What the client sent, or the stream's buffer holds, first:
                         // a hand-over must leave no byte of it behind.
                         biased;
-                        read = tokio::time::timeout(
-                            KEEPALIVE,
-                            read_more(&mut conn.stream, &mut conn.buf),
-                        ) => read,
+                        read = read_more(&mut conn.stream, &mut conn.buf) => read.ok(),
+                        () = conn.deadline.passed() => None,
                         to = handover_due(handover, &mut conn.shutdown) => {
                             // Nothing of a next request has been read: the socket,
                             // and whatever the client sends on it, is the new
@@ -104,12 +103,13 @@ impl FastPath {
                         }
                     }
                 }
-                Some(d) => {
-                    tokio::time::timeout_at(d, read_more(&mut conn.stream, &mut conn.buf)).await
-                }
+                Some(d) => tokio::time::timeout_at(d, read_more(&mut conn.stream, &mut conn.buf))
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
             };
             match read {
-                Ok(Ok(n)) if n > 0 => {}
+                Some(n) if n > 0 => {}
                 // Closed, failed, or no whole head within the deadline: as pingora
                 // (patch 0002), the connection ends.
                 _ => return Ok(None),
