@@ -155,14 +155,17 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
         start..start + s.len()
     };
     let target = span(target.as_bytes());
+    // The header values share one copy of the head rather than one each.
+    let shared = bytes::Bytes::copy_from_slice(&buf[..len]);
     let mut headers = HeaderMap::with_capacity(req.headers.len());
     let mut lines = Vec::with_capacity(req.headers.len());
     let mut body_len = None;
     let mut host = false;
     for h in req.headers.iter() {
+        let value_span = span(h.value);
         let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(h.name.as_bytes()),
-            HeaderValue::from_bytes(h.value),
+            HeaderValue::from_maybe_shared(shared.slice(value_span.clone())),
         ) else {
             return Parsed::HandOff(HandOff::Head);
         };
@@ -186,7 +189,7 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
             http::header::HOST => host = true,
             _ => {}
         }
-        lines.push((span(h.name.as_bytes()), span(h.value)));
+        lines.push((span(h.name.as_bytes()), value_span));
         headers.append(name, value);
     }
     // No Host: pingora-proxy answers the 400, as for every other request.

@@ -159,16 +159,13 @@ impl PodGate {
         };
         let mut pod_buf = itoa::Buffer::new();
         let mut status_buf = itoa::Buffer::new();
-        METRICS
-            .requests
-            .with_label_values(&[
-                rule,
-                pod_buf.format(pod),
-                status_buf.format(status),
-                source_label,
-                outcome,
-            ])
-            .inc();
+        metrics::count_request([
+            rule,
+            pod_buf.format(pod),
+            status_buf.format(status),
+            source_label,
+            outcome,
+        ]);
         let elapsed = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
         if let Some(h) = ctx.rule.and_then(|i| self.histograms.get(i)) {
             h.duration[metrics::status_class_index(status)].observe(elapsed);
