@@ -95,11 +95,12 @@ async fn an_idle_connection_is_closed_at_the_keep_alive_after_its_last_answer() 
     let mut client = client(pod(true).await).await;
     let mut buf = [0u8; 4096];
     for _ in 0..2 {
-        // The next request comes 50 s after the last answer: still served.
+        // Each answered, then the paused clock moves on 50 s: the second request,
+        // 50 s after the first's answer, is still served.
         client.write_all(&runner_poll()).await.unwrap();
         let n = client.read(&mut buf).await.unwrap();
         assert!(buf[..n].starts_with(b"HTTP/1.1 200 "));
-        tokio::time::sleep(Duration::from_secs(50)).await;
+        tokio::time::advance(Duration::from_secs(50)).await;
     }
     let idle = Instant::now() - Duration::from_secs(50);
     assert_eq!(client.read(&mut buf).await.unwrap(), 0, "closed");
