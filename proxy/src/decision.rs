@@ -202,7 +202,8 @@ pub fn route_by_token(
     };
     // Every token must name the same Pod (an unroutable one names the default Pod).
     let label = |c: &Candidate| rule.sources[c.source].label(c.place);
-    let mut classes: Vec<Classification> = Vec::with_capacity(candidates.len());
+    let mut classes: smallvec::SmallVec<[Classification; 2]> =
+        smallvec::SmallVec::with_capacity(candidates.len());
     let mut first: Option<(Option<PodId>, usize)> = None;
     for (i, c) in candidates.iter().enumerate() {
         // A token sent twice (a new runner's header and body) is classified once.
@@ -248,9 +249,10 @@ pub fn route_by_token(
         }
         classes.push(class);
     }
+    let mut candidates = candidates;
     Decision {
         outcome: decide(&classes[chosen], topology, on_invalid),
-        token: Some(candidates[chosen].clone()),
+        token: Some(candidates.swap_remove(chosen)),
     }
 }
 

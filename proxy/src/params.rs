@@ -233,8 +233,8 @@ pub fn json_values(body: &[u8], name: &str, out: &mut Vec<String>) -> Result<(),
 
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut verdict = Ok(());
-            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                if key == self.name {
+            while let Some(is_name) = map.next_key_seed(KeyIs(self.name))? {
+                if is_name {
                     match map.next_value::<serde_json::Value>()? {
                         serde_json::Value::String(s) if !s.is_empty() => self.out.push(s),
                         serde_json::Value::String(_) | serde_json::Value::Null => {}
@@ -273,6 +273,29 @@ pub fn json_values(body: &[u8], name: &str, out: &mut Vec<String>) -> Result<(),
         }
         fn visit_unit<E>(self) -> Result<Self::Value, E> {
             Ok(Ok(()))
+        }
+    }
+
+    /// Whether a key is `name`, read without a copy of it (an escaped key is
+    /// compared once unescaped, as Ruby's parser reads it).
+    struct KeyIs<'a>(&'a str);
+
+    impl<'de> Visitor<'de> for KeyIs<'_> {
+        type Value = bool;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object key")
+        }
+
+        fn visit_str<E>(self, key: &str) -> Result<bool, E> {
+            Ok(key == self.0)
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
+        type Value = bool;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+            d.deserialize_str(self)
         }
     }
 

@@ -32,7 +32,7 @@ impl FastPath {
             return Err(Failed::before(Error::new_str("no routing decision")));
         };
         let added = self.gate.added(ctx, rule, pod.id);
-        let request = upstream_request(&conn.buf, head, total, &added);
+        let mut request = upstream_request(&conn.buf, head, total, &added);
         let read_timeout = Duration::from_secs(rule.read_timeout_secs);
         // After a reused connection failed before any byte: the same address again,
         // on a new connection (its slot under `max_connections_per_address` kept).
@@ -91,11 +91,14 @@ impl FastPath {
             };
             // Shutdown may have come while the Pod held the request (a long poll).
             let close = !keepalive || conn.shutting_down() || rhead.framing == Framing::Close;
+            // The request went out: its buffer takes the client's response head.
+            request.clear();
             let reusable = self
                 .relay(
                     conn,
                     &mut up,
                     rbuf,
+                    request,
                     &rhead,
                     &ctx.request_id,
                     close,
@@ -187,7 +190,8 @@ impl FastPath {
     }
 
     /// Write the response head (and what body has arrived) to the client in one
-    /// write, then relay the rest of the body. `Ok(true)`: the upstream connection
+    /// write (`out`, an empty buffer to write it in), then relay the rest of the
+    /// body. `Ok(true)`: the upstream connection
     /// ended cleanly and may be reused.
     #[allow(clippy::too_many_arguments)]
     async fn relay(
@@ -195,12 +199,13 @@ impl FastPath {
         conn: &mut Conn,
         up: &mut TcpStream,
         mut rbuf: Vec<u8>,
+        mut out: Vec<u8>,
         rhead: &ResponseHead,
         request_id: &str,
         close: bool,
         read_timeout: Duration,
     ) -> Result<bool, Failed> {
-        let mut out = Vec::with_capacity(rhead.len + 96);
+        out.reserve(rhead.len + 96);
         rhead.write_for_client(&rbuf, request_id, close, &mut out);
         let mut body = BodyEnd::new(rhead.framing);
         let (take, mut done, mut clean) = body.take(&rbuf[rhead.len..])?;
@@ -361,7 +366,8 @@ pub(super) fn upstream_request(
     total: usize,
     added: &Added<'_>,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(total + 128);
+    // The added headers (five, the request id 32 bytes) fit without a reallocation.
+    let mut out = Vec::with_capacity(total + 256);
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(&buf[head.target.clone()]);

@@ -27,10 +27,8 @@ static UPSTREAM: LazyLock<(Rule, Pod)> = LazyLock::new(|| {
 pub struct RequestHead<'a> {
     /// The method.
     pub method: http::Method,
-    /// The target's path.
-    pub path: &'a str,
-    /// The target's query.
-    pub query: Option<&'a str>,
+    /// The target, as routing reads its path and query.
+    pub uri: http::uri::PathAndQuery,
     /// The headers, as routing sees them.
     pub headers: HeaderMap,
     /// Each header line's name and value, as forwarded.
@@ -79,8 +77,7 @@ pub fn request_head(buf: &[u8]) -> Request<'_> {
                 )
             }),
             method: h.method.clone(),
-            path: h.path(buf),
-            query: h.query(buf),
+            uri: h.uri.clone(),
             lines: h
                 .lines
                 .iter()

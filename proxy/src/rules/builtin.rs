@@ -3,7 +3,7 @@
 use regex::Regex;
 
 use super::session::KAS_COOKIE;
-use super::{Action, ByToken, PathMatch, Pool, Rule};
+use super::{Action, ByToken, PathMatch, PathRegex, Pool, Rule};
 
 fn rule(
     name: &str,
@@ -73,7 +73,7 @@ impl Rule {
 }
 
 fn re(s: &str) -> PathMatch {
-    PathMatch::Regex(Regex::new(s).expect("built-in regex compiles"))
+    PathMatch::Regex(PathRegex::new(s).expect("built-in regex compiles"))
 }
 
 /// Runner endpoints: `authenticate_runner!` reads `params[:token]` only

@@ -31,19 +31,54 @@ pub enum PathMatch {
     /// The path starts with this.
     Prefix(String),
     /// The path matches this regular expression.
-    Regex(#[serde(with = "serde_regex")] Regex),
+    Regex(#[serde(with = "serde_regex")] PathRegex),
+}
+
+/// A path's regular expression, and the one path it matches when it is a literal
+/// (`^/api/v4/jobs/request$`): that is compared as a string rather than run, on
+/// every request the rule is tried for.
+#[derive(Clone, Debug)]
+pub struct PathRegex {
+    regex: Regex,
+    exact: Option<String>,
+}
+
+impl PathRegex {
+    /// `pattern` compiled, or why it does not compile.
+    pub fn new(pattern: &str) -> Result<Self, regex::Error> {
+        let regex = Regex::new(pattern)?;
+        let exact = pattern
+            .strip_prefix('^')
+            .and_then(|p| p.strip_suffix('$'))
+            .filter(|lit| regex::escape(lit) == *lit)
+            .map(str::to_owned);
+        Ok(PathRegex { regex, exact })
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        self.regex.as_str()
+    }
+
+    fn is_match(&self, path: &str) -> bool {
+        match &self.exact {
+            Some(exact) => path == exact,
+            None => self.regex.is_match(path),
+        }
+    }
 }
 
 mod serde_regex {
-    use regex::Regex;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(r: &Regex, s: S) -> Result<S::Ok, S::Error> {
+    use super::PathRegex;
+
+    pub(super) fn serialize<S: Serializer>(r: &PathRegex, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(r.as_str())
     }
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Regex, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PathRegex, D::Error> {
         let s = String::deserialize(d)?;
-        Regex::new(&s).map_err(serde::de::Error::custom)
+        PathRegex::new(&s).map_err(serde::de::Error::custom)
     }
 }
 

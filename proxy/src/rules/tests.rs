@@ -441,3 +441,49 @@ fn the_fast_path_rules_are_the_runner_and_job_endpoints() {
         ]
     );
 }
+
+#[test]
+fn a_literal_path_regex_matches_as_the_regex_does() {
+    let paths = [
+        "/api/v4/jobs/request",
+        "/api/v4/jobs/request/",
+        "/api/v4/jobs/requests",
+        "/api/v4/jobs/reques",
+        "/API/v4/jobs/request",
+        "/x/api/v4/jobs/request",
+        "/a.b",
+        "/axb",
+        "",
+    ];
+    for pattern in [
+        r"^/api/v4/jobs/request$",
+        r"^/a.b$",
+        r"^/api/v4/jobs/\d+$",
+        r"/api/v4/jobs/request",
+        r"^$",
+    ] {
+        let fast = PathRegex::new(pattern).unwrap();
+        let regex = regex::Regex::new(pattern).unwrap();
+        for path in paths {
+            assert_eq!(
+                fast.is_match(path),
+                regex.is_match(path),
+                "{pattern} on {path:?}"
+            );
+        }
+    }
+    // Only an anchored pattern without metacharacters is taken as a literal.
+    assert!(
+        PathRegex::new(r"^/api/v4/jobs/request$")
+            .unwrap()
+            .exact
+            .is_some()
+    );
+    assert!(PathRegex::new(r"^/a.b$").unwrap().exact.is_none());
+    assert!(
+        PathRegex::new(r"/api/v4/jobs/request")
+            .unwrap()
+            .exact
+            .is_none()
+    );
+}

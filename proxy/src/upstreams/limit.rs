@@ -42,7 +42,8 @@ pub(crate) struct ConnLimits {
 #[derive(Debug, Default)]
 struct Known {
     slots: HashMap<SocketAddr, Arc<Semaphore>>,
-    entries: HashMap<(PodId, SocketAddr), Arc<Entry>>,
+    /// Looked up per request: foldhash (the keys are the topology's).
+    entries: HashMap<(PodId, SocketAddr), Arc<Entry>, foldhash::fast::RandomState>,
 }
 
 /// One (Pod, address): its address's slots and the Pod's metric children, resolved

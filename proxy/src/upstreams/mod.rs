@@ -10,8 +10,8 @@
 //! - **Health** ([`crate::health`]): one shared pingora `HealthRegistry` per pool,
 //!   probed by a `HealthCheckService` (a pingora background service), so an address
 //!   several Pods list is checked once.
-//! - **Selection:** round robin over a Pod's healthy addresses (pingora's
-//!   `RoundRobin`, a `Weighted` selection with every weight 1), except in a Pod's
+//! - **Selection:** round robin over a Pod's healthy addresses (every weight is
+//!   1, `balancer::Lb::select`), except in a Pod's
 //!   kas pool: there pingora's consistent hashing (`KetamaHashing`) on the agent's
 //!   token sends every stream of one agentk (its configuration stream and all its
 //!   reverse tunnels, separate HTTP/2 streams of one connection) to the same kas,
@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use futures_util::FutureExt;
-use pingora::lb::{Backend, Backends, HealthCheckService, HealthRegistry};
+use pingora::lb::{Backends, HealthCheckService, HealthRegistry};
 use pingora::server::ShutdownWatch;
 use pingora::services::ServiceReadyNotifier;
 use podgate_registry::Topology;
@@ -88,11 +88,15 @@ impl Availability {
 /// failed check for every Pod listing the address.
 type Owners = HashMap<(Pool, SocketAddr), Vec<(String, String)>>;
 
+/// Every (Pod, pool), looked up twice per request (availability, selection):
+/// hashed with foldhash, its keys being the topology's.
+type Table = HashMap<(PodId, Pool), Arc<PodPool>, foldhash::fast::RandomState>;
+
 /// What the request path and the health checks read; written by the background
 /// service only.
 #[derive(Default)]
 struct Shared {
-    pools: ArcSwap<HashMap<(PodId, Pool), Arc<PodPool>>>,
+    pools: ArcSwap<Table>,
     owners: ArcSwap<Owners>,
     /// The label sets of `podgate_proxy_upstream_healthy` now exported.
     gauges: Mutex<HashSet<(String, &'static str, String)>>,
@@ -258,21 +262,12 @@ impl Upstreams {
         key: &[u8],
         tried: &[SocketAddr],
     ) -> Option<SocketAddr> {
-        let pools = self.shared.pools.load();
-        let p = pools.get(&(pod, pool))?;
-        let untried = |b: &Backend| inet(b).is_some_and(|a| !tried.contains(&a));
-        let all = p.lb.backends().get_backend();
-        // Round robin's fallback order is shared with concurrent requests, so the
-        // iterator may skip an address: bound it, then look through the set.
-        p.lb.select_with(key, 4 * all.len() + 4, |b, ready| ready && untried(b))
-            .or_else(|| {
-                all.iter()
-                    .find(|b| untried(b) && p.lb.backends().ready(b))
-                    .cloned()
-            })
-            .or_else(|| all.iter().find(|b| untried(b)).cloned())
-            .as_ref()
-            .and_then(inet)
+        self.shared
+            .pools
+            .load()
+            .get(&(pod, pool))?
+            .lb
+            .select(key, tried)
     }
 
     /// A slot among the requests in flight to `addr` of `pod`'s `pool`, once it
@@ -307,7 +302,7 @@ impl Upstreams {
     /// published; names are resolved before this returns.
     pub async fn apply(&self, topology: &Topology) {
         let old = self.shared.pools.load_full();
-        let mut pools = HashMap::new();
+        let mut pools = Table::default();
         let mut pending = Vec::new();
         for pod in topology.pods.values() {
             for (pool, list) in [
