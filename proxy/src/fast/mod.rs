@@ -204,6 +204,9 @@ impl ServerApp for FastPath {
         let mut stream = stream.into_any().downcast::<L4Stream>().ok()?;
         // Nothing has been read or written yet: no buffered byte is lost.
         stream.set_buffer(L4BufferSettings::unbuffered());
+        // Nothing here asks how long its reads and writes were pending: no clock
+        // reads for it (vendor patch 0011).
+        stream.set_pending_time_tracking(false);
         let mut conn = Conn {
             stream,
             buf: Vec::new(),
@@ -230,6 +233,8 @@ impl ServerApp for FastPath {
                 stream.set_buffer(self.buffers);
                 buffered = true;
             }
+            // pingora-proxy's timing digest is pingora's again.
+            stream.set_pending_time_tracking(true);
             stream.rewind(&buf);
             drop(buf);
             if why.for_good() {
@@ -252,8 +257,10 @@ impl ServerApp for FastPath {
                 .process_new_http(session, shutdown)
                 .await?
                 .consume();
+            let mut stream = stream.into_any().downcast::<L4Stream>().ok()?;
+            stream.set_pending_time_tracking(false);
             conn = Conn {
-                stream: stream.into_any().downcast::<L4Stream>().ok()?,
+                stream,
                 buf: Vec::new(),
                 shutdown: shutdown.clone(),
                 deadline,

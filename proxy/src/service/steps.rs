@@ -17,12 +17,15 @@ use crate::metrics::{self, METRICS};
 use crate::pipeline::{self, BodyRead, Plan};
 use crate::request_id::sane_request_id;
 
+/// `X-Request-Id`, named once (a `&str` key is parsed on every lookup).
+const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
 /// What both paths share: the steps of a request that do not depend on how it was
 /// read or is written.
 impl PodGate {
     /// `X-Request-Id`: the client's if it sent a sane one, else a new one.
     pub(crate) fn request_id(&self, headers: &http::HeaderMap) -> String {
-        match headers.get("x-request-id") {
+        match headers.get(X_REQUEST_ID) {
             Some(v) if sane_request_id(v.as_bytes()) => {
                 String::from_utf8_lossy(v.as_bytes()).into_owned()
             }

@@ -623,6 +623,17 @@ impl Stream {
         }
     }
 
+    /// Stop (`false`) or resume (`true`) timing how long reads and writes stay
+    /// pending ([`GetTimingDigest::get_read_pending_time`] and
+    /// [`GetTimingDigest::get_write_pending_time`]). On by default. Each pending
+    /// poll and each completion after one reads the clock: an application serving
+    /// the connection itself, which never asks for these durations, saves those
+    /// clock reads. While stopped, the totals stay as they were.
+    pub fn set_pending_time_tracking(&mut self, on: bool) {
+        self.read_pending_time.set_paused(!on);
+        self.write_pending_time.set_paused(!on);
+    }
+
     /// Set the read and write buffer sizes
     /// It is only set later because of the malloc overhead in critical accept() path
     ///
@@ -927,6 +938,7 @@ impl AsyncWrite for Stream {
 struct AccumulatedDuration {
     total: Duration,
     last_start: Option<Instant>,
+    paused: bool,
 }
 
 impl AccumulatedDuration {
@@ -934,12 +946,20 @@ impl AccumulatedDuration {
         AccumulatedDuration {
             total: Duration::ZERO,
             last_start: None,
+            paused: false,
         }
     }
 
     fn start(&mut self) {
-        if self.last_start.is_none() {
+        if self.last_start.is_none() && !self.paused {
             self.last_start = Some(Instant::now());
+        }
+    }
+
+    fn set_paused(&mut self, paused: bool) {
+        self.paused = paused;
+        if paused {
+            self.last_start = None;
         }
     }
 
@@ -1038,6 +1058,35 @@ mod tests {
         let n = stream.read(buffer.as_mut_slice()).await.unwrap();
         assert_eq!(n, message.len());
         assert!(stream.rx_ts.is_none());
+    }
+
+    #[tokio::test]
+    async fn test_pending_time_tracking_off() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let notify = Arc::new(Notify::new());
+        let notify2 = notify.clone();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            for _ in 0..2 {
+                notify2.notified().await;
+                stream.write_all(b"x").await.unwrap();
+            }
+        });
+        let mut stream: Stream = TcpStream::connect(addr).await.unwrap().into();
+        let mut buf = [0u8; 1];
+
+        // Off: a read left pending until the peer writes is not timed.
+        stream.set_pending_time_tracking(false);
+        let (n, ()) = tokio::join!(stream.read(&mut buf), async { notify.notify_one() });
+        assert_eq!(n.unwrap(), 1);
+        assert_eq!(stream.get_read_pending_time(), Duration::ZERO);
+
+        // On again: the same wait is.
+        stream.set_pending_time_tracking(true);
+        let (n, ()) = tokio::join!(stream.read(&mut buf), async { notify.notify_one() });
+        assert_eq!(n.unwrap(), 1);
+        assert!(stream.get_read_pending_time() > Duration::ZERO);
     }
 
     #[tokio::test]
