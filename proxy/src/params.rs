@@ -28,6 +28,10 @@ use std::borrow::Cow;
 
 use thiserror::Error;
 
+mod json;
+
+pub use json::json_values;
+
 /// Why a request's parameters cannot be read as GitLab would. Not transient: the
 /// client must fix its request (the proxy answers 400).
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
@@ -209,112 +213,6 @@ fn unescape(b: &[u8]) -> Option<Cow<'_, str>> {
         .collect();
     let decoded: Vec<u8> = percent_encoding::percent_decode(&spaced).collect();
     Some(Cow::Owned(String::from_utf8_lossy(&decoded).into_owned()))
-}
-
-/// Every value of top-level key `name` of a JSON object body, in order (a key
-/// repeated in the object counts each time; Ruby's parser keeps the last). A string
-/// is taken as it is, a number as its text (Grape coerces it); `null` is absent; an
-/// array, object or boolean is not a string. A body that is JSON but not an object
-/// has no parameters (Grape merges only hashes).
-pub fn json_values(body: &[u8], name: &str, out: &mut Vec<String>) -> Result<(), Malformed> {
-    use serde::de::{DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, Visitor};
-
-    struct Collect<'a> {
-        name: &'a str,
-        out: &'a mut Vec<String>,
-    }
-
-    impl<'de> Visitor<'de> for Collect<'_> {
-        type Value = Result<(), Malformed>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a JSON value")
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut verdict = Ok(());
-            while let Some(is_name) = map.next_key_seed(KeyIs(self.name))? {
-                if is_name {
-                    match map.next_value::<serde_json::Value>()? {
-                        serde_json::Value::String(s) if !s.is_empty() => self.out.push(s),
-                        serde_json::Value::String(_) | serde_json::Value::Null => {}
-                        serde_json::Value::Number(n) => self.out.push(n.to_string()),
-                        _ => verdict = Err(Malformed::NotAString(self.name.to_owned())),
-                    }
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(verdict)
-        }
-
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut seq: A,
-        ) -> Result<Self::Value, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok(Ok(()))
-        }
-
-        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-            Ok(Ok(()))
-        }
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok(Ok(()))
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok(Ok(()))
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok(Ok(()))
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok(Ok(()))
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(Ok(()))
-        }
-    }
-
-    /// Whether a key is `name`, read without a copy of it (an escaped key is
-    /// compared once unescaped, as Ruby's parser reads it).
-    struct KeyIs<'a>(&'a str);
-
-    impl<'de> Visitor<'de> for KeyIs<'_> {
-        type Value = bool;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an object key")
-        }
-
-        fn visit_str<E>(self, key: &str) -> Result<bool, E> {
-            Ok(key == self.0)
-        }
-    }
-
-    impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
-        type Value = bool;
-        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-            d.deserialize_str(self)
-        }
-    }
-
-    impl<'de> DeserializeSeed<'de> for Collect<'_> {
-        type Value = Result<(), Malformed>;
-        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_any(self)
-        }
-    }
-
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(());
-    }
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let verdict = (&mut de)
-        .deserialize_any(Collect { name, out })
-        .map_err(|_| Malformed::Json)?;
-    de.end().map_err(|_| Malformed::Json)?;
-    verdict
 }
 
 /// How far a multipart scan got.
