@@ -3,12 +3,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use pingora::lb::selection::{Consistent, RoundRobin};
 use pingora::lb::{Backend, Backends, Extensions, LoadBalancer};
 use podgate_tokens::PodId;
 
+use super::Availability;
 use super::discovery::NameDiscovery;
 use crate::rules::Pool;
 
@@ -18,6 +19,9 @@ pub(super) struct PodPool {
     pub(super) pool: Pool,
     pub(super) discovery: Arc<NameDiscovery>,
     pub(super) lb: Lb,
+    /// [`Availability`] as last published ([`PodPool::publish_availability`]),
+    /// read by every request rather than asking each address's health.
+    pub(super) availability: AtomicU8,
 }
 
 /// A pool's load balancer: round robin, or consistent hashing on the request's key
@@ -106,6 +110,50 @@ pub(super) fn inet(b: &Backend) -> Option<SocketAddr> {
 }
 
 impl PodPool {
+    /// A pool with nothing published yet: no address.
+    pub(super) fn new(pod: PodId, pool: Pool, discovery: Arc<NameDiscovery>, lb: Lb) -> Self {
+        PodPool {
+            pod,
+            pool,
+            discovery,
+            lb,
+            availability: AtomicU8::new(Availability::Unresolved as u8),
+        }
+    }
+
+    /// Run discovery, then publish the availability it leads to.
+    pub(super) async fn update(&self) -> pingora::Result<()> {
+        let updated = self.lb.update().await;
+        self.publish_availability();
+        updated
+    }
+
+    /// Whether the pool can take a request, as last published.
+    pub(super) fn availability(&self) -> Availability {
+        match self.availability.load(Ordering::Acquire) {
+            a if a == Availability::Ready as u8 => Availability::Ready,
+            a if a == Availability::NoHealthy as u8 => Availability::NoHealthy,
+            _ => Availability::Unresolved,
+        }
+    }
+
+    /// Work out whether the pool can take a request from its addresses and their
+    /// health now, for [`PodPool::availability`]. Called after every change of
+    /// either: a new table or addresses, a health check that flipped (pingora
+    /// records the new health before it reports the flip).
+    pub(super) fn publish_availability(&self) {
+        let backends = self.lb.backends();
+        let all = backends.get_backend();
+        let now = if all.is_empty() {
+            Availability::Unresolved
+        } else if all.iter().any(|b| backends.ready(b)) {
+            Availability::Ready
+        } else {
+            Availability::NoHealthy
+        };
+        self.availability.store(now as u8, Ordering::Release);
+    }
+
     pub(super) fn ready(&self, addr: SocketAddr) -> bool {
         self.lb.backends().ready(&backend(addr))
     }

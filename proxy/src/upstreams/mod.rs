@@ -111,6 +111,7 @@ impl Shared {
         let mut gauges = self.gauges.lock().unwrap_or_else(|e| e.into_inner());
         let mut current = HashSet::new();
         for p in pools.values() {
+            p.publish_availability();
             let pod = p.pod.to_string();
             let pool = pool_name(p.pool);
             for upstream in p.discovery.upstreams() {
@@ -234,19 +235,12 @@ impl Upstreams {
         .collect()
     }
 
-    /// Whether `pod`'s `pool` can take a request now.
+    /// Whether `pod`'s `pool` can take a request now: as of the last change of
+    /// the table, of an address or of a health check (each publishes it).
     pub fn availability(&self, pod: PodId, pool: Pool) -> Availability {
-        let pools = self.shared.pools.load();
-        let Some(p) = pools.get(&(pod, pool)) else {
-            return Availability::NoUpstream;
-        };
-        let backends = p.lb.backends().get_backend();
-        if backends.is_empty() {
-            Availability::Unresolved
-        } else if backends.iter().any(|b| p.lb.backends().ready(b)) {
-            Availability::Ready
-        } else {
-            Availability::NoHealthy
+        match self.shared.pools.load().get(&(pod, pool)) {
+            Some(p) => p.availability(),
+            None => Availability::NoUpstream,
         }
     }
 
@@ -340,14 +334,14 @@ impl Upstreams {
                     Box::new(Discovery(discovery.clone())),
                     registry.clone(),
                 );
-                let p = Arc::new(PodPool {
-                    pod: pod.id,
+                let p = Arc::new(PodPool::new(
+                    pod.id,
                     pool,
                     discovery,
-                    lb: Lb::new(pool, backends),
-                });
+                    Lb::new(pool, backends),
+                ));
                 // Literals only: discovery completes without waiting.
-                if p.lb.update().now_or_never().is_none() {
+                if p.update().now_or_never().is_none() {
                     pending.push(p.clone());
                 }
                 pools.insert(key, p);
@@ -356,7 +350,7 @@ impl Upstreams {
         self.shared.pools.store(Arc::new(pools));
         self.shared.publish();
         if !pending.is_empty() {
-            futures_util::future::join_all(pending.iter().map(|p| p.lb.update())).await;
+            futures_util::future::join_all(pending.iter().map(|p| p.update())).await;
             self.shared.publish();
         }
     }
@@ -364,7 +358,7 @@ impl Upstreams {
     /// Resolve every name again (all Pods concurrently).
     pub async fn resolve_all(&self) {
         let pools = self.shared.pools.load_full();
-        futures_util::future::join_all(pools.values().map(|p| p.lb.update())).await;
+        futures_util::future::join_all(pools.values().map(|p| p.update())).await;
         self.shared.publish();
     }
 
