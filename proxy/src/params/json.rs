@@ -136,37 +136,22 @@ fn scan(body: &[u8], name: &[u8], out: &mut Vec<String>) -> Option<()> {
     let mut s = Scan { b: body, i: 0 };
     s.ws();
     s.expect(b'{')?;
-    s.ws();
-    if s.peek()? == b'}' {
-        s.i += 1;
-    } else {
-        loop {
-            let key = s.string()?;
-            s.ws();
-            s.expect(b':')?;
-            s.ws();
-            if key == name {
-                match s.peek()? {
-                    b'"' => {
-                        let value = s.string()?;
-                        if !value.is_empty() {
-                            out.push(std::str::from_utf8(value).ok()?.to_owned());
-                        }
-                    }
-                    b'n' => s.literal(b"null")?,
-                    _ => return None,
-                }
-            } else {
-                s.value(0)?;
-            }
-            s.ws();
-            match s.next()? {
-                b',' => s.ws(),
-                b'}' => break,
-                _ => return None,
-            }
+    s.items(b'}', |s| {
+        if s.key()? != name {
+            return s.value(0);
         }
-    }
+        match s.peek()? {
+            b'"' => {
+                let value = s.string()?;
+                if !value.is_empty() {
+                    out.push(std::str::from_utf8(value).ok()?.to_owned());
+                }
+                Some(())
+            }
+            b'n' => s.literal(b"null"),
+            _ => None,
+        }
+    })?;
     s.ws();
     (s.i == body.len()).then_some(())
 }
@@ -262,41 +247,14 @@ impl<'a> Scan<'a> {
             b'"' => self.string().map(drop),
             b'{' => {
                 self.i += 1;
-                self.ws();
-                if self.peek()? == b'}' {
-                    self.i += 1;
-                    return Some(());
-                }
-                loop {
-                    self.string()?;
-                    self.ws();
-                    self.expect(b':')?;
-                    self.ws();
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.next()? {
-                        b',' => self.ws(),
-                        b'}' => return Some(()),
-                        _ => return None,
-                    }
-                }
+                self.items(b'}', |s| {
+                    s.key()?;
+                    s.value(depth + 1)
+                })
             }
             b'[' => {
                 self.i += 1;
-                self.ws();
-                if self.peek()? == b']' {
-                    self.i += 1;
-                    return Some(());
-                }
-                loop {
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.next()? {
-                        b',' => self.ws(),
-                        b']' => return Some(()),
-                        _ => return None,
-                    }
-                }
+                self.items(b']', |s| s.value(depth + 1))
             }
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
@@ -304,6 +262,34 @@ impl<'a> Scan<'a> {
             b'-' | b'0'..=b'9' => self.number(),
             _ => None,
         }
+    }
+
+    /// The items of an object or an array, its opening byte read, up to its
+    /// `close`: each read by `item`, the separators and whitespace here.
+    fn items(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.ws();
+        if self.peek()? == close {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            self.ws();
+            match self.next()? {
+                b',' => self.ws(),
+                c if c == close => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    /// An object member's key and the colon after it: the key.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        let key = self.string()?;
+        self.ws();
+        self.expect(b':')?;
+        self.ws();
+        Some(key)
     }
 }
 
