@@ -191,8 +191,7 @@ impl FastPath {
 
     /// Write the response head (and what body has arrived) to the client in one
     /// write (`out`, an empty buffer to write it in), then relay the rest of the
-    /// body. `Ok(true)`: the upstream connection
-    /// ended cleanly and may be reused.
+    /// body. `Ok(true)`: the upstream connection ended cleanly and may be reused.
     #[allow(clippy::too_many_arguments)]
     async fn relay(
         &self,

@@ -11,14 +11,16 @@
 //!   probed by a `HealthCheckService` (a pingora background service), so an address
 //!   several Pods list is checked once.
 //! - **Selection:** round robin over a Pod's healthy addresses (every weight is
-//!   1, `balancer::Lb::select`), except in a Pod's
-//!   kas pool: there pingora's consistent hashing (`KetamaHashing`) on the agent's
-//!   token sends every stream of one agentk (its configuration stream and all its
-//!   reverse tunnels, separate HTTP/2 streams of one connection) to the same kas,
-//!   which routes calls to the tunnels of the connections registered to it; a round
-//!   robin would scatter the tunnels over kas instances that do not hold the
-//!   agent's connection. A retry after a connect failure takes another address of
-//!   the **same** Pod; no path leads to another Pod's upstreams.
+//!   1, `balancer::Lb::select`), except in a Pod's kas pool: there pingora's
+//!   consistent hashing (`KetamaHashing`) on the agent's token sends every stream
+//!   of one agentk (its configuration stream and all its reverse tunnels, separate
+//!   HTTP/2 streams of one connection) to the same kas, which routes calls to the
+//!   tunnels of the connections registered to it; a round robin would scatter the
+//!   tunnels over kas instances that do not hold the agent's connection. A retry
+//!   after a connect failure takes another address of the **same** Pod; no path
+//!   leads to another Pod's upstreams.
+//! - **Availability** (whether a Pod's pool can take a request at all) is worked
+//!   out when its addresses or their health change, and read per request.
 //!
 //! Pods have no weight: traffic bound to a Pod goes to that Pod, unbound traffic to
 //! the default Pod (see `podgate_registry::Pod`).
