@@ -236,11 +236,14 @@ async fn run(polls: usize, edge: bool, read_buffer: &str) {
         None => ("off".to_owned(), String::new(), String::new()),
     };
     let config = dir.path().join("proxy.toml");
+    // Every forwarded poll is one request in flight to the one Pod address, held
+    // there: past `max_connections_per_address` (1024 by default) the rest would
+    // queue and get a 503, and this measures the polls' memory, not that bound.
     std::fs::write(
         &config,
         format!(
             "listen = \"127.0.0.1:{port}\"\nadmin_listen = \"{admin_listen}\"\n{read_buffer}{edge_config}threads = 1\ngrace_period_secs = 0\n\
-             [health]\nenabled = false\n\
+             [health]\nenabled = false\n[upstreams]\nmax_connections_per_address = 0\n\
              [topology]\ndefault_pod = 1\n[[topology.pods]]\nid = 1\nname = \"pod-1\"\nweb = [\"{pod}\"]\n{pod_redis}"
         ),
     )

@@ -71,8 +71,8 @@ pub fn run(data: &[u8]) {
     }
     let head = pipeline::Head {
         method: &h.method,
-        path: h.uri.path(),
-        query: h.uri.query(),
+        path: h.path,
+        query: h.query,
         headers: &h.headers,
         host: h
             .headers
@@ -116,7 +116,7 @@ pub fn run(data: &[u8]) {
         _ => None,
     };
     let request_headers = &h.headers;
-    let request_query = h.uri.query();
+    let request_query = h.query;
     let hop_by_hop = &h.hop_by_hop;
     let candidates = match sources::lookup(
         &by.sources,

@@ -27,8 +27,10 @@ static UPSTREAM: LazyLock<(Rule, Pod)> = LazyLock::new(|| {
 pub struct RequestHead<'a> {
     /// The method.
     pub method: http::Method,
-    /// The target, as routing reads its path and query.
-    pub uri: http::uri::PathAndQuery,
+    /// The target's path.
+    pub path: &'a str,
+    /// The target's query.
+    pub query: Option<&'a str>,
     /// The headers, as routing sees them.
     pub headers: HeaderMap,
     /// Each header line's name and value, as forwarded.
@@ -77,7 +79,8 @@ pub fn request_head(buf: &[u8]) -> Request<'_> {
                 )
             }),
             method: h.method.clone(),
-            uri: h.uri.clone(),
+            path: h.path(buf),
+            query: h.query(buf),
             lines: h
                 .lines
                 .iter()

@@ -25,9 +25,6 @@ pub(crate) struct Head {
     pub(crate) method: Method,
     /// The request target (origin-form), as received.
     pub(crate) target: Range<usize>,
-    /// The same, checked as the `http` crate checks it (as pingora parses it),
-    /// sharing the head's copy: its path and query, read without another check.
-    pub(crate) uri: PathAndQuery,
     /// The headers, for routing (rules, token sources).
     pub(crate) headers: HeaderMap,
     /// Each header line's name and value, in order, for forwarding as received.
@@ -46,13 +43,19 @@ pub(crate) struct Head {
 
 impl Head {
     /// The target's path, without the query.
-    pub(crate) fn path(&self) -> &str {
-        self.uri.path()
+    pub(crate) fn path<'a>(&self, buf: &'a [u8]) -> &'a str {
+        let target = self.target_str(buf);
+        target.split_once('?').map_or(target, |(p, _)| p)
     }
 
     /// The target's query, if any.
-    pub(crate) fn query(&self) -> Option<&str> {
-        self.uri.query()
+    pub(crate) fn query<'a>(&self, buf: &'a [u8]) -> Option<&'a str> {
+        self.target_str(buf).split_once('?').map(|(_, q)| q)
+    }
+
+    fn target_str<'a>(&self, buf: &'a [u8]) -> &'a str {
+        // Checked to be a valid `PathAndQuery` (ASCII) when parsed.
+        std::str::from_utf8(&buf[self.target.clone()]).unwrap_or("/")
     }
 }
 
@@ -153,10 +156,11 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     let shared = bytes::Bytes::copy_from_slice(&buf[..len]);
     // Origin-form only, and a target `http` accepts (as pingora parses it).
     let target = span(target.as_bytes());
-    let uri = match PathAndQuery::from_maybe_shared(shared.slice(target.clone())) {
-        Ok(uri) if buf[target.clone()].starts_with(b"/") => uri,
-        _ => return Parsed::HandOff(HandOff::Target),
-    };
+    if !buf[target.clone()].starts_with(b"/")
+        || PathAndQuery::from_maybe_shared(shared.slice(target.clone())).is_err()
+    {
+        return Parsed::HandOff(HandOff::Target);
+    }
     let mut headers = HeaderMap::with_capacity(req.headers.len());
     let mut lines = Vec::with_capacity(req.headers.len());
     let mut body_len = None;
@@ -215,7 +219,6 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     Parsed::Head(Head {
         method,
         target,
-        uri,
         hop_by_hop: crate::sources::connection_listed(&headers),
         lines,
         len,
@@ -248,8 +251,8 @@ mod tests {
         let raw = "POST /api/v4/jobs/request?a=1 HTTP/1.1\r\nHost: gitlab\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{\"token\":1}x";
         let h = head(raw);
         assert_eq!(h.method, Method::POST);
-        assert_eq!(h.path(), "/api/v4/jobs/request");
-        assert_eq!(h.query(), Some("a=1"));
+        assert_eq!(h.path(raw.as_bytes()), "/api/v4/jobs/request");
+        assert_eq!(h.query(raw.as_bytes()), Some("a=1"));
         assert_eq!(h.body_len, 12);
         assert_eq!(h.len, raw.len() - 12);
         assert!(h.keepalive);

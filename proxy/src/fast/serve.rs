@@ -124,7 +124,7 @@ impl FastPath {
             started: Some(Instant::now()),
             ..Ctx::default()
         };
-        let (rule, body) = self.plan(&head)?;
+        let (rule, body) = self.plan(conn, &head)?;
         let total = match read_body(conn, &head).await {
             Ok(total) => total,
             Err(Cut::Early) => return self.ended_early(conn, head, ctx).await,
@@ -149,7 +149,7 @@ impl FastPath {
             Held::Forward => self.forward_and_log(conn, &taken, &mut ctx).await,
             Held::Answer(answer) => self.answer(conn, &taken, &ctx, &answer).await,
             Held::ClientGone(e) => {
-                self.log(&taken.head, 0, &ctx, Some(&e));
+                self.log(conn, &taken.head, 0, &ctx, Some(&e));
                 Err(Next::Close)
             }
         }
@@ -158,9 +158,9 @@ impl FastPath {
     /// Step 1 of the routing ([`crate::pipeline::plan`]), and whether the fast
     /// path serves the request: a runner or job rule ([`super::fast_rule`]), a body
     /// it reads whole if any, within the look-ahead. Else the hand-off.
-    fn plan(&self, head: &Head) -> Result<(usize, Option<BodyPlan>), Next> {
+    fn plan(&self, conn: &Conn, head: &Head) -> Result<(usize, Option<BodyPlan>), Next> {
         let gate = &self.gate;
-        let (rule, body) = match gate.plan(&view(head)) {
+        let (rule, body) = match gate.plan(&view(conn, head)) {
             // A path that names a claim: path rules ask the Topology Service
             // (pingora-proxy's service awaits them; the fast path's rules are the
             // runner and job endpoints, under `/api`, which name none).
@@ -169,7 +169,7 @@ impl FastPath {
                     && gate
                         .path_router
                         .as_ref()
-                        .is_none_or(|r| r.claim(head.path()).is_none()) =>
+                        .is_none_or(|r| r.claim(head.path(&conn.buf)).is_none()) =>
             {
                 (rule, body)
             }
@@ -201,7 +201,7 @@ impl FastPath {
             },
             _ => BodyRead::Skipped,
         };
-        let decision = self.gate.decide(rule, &view(&taken.head), body);
+        let decision = self.gate.decide(rule, &view(conn, &taken.head), body);
         self.gate.conclude(rule, decision, ctx)
     }
 
@@ -243,7 +243,7 @@ impl FastPath {
         {
             Ok((status, keepalive)) => {
                 self.served.inc();
-                self.log(head, status, ctx, None);
+                self.log(conn, head, status, ctx, None);
                 conn.buf.drain(..taken.total);
                 Ok(keepalive)
             }
@@ -257,7 +257,7 @@ impl FastPath {
                         status = code;
                     }
                 }
-                self.log(head, status, ctx, Some(&failed.error));
+                self.log(conn, head, status, ctx, Some(&failed.error));
                 Err(Next::Close)
             }
         }
@@ -281,7 +281,7 @@ impl FastPath {
             .err()
             .map(|e| Error::because(ErrorType::WriteError, "writing the answer", e).into_down());
         let status = if e.is_some() { 0 } else { answer.status };
-        self.log(&taken.head, status, ctx, e.as_deref());
+        self.log(conn, &taken.head, status, ctx, e.as_deref());
         conn.buf.drain(..taken.total);
         match e {
             None => Ok(keepalive),
@@ -308,18 +308,24 @@ impl FastPath {
         Err(Next::Close)
     }
 
-    fn log(&self, head: &Head, status: u16, ctx: &Ctx, e: Option<&Error>) {
-        self.gate
-            .log_request(head.method.as_str(), head.path(), status, ctx, e, "fast");
+    fn log(&self, conn: &Conn, head: &Head, status: u16, ctx: &Ctx, e: Option<&Error>) {
+        self.gate.log_request(
+            head.method.as_str(),
+            head.path(&conn.buf),
+            status,
+            ctx,
+            e,
+            "fast",
+        );
     }
 }
 
 /// The request head as [`crate::pipeline`] reads it.
-fn view(head: &Head) -> pipeline::Head<'_> {
+fn view<'a>(conn: &'a Conn, head: &'a Head) -> pipeline::Head<'a> {
     pipeline::Head {
         method: &head.method,
-        path: head.path(),
-        query: head.query(),
+        path: head.path(&conn.buf),
+        query: head.query(&conn.buf),
         headers: &head.headers,
         host: head
             .headers

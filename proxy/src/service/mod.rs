@@ -55,9 +55,8 @@ pub struct Ctx {
     /// The token routed by and where it was, for the log line's fingerprint (the
     /// token itself is never logged) and the source label.
     pub(crate) token: Option<Candidate>,
-    /// The upstream addresses tried so far (a retry takes another of the Pod's);
-    /// inline, as nearly every request tries one.
-    pub(crate) tried: smallvec::SmallVec<[SocketAddr; 2]>,
+    /// The upstream addresses tried so far (a retry takes another of the Pod's).
+    pub(crate) tried: Vec<SocketAddr>,
     /// `X-Request-Id`: the client's if it sent a sane one, else generated.
     pub(crate) request_id: String,
     pub(crate) started: Option<Instant>,
