@@ -32,9 +32,10 @@ impl Deadline {
         }
     }
 
-    /// The next wait ends `after` from now.
-    pub(super) fn set(&mut self, after: Duration) {
-        self.at = Instant::now() + after;
+    /// The next wait ends `after` from `now` (a reading of the runtime's clock,
+    /// [`crate::service::now`], taken just before), else from now.
+    pub(super) fn set(&mut self, now: Option<std::time::Instant>, after: Duration) {
+        self.at = now.map_or_else(Instant::now, Instant::from_std) + after;
     }
 
     /// Resolves at the deadline last [`Deadline::set`]. Cancel-safe: dropped
@@ -68,7 +69,7 @@ mod tests {
         // The timer is armed for the first minute, then the deadline moves on.
         assert!(d.passed().now_or_never().is_none());
         tokio::time::advance(Duration::from_secs(30)).await;
-        d.set(MINUTE);
+        d.set(None, MINUTE);
         tokio::time::timeout(Duration::from_secs(89), d.passed())
             .await
             .expect("passed at 90 s");
@@ -80,7 +81,7 @@ mod tests {
         let start = Instant::now();
         let mut d = Deadline::new(MINUTE);
         assert!(d.passed().now_or_never().is_none());
-        d.set(Duration::from_secs(5));
+        d.set(None, Duration::from_secs(5));
         d.passed().await;
         assert_eq!(start.elapsed(), Duration::from_secs(5));
     }
@@ -95,7 +96,7 @@ mod tests {
                 .await
                 .is_err()
         );
-        d.set(MINUTE);
+        d.set(None, MINUTE);
         d.passed().await;
         assert_eq!(start.elapsed(), Duration::from_secs(70));
     }

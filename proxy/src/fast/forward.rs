@@ -34,6 +34,9 @@ impl FastPath {
         let added = self.gate.added(ctx, rule, pod.id);
         let mut request = upstream_request(&conn.buf, head, total, &added);
         let read_timeout = Duration::from_secs(rule.read_timeout_secs);
+        // The decision's clock read, for the Pod's read deadline, while nothing has
+        // been waited for since (a slot in the queue, a new connection).
+        let mut clock = ctx.decided;
         // After a reused connection failed before any byte: the same address again,
         // on a new connection (its slot under `max_connections_per_address` kept).
         let mut fresh_for: Option<SocketAddr> = None;
@@ -43,6 +46,9 @@ impl FastPath {
                 Some(addr) => addr,
                 None => self.gate.next_address(ctx).await.map_err(Failed::before)?,
             };
+            if ctx.slot.as_ref().is_some_and(|s| s.queued()) {
+                clock = None;
+            }
             let checked_out = match connection(&self.pool, addr, fresh).await {
                 Ok(c) => c,
                 Err(e) => {
@@ -53,6 +59,9 @@ impl FastPath {
                 }
             };
             let (mut up, reused) = checked_out;
+            if !reused {
+                clock = None;
+            }
             if self.batch_sends {
                 // The other requests this pass of the event loop read reach this
                 // point first, and all go out together: a Pod's event loop a send
@@ -71,7 +80,9 @@ impl FastPath {
                     Error::because(ErrorType::WriteError, "sending the request", e).into_up(),
                 ));
             }
-            let response = self.read_response(conn, &mut up, head, read_timeout).await;
+            let response = self
+                .read_response(conn, &mut up, head, read_timeout, clock.take())
+                .await;
             let (rbuf, rhead) = match response {
                 Ok(r) => r,
                 Err(Attempt::Retry) if reused => {
@@ -117,18 +128,20 @@ impl FastPath {
 
     /// Read the response head from `up`, skipping interim responses, while
     /// watching the client: one that closes ends the request (its upstream
-    /// connection too, so a Pod holding a long poll for it is released).
+    /// connection too, so a Pod holding a long poll for it is released). The
+    /// deadline is `read_timeout` from `clock`, a clock read just taken, if any.
     async fn read_response(
         &self,
         conn: &mut Conn,
         up: &mut TcpStream,
         head: &Head,
         read_timeout: Duration,
+        clock: Option<std::time::Instant>,
     ) -> Result<(Vec<u8>, ResponseHead), Attempt> {
         // Allocated when the first byte arrives: a poll the Pod holds costs no buffer.
         let mut rbuf: Vec<u8> = Vec::new();
         let mut byte = [0u8; 1];
-        conn.deadline.set(read_timeout);
+        conn.deadline.set(clock, read_timeout);
         loop {
             tokio::select! {
                 ready = up.readable() => {

@@ -127,6 +127,25 @@ impl HandOff {
     }
 }
 
+/// The custom header names the fast path's clients send, named once: the `http`
+/// crate copies every name it does not know into an allocation of its own. Runners
+/// send `Runner-Token` (`gitlab-runner`, `network/gitlab.go`) and `Job-Token`;
+/// API clients `Private-Token`; proxies in front `X-Request-Id`.
+const KNOWN_CUSTOM: [HeaderName; 4] = [
+    HeaderName::from_static("runner-token"),
+    HeaderName::from_static("job-token"),
+    HeaderName::from_static("private-token"),
+    HeaderName::from_static("x-request-id"),
+];
+
+/// `raw` as a header name, as `HeaderName::from_bytes` reads it.
+fn header_name(raw: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
+    KNOWN_CUSTOM
+        .iter()
+        .find(|k| k.as_str().len() == raw.len() && raw.eq_ignore_ascii_case(k.as_str().as_bytes()))
+        .map_or_else(|| HeaderName::from_bytes(raw), |k| Ok(k.clone()))
+}
+
 /// Parse the head at the start of `buf`.
 pub(crate) fn parse(buf: &[u8]) -> Parsed {
     let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -168,7 +187,7 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     for h in req.headers.iter() {
         let value_span = span(h.value);
         let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(h.name.as_bytes()),
+            header_name(h.name.as_bytes()),
             HeaderValue::from_maybe_shared(shared.slice(value_span.clone())),
         ) else {
             return Parsed::HandOff(HandOff::Head);
@@ -231,6 +250,33 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A known custom name is the name `http` would make of it, in any case.
+    #[test]
+    fn known_custom_names_read_as_http_reads_them() {
+        for raw in [
+            "Runner-Token",
+            "RUNNER-TOKEN",
+            "job-token",
+            "Private-Token",
+            "X-Request-Id",
+            "X-Request-Ix",
+            "Runner-Tokens",
+            "Host",
+            "content-length",
+        ] {
+            let ours = header_name(raw.as_bytes()).unwrap();
+            assert_eq!(
+                ours,
+                HeaderName::from_bytes(raw.as_bytes()).unwrap(),
+                "{raw}"
+            );
+            assert_eq!(ours.as_str(), raw.to_ascii_lowercase(), "{raw}");
+        }
+        for bad in ["Runner Token", "", "job-token:"] {
+            assert!(header_name(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+    }
 
     fn head(raw: &str) -> Head {
         match parse(raw.as_bytes()) {

@@ -170,6 +170,9 @@ struct Conn {
     /// When the current wait ends: the keep-alive between requests, the Pod's
     /// answer.
     deadline: Deadline,
+    /// A clock read taken just now (by the last request's log line), for the next
+    /// keep-alive deadline: a clock read costs, and a request needs few.
+    clock: Option<std::time::Instant>,
 }
 
 impl Conn {
@@ -212,6 +215,7 @@ impl ServerApp for FastPath {
             buf: Vec::new(),
             shutdown: shutdown.clone(),
             deadline: Deadline::new(KEEPALIVE),
+            clock: None,
         };
         let mut buffered = false;
         loop {
@@ -264,6 +268,7 @@ impl ServerApp for FastPath {
                 buf: Vec::new(),
                 shutdown: shutdown.clone(),
                 deadline,
+                clock: None,
             };
         }
     }

@@ -3,7 +3,6 @@
 //! — each a step of its own, the routing itself in [`crate::pipeline`].
 
 use std::ops::Range;
-use std::time::Instant;
 
 use pingora::prelude::*;
 use tokio::io::AsyncReadExt;
@@ -84,7 +83,8 @@ impl FastPath {
                         // Idle between requests: nothing is held but the socket.
                         conn.buf = Vec::new();
                     }
-                    conn.deadline.set(KEEPALIVE);
+                    // From the last answer's log line, its clock read.
+                    conn.deadline.set(conn.clock.take(), KEEPALIVE);
                     tokio::select! {
                         // What the client sent, or the stream's buffer holds, first:
                         // a hand-over must leave no byte of it behind.
@@ -121,7 +121,7 @@ impl FastPath {
     /// when it was answered; `Err` when the connection leaves the fast path.
     async fn request(&self, conn: &mut Conn, head: Head) -> Result<bool, Next> {
         let mut ctx = Ctx {
-            started: Some(Instant::now()),
+            started: Some(crate::service::now()),
             ..Ctx::default()
         };
         let (rule, body) = self.plan(conn, &head)?;
@@ -308,7 +308,10 @@ impl FastPath {
         Err(Next::Close)
     }
 
-    fn log(&self, conn: &Conn, head: &Head, status: u16, ctx: &Ctx, e: Option<&Error>) {
+    /// Count and log the request; the clock read for it is kept for the
+    /// connection's next deadline ([`Conn::clock`]).
+    fn log(&self, conn: &mut Conn, head: &Head, status: u16, ctx: &Ctx, e: Option<&Error>) {
+        let now = crate::service::now();
         self.gate.log_request(
             head.method.as_str(),
             head.path(&conn.buf),
@@ -316,7 +319,9 @@ impl FastPath {
             ctx,
             e,
             "fast",
+            now,
         );
+        conn.clock = Some(now);
     }
 }
 

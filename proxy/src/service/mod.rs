@@ -60,6 +60,9 @@ pub struct Ctx {
     /// `X-Request-Id`: the client's if it sent a sane one, else generated.
     pub(crate) request_id: String,
     pub(crate) started: Option<Instant>,
+    /// When the decision was made (the clock read that timed it): on the fast path
+    /// the Pod's read deadline counts from it when nothing was awaited since.
+    pub(crate) decided: Option<Instant>,
     /// How an edge hold ended, if the poll went through one.
     pub(crate) edge: Option<PollResult>,
     /// The request's slot among those in flight to its upstream address
@@ -71,6 +74,13 @@ pub struct Ctx {
     /// The status of an answer of the proxy's own that went to a gRPC call as a
     /// gRPC status (HTTP 200): what the metrics and the log line count (0: none).
     pub(crate) answered: std::sync::atomic::AtomicU16,
+}
+
+/// Now, on the runtime's clock: tokio's, which tests pause and advance (in a build
+/// without tokio's `test-util`, the system's monotonic clock). Deadlines on
+/// tokio's timers are set from these readings.
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 impl Ctx {
@@ -303,7 +313,7 @@ impl ProxyHttp for PodGate {
     /// Decide. `Ok(true)`: answered here (400, 401, 413, 503); `Ok(false)`: proxy
     /// on. `Err`: the client went away while its body was read.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        let started = Instant::now();
+        let started = now();
         ctx.started = Some(started);
         ctx.request_id = self.request_id(&session.req_header().headers);
         // `Connection` is a list field: a `close` in any of its lines ends the
@@ -508,6 +518,7 @@ impl ProxyHttp for PodGate {
             ctx,
             e,
             "pingora",
+            now(),
         );
     }
 }

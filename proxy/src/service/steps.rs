@@ -5,7 +5,7 @@
 //! [`ProxyHttp`]: pingora::proxy::ProxyHttp
 
 use std::fmt;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pingora::prelude::*;
 
@@ -107,8 +107,10 @@ impl PodGate {
     ) -> Option<Answer> {
         ctx.rule = Some(rule);
         ctx.token = decision.token;
-        let started = ctx.started.unwrap_or_else(Instant::now);
-        let outcome = self.settle(rule, decision.outcome, started);
+        let now = super::now();
+        let started = ctx.started.unwrap_or(now);
+        let outcome = self.settle(rule, decision.outcome, now - started);
+        ctx.decided = Some(now);
         let answer = Answer::for_outcome(self.rules[rule].pool, &outcome);
         ctx.outcome = Some(outcome);
         answer
@@ -116,8 +118,9 @@ impl PodGate {
 
     /// The outcome as decided, except that a Pod with no address to try (none
     /// listed, none resolved, every one failing its health check) is a 503 now,
-    /// rather than a connection attempt bound to fail. Observes the decision time.
-    pub(crate) fn settle(&self, rule: usize, outcome: Outcome, started: Instant) -> Outcome {
+    /// rather than a connection attempt bound to fail. Observes the decision time
+    /// (`took`).
+    pub(crate) fn settle(&self, rule: usize, outcome: Outcome, took: Duration) -> Outcome {
         let outcome = match outcome {
             Outcome::Forward { pod, why } => {
                 match self
@@ -131,15 +134,15 @@ impl PodGate {
             }
             o => o,
         };
-        self.histograms[rule]
-            .decision
-            .observe(started.elapsed().as_secs_f64());
+        self.histograms[rule].decision.observe(took.as_secs_f64());
         outcome
     }
 
-    /// Count and log a finished request (both paths): one line per request with a
-    /// token fingerprint only. Failures from the Pod or from us are warnings; a
-    /// client that went away (a runner abandoning a long poll) is routine: debug.
+    /// Count and log a finished request (both paths) that ended at `now`: one line
+    /// per request with a token fingerprint only. Failures from the Pod or from us
+    /// are warnings; a client that went away (a runner abandoning a long poll) is
+    /// routine: debug.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn log_request(
         &self,
         method: &str,
@@ -148,6 +151,7 @@ impl PodGate {
         ctx: &Ctx,
         e: Option<&Error>,
         via: &'static str,
+        now: Instant,
     ) {
         let rule = ctx.rule.map_or("-", |i| self.rules[i].name.as_str());
         let outcome = match (&ctx.edge, &ctx.outcome) {
@@ -169,7 +173,7 @@ impl PodGate {
             source_label,
             outcome,
         ]);
-        let elapsed = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let elapsed = ctx.started.map_or(0.0, |t| (now - t).as_secs_f64());
         if let Some(h) = ctx.rule.and_then(|i| self.histograms.get(i)) {
             h.duration[metrics::status_class_index(status)].observe(elapsed);
         }

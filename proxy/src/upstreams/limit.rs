@@ -17,8 +17,10 @@
 //! Only the web pools are bounded: kas pools carry agentk's long-lived streams,
 //! whose number is the number of agents.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +37,8 @@ pub(crate) struct ConnLimits {
     /// Requests in flight per address; 0: unbounded.
     max: usize,
     queue_timeout: Duration,
+    /// Tells this one's entries apart in each thread's cache ([`RECENT`]).
+    id: u64,
     by_addr: Mutex<Known>,
 }
 
@@ -42,9 +46,25 @@ pub(crate) struct ConnLimits {
 #[derive(Debug, Default)]
 struct Known {
     slots: HashMap<SocketAddr, Arc<Semaphore>>,
-    /// Looked up per request: foldhash (the keys are the topology's).
+    /// Looked up per request once per thread, then from [`RECENT`]: foldhash (the
+    /// keys are the topology's).
     entries: HashMap<(PodId, SocketAddr), Arc<Entry>, foldhash::fast::RandomState>,
 }
+
+/// Entries each thread met last, by (limits, Pod, address): a request finds its
+/// entry without the shared table's lock. A proxy thread sees few (Pods ×
+/// addresses); past [`RECENT_KEPT`], the oldest goes.
+const RECENT_KEPT: usize = 64;
+
+/// A cached entry: its limits' id, Pod and address, and the entry.
+type Recent = (u64, PodId, SocketAddr, Arc<Entry>);
+
+thread_local! {
+    static RECENT: RefCell<Vec<Recent>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Tells [`ConnLimits`] apart ([`ConnLimits::id`]).
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// One (Pod, address): its address's slots and the Pod's metric children, resolved
 /// once (no label hashing per request) and shared by its requests.
@@ -63,6 +83,14 @@ struct Entry {
 #[derive(Debug)]
 pub(crate) struct Slot {
     held: Option<(OwnedSemaphorePermit, Arc<Entry>)>,
+    queued: bool,
+}
+
+impl Slot {
+    /// Whether the request waited in the queue for it.
+    pub(crate) fn queued(&self) -> bool {
+        self.queued
+    }
 }
 
 impl Drop for Slot {
@@ -94,6 +122,7 @@ impl ConnLimits {
         ConnLimits {
             max,
             queue_timeout,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             by_addr: Mutex::default(),
         }
     }
@@ -105,23 +134,26 @@ impl ConnLimits {
     /// ([`crate::answer`]).
     pub(crate) async fn admit(&self, pod: PodId, addr: SocketAddr) -> Result<Slot, Box<Error>> {
         if self.max == 0 {
-            return Ok(Slot { held: None });
+            return Ok(Slot {
+                held: None,
+                queued: false,
+            });
         }
         let entry = self.entry(pod, addr);
-        let permit = match entry.slots.clone().try_acquire_owned() {
-            Ok(p) => p,
+        let (permit, queued) = match entry.slots.clone().try_acquire_owned() {
+            Ok(p) => (p, false),
             Err(_) => {
                 // Counted while it waits, also when the wait is dropped (its client
                 // went away and the request with it).
-                let queued = Waiting::new(&entry.queue);
+                let waiting = Waiting::new(&entry.queue);
                 let waited =
                     tokio::time::timeout(self.queue_timeout, entry.slots.clone().acquire_owned())
                         .await;
-                drop(queued);
+                drop(waiting);
                 match waited {
                     Ok(Ok(p)) => {
                         entry.admitted.inc();
-                        p
+                        (p, true)
                     }
                     // Never closed; timed out.
                     _ => {
@@ -142,10 +174,33 @@ impl ConnLimits {
         entry.in_use.inc();
         Ok(Slot {
             held: Some((permit, entry)),
+            queued,
         })
     }
 
+    /// The entry of (`pod`, `addr`): from this thread's cache, else the shared
+    /// table (created on first use).
     fn entry(&self, pod: PodId, addr: SocketAddr) -> Arc<Entry> {
+        let cached = RECENT.with_borrow(|recent| {
+            recent
+                .iter()
+                .find(|(id, p, a, _)| *id == self.id && *p == pod && *a == addr)
+                .map(|(.., e)| e.clone())
+        });
+        if let Some(e) = cached {
+            return e;
+        }
+        let e = self.shared_entry(pod, addr);
+        RECENT.with_borrow_mut(|recent| {
+            if recent.len() == RECENT_KEPT {
+                recent.remove(0);
+            }
+            recent.push((self.id, pod, addr, e.clone()));
+        });
+        e
+    }
+
+    fn shared_entry(&self, pod: PodId, addr: SocketAddr) -> Arc<Entry> {
         let mut known = self.by_addr.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = known.entries.get(&(pod, addr)) {
             return e.clone();
@@ -244,6 +299,54 @@ mod tests {
         let (status, answer) = crate::answer::Answer::for_error(&e);
         assert_eq!(status, 503);
         assert!(answer.is_some());
+    }
+
+    /// A slot freed while requests are queued goes to the first of them (tokio's
+    /// semaphore is fair): a request that comes meanwhile queues behind.
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_request_is_not_overtaken() {
+        let pod = PodId::new(9105).unwrap();
+        let limits = Arc::new(ConnLimits::new(1, Duration::from_secs(60)));
+        let a = limits.admit(pod, addr(1)).await.unwrap();
+        assert!(!a.queued());
+        let first = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.admit(pod, addr(1)).await }
+        });
+        let queue = METRICS.upstream_queue.with_label_values(&["9105"]);
+        while queue.get() == 0 {
+            tokio::task::yield_now().await;
+        }
+        // Freed, and asked for at once, before the queued request runs again.
+        drop(a);
+        let mut late = std::pin::pin!(limits.admit(pod, addr(1)));
+        assert!(
+            futures_util::poll!(late.as_mut()).is_pending(),
+            "a new request took the slot freed for the queued one"
+        );
+        let first = first.await.unwrap().expect("the queued request's slot");
+        assert!(first.queued());
+        drop(first);
+        let late = late.await.unwrap();
+        assert!(late.queued());
+    }
+
+    /// Each thread's cache tells the limits apart: another one's slots for the same
+    /// Pod and address are its own.
+    #[tokio::test]
+    async fn two_limits_on_one_thread_keep_their_own_slots() {
+        let pod = PodId::new(9106).unwrap();
+        let (one, two) = (
+            ConnLimits::new(1, Duration::from_millis(1)),
+            ConnLimits::new(1, Duration::from_millis(1)),
+        );
+        let _a = one.admit(pod, addr(1)).await.unwrap();
+        let b = two.admit(pod, addr(1)).await.expect("its own slot");
+        assert!(!b.queued());
+        assert!(
+            one.admit(pod, addr(1)).await.is_err(),
+            "the first one's bound"
+        );
     }
 
     /// A request dropped while it waits (its client went away) leaves the queue.
