@@ -138,6 +138,22 @@ impl Differential {
         (fast, pingora)
     }
 
+    /// The size of a connection's future on the fast path, as its task holds it
+    /// (not polled: the state every held poll and idle connection carries, beside
+    /// its buffers and the task's own header).
+    pub fn connection_future_size(&self) -> usize {
+        self.runtime.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+            let _client = TcpStream::connect(listener.local_addr().expect("bound"))
+                .await
+                .expect("connected");
+            let (server, _) = listener.accept().await.expect("accepted");
+            let stream: pingora::protocols::Stream = Box::new(L4Stream::from(server));
+            let future = self.fast.process_new(stream, &self.shutdown);
+            std::mem::size_of_val(&*future)
+        })
+    }
+
     fn observe(&self, path: &Arc<FastPath>, request: &[u8], close: bool) -> Observed {
         let raw = self.runtime.block_on(async {
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
