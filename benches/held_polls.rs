@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use podgate_registry::testing::{RedisServer, eventually, free_port};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, watch};
 
 /// Send `commands` to Redis pipelined and read one reply line each (they are all
@@ -108,7 +108,13 @@ async fn holding_pod(
     held: Arc<watch::Sender<usize>>,
     release: watch::Receiver<bool>,
 ) -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // The proxy opens a connection per poll, in bursts: the deepest backlog the
+    // kernel allows (`net.core.somaxconn`), so that no connection attempt is dropped
+    // while this loop catches up (with tokio's 1,024, some runs lost SYNs twice and
+    // the proxy's 2 s connect timeout failed their polls).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let listener = socket.listen(65_535).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
