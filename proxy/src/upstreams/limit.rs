@@ -301,6 +301,25 @@ mod tests {
         assert!(answer.is_some());
     }
 
+    /// A request for `addr(1)` of `pod`, spawned, once it waits in the queue; and
+    /// `pod`'s queue gauge.
+    async fn queued_request(
+        limits: &Arc<ConnLimits>,
+        pod: PodId,
+    ) -> (tokio::task::JoinHandle<Result<Slot, Box<Error>>>, IntGauge) {
+        let request = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.admit(pod, addr(1)).await }
+        });
+        let queue = METRICS
+            .upstream_queue
+            .with_label_values(&[pod.to_string().as_str()]);
+        while queue.get() == 0 {
+            tokio::task::yield_now().await;
+        }
+        (request, queue)
+    }
+
     /// A slot freed while requests are queued goes to the first of them (tokio's
     /// semaphore is fair): a request that comes meanwhile queues behind.
     #[tokio::test(start_paused = true)]
@@ -309,14 +328,7 @@ mod tests {
         let limits = Arc::new(ConnLimits::new(1, Duration::from_secs(60)));
         let a = limits.admit(pod, addr(1)).await.unwrap();
         assert!(!a.queued());
-        let first = tokio::spawn({
-            let limits = limits.clone();
-            async move { limits.admit(pod, addr(1)).await }
-        });
-        let queue = METRICS.upstream_queue.with_label_values(&["9105"]);
-        while queue.get() == 0 {
-            tokio::task::yield_now().await;
-        }
+        let (first, _) = queued_request(&limits, pod).await;
         // Freed, and asked for at once, before the queued request runs again.
         drop(a);
         let mut late = std::pin::pin!(limits.admit(pod, addr(1)));
@@ -355,14 +367,7 @@ mod tests {
         let pod = PodId::new(9104).unwrap();
         let limits = Arc::new(ConnLimits::new(1, Duration::from_secs(60)));
         let _a = limits.admit(pod, addr(1)).await.unwrap();
-        let waiting = tokio::spawn({
-            let limits = limits.clone();
-            async move { limits.admit(pod, addr(1)).await }
-        });
-        let queue = METRICS.upstream_queue.with_label_values(&["9104"]);
-        while queue.get() == 0 {
-            tokio::task::yield_now().await;
-        }
+        let (waiting, queue) = queued_request(&limits, pod).await;
         waiting.abort();
         assert!(waiting.await.unwrap_err().is_cancelled());
         assert_eq!(queue.get(), 0, "a dropped wait stayed in the queue");
