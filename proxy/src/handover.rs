@@ -32,7 +32,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
@@ -80,6 +80,9 @@ pub enum Error {
     /// Sending a connection failed.
     #[error("handing a connection over: {0}")]
     Send(std::io::Error),
+    /// The connection is not a TCP one (only those are handed over).
+    #[error("only TCP connections are handed over")]
+    NotTcp,
 }
 
 /// The hand-over socket's path for `upgrade_sock`.
@@ -105,15 +108,12 @@ impl Handover {
     /// only closes this process's descriptor). A failed send forgets the successor,
     /// and the caller keeps serving the connection.
     pub fn send(&self, stream: &L4Stream) -> Result<(), Error> {
+        // The fast path serves the plaintext listener's TCP connections only.
+        let fd = stream.tcp().ok_or(Error::NotTcp)?.as_fd();
         let mut successor = self.successor.lock().expect("handover lock");
         let Some(to) = successor.as_ref() else {
             return Err(Error::NoSuccessor);
         };
-        // SAFETY: the descriptor is the open socket `stream` owns, and the borrow
-        // ends with this call, while `stream` is alive (pingora's `Stream` offers
-        // only `AsRawFd`).
-        #[allow(unsafe_code)]
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(stream.as_raw_fd()) };
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         let fds = [fd];

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pingora::prelude::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::head::Head;
@@ -71,7 +71,7 @@ impl FastPath {
                 // spent about 8% less CPU a request (`scripts/bench-proxy.sh`).
                 tokio::task::yield_now().await;
             }
-            if let Err(e) = up.write_all(&request).await {
+            if let Err(e) = super::io::send_all(&up, &request).await {
                 if reused {
                     fresh_for = Some(addr);
                     continue;
@@ -174,7 +174,7 @@ impl FastPath {
             if rbuf.capacity() - rbuf.len() < 1024 {
                 rbuf.reserve(4096);
             }
-            match up.try_read_buf(&mut rbuf) {
+            match super::io::try_recv(up, &mut rbuf) {
                 Ok(0) => {
                     return Err(Attempt::failed_reading(
                         &rbuf,
@@ -226,9 +226,7 @@ impl FastPath {
             error: Error::because(ErrorType::WriteError, "writing the response", e).into_down(),
             responded: true,
         };
-        write_all(&mut conn.stream, &out)
-            .await
-            .map_err(downstream)?;
+        write_all(conn, &out).await.map_err(downstream)?;
         drop(out);
         while !done {
             rbuf.clear();
@@ -267,9 +265,7 @@ impl FastPath {
             let (take, end, tail_clean) = body.take(&rbuf)?;
             done = end;
             clean = tail_clean;
-            write_all(&mut conn.stream, &rbuf[..take])
-                .await
-                .map_err(downstream)?;
+            write_all(conn, &rbuf[..take]).await.map_err(downstream)?;
         }
         Ok(rhead.reusable && clean)
     }

@@ -131,7 +131,7 @@ impl HandOff {
 /// crate copies every name it does not know into an allocation of its own. Runners
 /// send `Runner-Token` (`gitlab-runner`, `network/gitlab.go`) and `Job-Token`;
 /// API clients `Private-Token`; proxies in front `X-Request-Id`.
-const KNOWN_CUSTOM: [HeaderName; 4] = [
+static KNOWN_CUSTOM: [HeaderName; 4] = [
     HeaderName::from_static("runner-token"),
     HeaderName::from_static("job-token"),
     HeaderName::from_static("private-token"),

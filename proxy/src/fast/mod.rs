@@ -47,6 +47,7 @@ mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod head;
+mod io;
 #[cfg(test)]
 #[path = "malformed_tests.rs"]
 mod malformed_tests;
@@ -173,6 +174,10 @@ struct Conn {
     /// A clock read taken just now (by the last request's log line), for the next
     /// keep-alive deadline: a clock read costs, and a request needs few.
     clock: Option<std::time::Instant>,
+    /// Whether the stream has neither buffers nor rewound bytes (it has not been
+    /// pingora-proxy's yet), so its socket may be read and written directly
+    /// ([`io`]).
+    direct: bool,
 }
 
 impl Conn {
@@ -216,6 +221,7 @@ impl ServerApp for FastPath {
             shutdown: shutdown.clone(),
             deadline: Deadline::new(KEEPALIVE),
             clock: None,
+            direct: true,
         };
         let mut buffered = false;
         loop {
@@ -269,6 +275,7 @@ impl ServerApp for FastPath {
                 shutdown: shutdown.clone(),
                 deadline,
                 clock: None,
+                direct: false,
             };
         }
     }
@@ -320,9 +327,12 @@ impl Failed {
     }
 }
 
-/// Write all of `bytes` and flush (the listener's write buffer coalesces nothing
-/// here: the caller's buffer is already whole).
-async fn write_all(stream: &mut L4Stream, bytes: &[u8]) -> std::io::Result<()> {
-    stream.write_all(bytes).await?;
-    stream.flush().await
+/// Write all of `bytes` to the client: on the socket itself while the stream is
+/// unbuffered ([`Conn::direct`]), else through the stream and flushed.
+async fn write_all(conn: &mut Conn, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(tcp) = conn.stream.tcp().filter(|_| conn.direct) {
+        return io::send_all(tcp, bytes).await;
+    }
+    conn.stream.write_all(bytes).await?;
+    conn.stream.flush().await
 }

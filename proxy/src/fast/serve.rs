@@ -89,7 +89,7 @@ impl FastPath {
                         // What the client sent, or the stream's buffer holds, first:
                         // a hand-over must leave no byte of it behind.
                         biased;
-                        read = read_more(&mut conn.stream, &mut conn.buf) => read.ok(),
+                        read = read_more(&mut conn.stream, conn.direct, &mut conn.buf) => read.ok(),
                         () = conn.deadline.passed() => None,
                         to = handover_due(handover, &mut conn.shutdown) => {
                             // Nothing of a next request has been read: the socket,
@@ -103,10 +103,13 @@ impl FastPath {
                         }
                     }
                 }
-                Some(d) => tokio::time::timeout_at(d, read_more(&mut conn.stream, &mut conn.buf))
-                    .await
-                    .ok()
-                    .and_then(Result::ok),
+                Some(d) => tokio::time::timeout_at(
+                    d,
+                    read_more(&mut conn.stream, conn.direct, &mut conn.buf),
+                )
+                .await
+                .ok()
+                .and_then(Result::ok),
             };
             match read {
                 Some(n) if n > 0 => {}
@@ -253,7 +256,7 @@ impl FastPath {
                 if let (Some(answer), false) = (answer, failed.responded) {
                     let mut out = Vec::new();
                     answer.write_h1(&ctx.request_id, true, &mut out);
-                    if write_all(&mut conn.stream, &out).await.is_ok() {
+                    if write_all(conn, &out).await.is_ok() {
                         status = code;
                     }
                 }
@@ -275,7 +278,7 @@ impl FastPath {
         let keepalive = taken.keepalive && !conn.shutting_down();
         let mut out = Vec::with_capacity(256);
         answer.write_h1(&ctx.request_id, !keepalive, &mut out);
-        let written = write_all(&mut conn.stream, &out).await;
+        let written = write_all(conn, &out).await;
         self.served.inc();
         let e = written
             .err()
@@ -347,7 +350,8 @@ async fn read_body(conn: &mut Conn, head: &Head) -> Result<usize, Cut> {
     let total = head.len + head.body_len;
     while conn.buf.len() < total {
         conn.buf.reserve(total - conn.buf.len());
-        match tokio::time::timeout(BODY_READ_TIMEOUT, conn.stream.read_buf(&mut conn.buf)).await {
+        let read = read_more(&mut conn.stream, conn.direct, &mut conn.buf);
+        match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
             Ok(Ok(0)) => return Err(Cut::Early),
             Ok(Ok(_)) => {}
             _ => return Err(Cut::Gone),
@@ -366,12 +370,17 @@ enum Cut {
 
 /// Read more of the request into the connection's buffer (`buf`); the fields,
 /// not the `Conn`, so that its shutdown watch can be awaited beside the read.
+/// `direct`: [`Conn::direct`], read the socket itself.
 async fn read_more(
     stream: &mut pingora::protocols::l4::stream::Stream,
+    direct: bool,
     buf: &mut Vec<u8>,
 ) -> std::io::Result<usize> {
     if buf.capacity() - buf.len() < 512 {
         buf.reserve(if buf.is_empty() { 2048 } else { 4096 });
     }
-    stream.read_buf(buf).await
+    match stream.tcp_mut().filter(|_| direct) {
+        Some(tcp) => tcp.read_buf(buf).await,
+        None => stream.read_buf(buf).await,
+    }
 }

@@ -24,10 +24,11 @@ use tokio::runtime::{Handle, Id};
 /// Most idle connections kept per upstream address (pingora's pool default).
 const MAX_IDLE_PER_ADDR: usize = 128;
 
-/// Idle upstream connections by runtime and address.
+/// Idle upstream connections by runtime and address, hashed with foldhash (the
+/// addresses are the topology's).
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
-    idle: Mutex<HashMap<(Id, SocketAddr), Vec<TcpStream>>>,
+    idle: Mutex<HashMap<(Id, SocketAddr), Vec<TcpStream>, foldhash::fast::RandomState>>,
 }
 
 /// Why no connection could be had.

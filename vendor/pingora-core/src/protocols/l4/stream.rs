@@ -634,6 +634,27 @@ impl Stream {
         self.write_pending_time.set_paused(!on);
     }
 
+    /// The TCP socket under this stream, for an application that serves the
+    /// connection itself; `None` for a Unix or virtual socket.
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        match &self.stream().get_ref().stream {
+            RawStream::Tcp(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The TCP socket under this stream, to read and write directly; `None` for a
+    /// Unix or virtual socket. Reads and writes through it bypass the stream's
+    /// buffers and what [`Stream::rewind`] put back: use it only while both are
+    /// empty (an unbuffered stream, [`Stream::set_buffer`], nothing rewound), or
+    /// bytes are read or written out of order.
+    pub fn tcp_mut(&mut self) -> Option<&mut TcpStream> {
+        match &mut self.stream_mut().get_mut().stream {
+            RawStream::Tcp(s) => Some(s),
+            _ => None,
+        }
+    }
+
     /// Set the read and write buffer sizes
     /// It is only set later because of the malloc overhead in critical accept() path
     ///
@@ -1087,6 +1108,30 @@ mod tests {
         let (n, ()) = tokio::join!(stream.read(&mut buf), async { notify.notify_one() });
         assert_eq!(n.unwrap(), 1);
         assert!(stream.get_read_pending_time() > Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn test_tcp_accessor() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accept = tokio::spawn(async move { listener.accept().await.unwrap().0 });
+        let mut stream: Stream = TcpStream::connect(addr).await.unwrap().into();
+        let mut peer = accept.await.unwrap();
+        assert_eq!(stream.tcp().unwrap().peer_addr().unwrap(), addr);
+
+        // Both ways through the socket itself.
+        stream.tcp_mut().unwrap().write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        peer.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        peer.write_all(b"pong").await.unwrap();
+        stream.tcp_mut().unwrap().read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"pong");
+
+        let (unix, _other) = UnixStream::pair().unwrap();
+        let mut unix: Stream = unix.into();
+        assert!(unix.tcp().is_none());
+        assert!(unix.tcp_mut().is_none());
     }
 
     #[tokio::test]

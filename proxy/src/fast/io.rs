@@ -1,0 +1,128 @@
+//! The fast path's socket calls: `send(2)` and `recv(2)` made directly (rustix's
+//! system calls) inside tokio's readiness, rather than through pingora's stream
+//! layers, tokio's `AsyncRead`/`AsyncWrite`, mio and `std`, which end in libc's
+//! wrappers: those mark each call a thread-cancellation point, two more calls per
+//! system call that a tokio worker never needs.
+//!
+//! Readiness stays tokio's: a call is made only while tokio holds the socket
+//! ready, and one that would block clears that readiness and waits for the next
+//! event ([`TcpStream::try_io`]), exactly as tokio's own reads and writes do.
+
+use std::io;
+use std::task::{Poll, ready};
+
+use rustix::net::{RecvFlags, SendFlags};
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// Send all of `bytes` on `sock`, waiting for room when the socket has none. The
+/// wait is tokio's write-readiness slot of the socket, not a `writable()` future:
+/// nothing more is kept across it than the bytes left to send (every connection's
+/// future holds this one's state).
+pub(super) async fn send_all(sock: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    std::future::poll_fn(|cx| {
+        while !bytes.is_empty() {
+            let sent = sock.try_io(Interest::WRITABLE, || {
+                Ok(rustix::net::send(sock, bytes, SendFlags::NOSIGNAL)?)
+            });
+            match sent {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    ready!(sock.poll_write_ready(cx))?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        Poll::Ready(Ok(()))
+    })
+    .await
+}
+
+/// Read what `sock` holds into the spare capacity of `buf` (which must have
+/// some), without waiting: `WouldBlock` when nothing is there yet.
+pub(super) fn try_recv(sock: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    debug_assert!(buf.capacity() > buf.len());
+    sock.try_io(Interest::READABLE, || {
+        let (n, _) = rustix::net::recv(
+            sock,
+            rustix::buffer::spare_capacity(buf),
+            RecvFlags::empty(),
+        )?;
+        Ok(n)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    /// More than the socket buffers hold: the send waits for room (tokio's
+    /// readiness), and every byte arrives once, in order.
+    #[tokio::test]
+    async fn a_send_larger_than_the_socket_takes_waits_for_room() {
+        let (client, mut server) = pair().await;
+        let bytes: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            server.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        send_all(&client, &bytes).await.unwrap();
+        drop(client);
+        assert!(reader.await.unwrap() == bytes);
+    }
+
+    #[tokio::test]
+    async fn a_send_to_a_closed_peer_fails() {
+        let (client, server) = pair().await;
+        drop(server);
+        let bytes = vec![0u8; 1 << 20];
+        let mut result = Ok(());
+        for _ in 0..16 {
+            result = send_all(&client, &bytes).await;
+            if result.is_err() {
+                break;
+            }
+        }
+        let e = result.expect_err("a reset or broken pipe");
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ),
+            "{e}"
+        );
+    }
+
+    /// Nothing there: `WouldBlock`, and the readiness it clears comes back with
+    /// the next bytes; then they are appended to what the buffer held.
+    #[tokio::test]
+    async fn a_receive_reads_what_came_and_says_when_nothing_did() {
+        let (client, server) = pair().await;
+        let mut buf = Vec::with_capacity(64);
+        buf.extend_from_slice(b"kept:");
+        let e = try_recv(&server, &mut buf).expect_err("nothing was sent");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        send_all(&client, b"hello").await.unwrap();
+        server.readable().await.unwrap();
+        assert_eq!(try_recv(&server, &mut buf).unwrap(), 5);
+        assert_eq!(buf, b"kept:hello");
+        drop(client);
+        server.readable().await.unwrap();
+        assert_eq!(try_recv(&server, &mut buf).unwrap(), 0, "the peer closed");
+    }
+}
