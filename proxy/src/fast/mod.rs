@@ -72,6 +72,7 @@ use prometheus::IntCounter;
 use tokio::io::AsyncWriteExt;
 
 use self::deadline::Deadline;
+use self::io::Access;
 use crate::handover::Handover;
 use crate::metrics::METRICS;
 use crate::rules::Rule;
@@ -174,10 +175,10 @@ struct Conn {
     /// A clock read taken just now (by the last request's log line), for the next
     /// keep-alive deadline: a clock read costs, and a request needs few.
     clock: Option<std::time::Instant>,
-    /// Whether the stream has neither buffers nor rewound bytes (it has not been
-    /// pingora-proxy's yet), so its socket may be read and written directly
-    /// ([`io`]).
-    direct: bool,
+    /// How the connection is read and written: on its socket itself while the
+    /// stream has neither buffers nor rewound bytes (it has not been
+    /// pingora-proxy's yet).
+    access: Access,
 }
 
 impl Conn {
@@ -221,7 +222,11 @@ impl ServerApp for FastPath {
             shutdown: shutdown.clone(),
             deadline: Deadline::new(KEEPALIVE),
             clock: None,
-            direct: true,
+            access: if self.batch_sends {
+                Access::OwnLoop
+            } else {
+                Access::Socket
+            },
         };
         let mut buffered = false;
         loop {
@@ -275,7 +280,7 @@ impl ServerApp for FastPath {
                 shutdown: shutdown.clone(),
                 deadline,
                 clock: None,
-                direct: false,
+                access: Access::Stream,
             };
         }
     }
@@ -328,9 +333,9 @@ impl Failed {
 }
 
 /// Write all of `bytes` to the client: on the socket itself while the stream is
-/// unbuffered ([`Conn::direct`]), else through the stream and flushed.
+/// unbuffered ([`Conn::access`]), else through the stream and flushed.
 async fn write_all(conn: &mut Conn, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(tcp) = conn.stream.tcp().filter(|_| conn.direct) {
+    if let Some(tcp) = conn.stream.tcp().filter(|_| conn.access != Access::Stream) {
         return io::send_all(tcp, bytes).await;
     }
     conn.stream.write_all(bytes).await?;

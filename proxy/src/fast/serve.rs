@@ -8,6 +8,7 @@ use pingora::prelude::*;
 use tokio::io::AsyncReadExt;
 
 use super::head::{self, HandOff, Head, Parsed};
+use super::io::Access;
 use super::{
     BODY_READ_TIMEOUT, Conn, FastPath, KEEPALIVE, Next, fast_rule, handover_due, write_all,
 };
@@ -89,7 +90,7 @@ impl FastPath {
                         // What the client sent, or the stream's buffer holds, first:
                         // a hand-over must leave no byte of it behind.
                         biased;
-                        read = read_more(&mut conn.stream, conn.direct, &mut conn.buf) => read.ok(),
+                        read = read_more(&mut conn.stream, conn.access, &mut conn.buf) => read.ok(),
                         () = conn.deadline.passed() => None,
                         to = handover_due(handover, &mut conn.shutdown) => {
                             // Nothing of a next request has been read: the socket,
@@ -105,7 +106,7 @@ impl FastPath {
                 }
                 Some(d) => tokio::time::timeout_at(
                     d,
-                    read_more(&mut conn.stream, conn.direct, &mut conn.buf),
+                    read_more(&mut conn.stream, conn.access, &mut conn.buf),
                 )
                 .await
                 .ok()
@@ -350,7 +351,7 @@ async fn read_body(conn: &mut Conn, head: &Head) -> Result<usize, Cut> {
     let total = head.len + head.body_len;
     while conn.buf.len() < total {
         conn.buf.reserve(total - conn.buf.len());
-        let read = read_more(&mut conn.stream, conn.direct, &mut conn.buf);
+        let read = read_more(&mut conn.stream, conn.access, &mut conn.buf);
         match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
             Ok(Ok(0)) => return Err(Cut::Early),
             Ok(Ok(_)) => {}
@@ -368,19 +369,16 @@ enum Cut {
     Gone,
 }
 
-/// Read more of the request into the connection's buffer (`buf`); the fields,
-/// not the `Conn`, so that its shutdown watch can be awaited beside the read.
-/// `direct`: [`Conn::direct`], read the socket itself.
+/// Read more of the request into the connection's buffer (`buf`), as `access`
+/// says ([`super::Conn::access`]); the fields, not the `Conn`, so that its shutdown
+/// watch can be awaited beside the read.
 async fn read_more(
     stream: &mut pingora::protocols::l4::stream::Stream,
-    direct: bool,
+    access: Access,
     buf: &mut Vec<u8>,
 ) -> std::io::Result<usize> {
     if buf.capacity() - buf.len() < 512 {
         buf.reserve(if buf.is_empty() { 2048 } else { 4096 });
     }
-    match stream.tcp_mut().filter(|_| direct) {
-        Some(tcp) => tcp.read_buf(buf).await,
-        None => stream.read_buf(buf).await,
-    }
+    super::io::read(stream, access, buf).await
 }
