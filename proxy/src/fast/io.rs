@@ -1,8 +1,10 @@
-//! The fast path's socket calls: `send(2)` and `recv(2)` made directly (rustix's
-//! system calls) inside tokio's readiness, rather than through pingora's stream
-//! layers, tokio's `AsyncRead`/`AsyncWrite`, mio and `std`, which end in libc's
-//! wrappers: those mark each call a thread-cancellation point, two more calls per
-//! system call that a tokio worker never needs.
+//! The fast path's socket calls: sends (`send(2)`) and the Pod's responses
+//! (`recv(2)`) made directly with rustix's system calls inside tokio's readiness,
+//! rather than through pingora's stream layers, tokio's `AsyncRead`/`AsyncWrite`,
+//! mio and `std`, which end in libc's wrappers: those mark each call a
+//! thread-cancellation point, two more calls per system call that a tokio worker
+//! never needs. The client's reads go through tokio's read of its socket
+//! ([`Access::Socket`]).
 //!
 //! Readiness stays tokio's: a call is made only while tokio holds the socket
 //! ready, and one that would block clears that readiness and waits for the next
@@ -22,57 +24,23 @@ pub(super) enum Access {
     /// Through pingora's stream: it has been pingora-proxy's, whose buffers may
     /// hold bytes read ahead.
     Stream,
-    /// On the socket itself, read through tokio's `AsyncRead` (a work-stealing
-    /// runtime: another thread's event loop may report readiness at any moment,
-    /// and only tokio's read clears it without losing such a report).
+    /// On the socket itself: sends with [`send_all`]; reads through tokio's
+    /// `AsyncRead` of the socket, whose short read clears only the readiness it
+    /// saw (by its tick), so an event that came in between is never lost.
     Socket,
-    /// On the socket itself, on a runtime whose event loop is this thread's
-    /// (pingora's no-steal runtime): readiness changes only between polls, so a
-    /// short read clears it at once, as tokio's own read does, and the next read
-    /// waits for the next event instead of failing with `EAGAIN`.
-    OwnLoop,
 }
 
-/// Read more of what `stream` holds into `buf` (which must have spare capacity),
-/// as `access` says. `Ok(0)`: the client closed.
+/// Read more of what `stream` holds into `buf`, as `access` says. `Ok(0)`: the
+/// client closed.
 pub(super) async fn read(
     stream: &mut L4Stream,
     access: Access,
     buf: &mut Vec<u8>,
 ) -> io::Result<usize> {
     match (access, stream.tcp_mut()) {
-        (Access::OwnLoop, Some(tcp)) => recv(tcp, buf).await,
         (Access::Socket, Some(tcp)) => tcp.read_buf(buf).await,
         _ => stream.read_buf(buf).await,
     }
-}
-
-/// Receive into the spare capacity of `buf`, waiting for readiness; a short read
-/// clears it (see [`Access::OwnLoop`], the only runtime this may run on).
-async fn recv(sock: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
-    std::future::poll_fn(|cx| {
-        loop {
-            ready!(sock.poll_read_ready(cx))?;
-            let spare = buf.capacity() - buf.len();
-            match try_recv(sock, buf) {
-                Ok(n) => {
-                    if n > 0 && n < spare {
-                        // Nothing more is there now: without this, tokio still
-                        // holds the socket readable and the next read is an
-                        // `EAGAIN` (tokio's own read clears it likewise).
-                        let _ = sock.try_io(Interest::READABLE, || {
-                            Err::<(), _>(io::ErrorKind::WouldBlock.into())
-                        });
-                    }
-                    return Poll::Ready(Ok(n));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
-    })
-    .await
 }
 
 /// Send all of `bytes` on `sock`, waiting for room when the socket has none. The
@@ -144,31 +112,6 @@ mod tests {
         send_all(&client, &bytes).await.unwrap();
         drop(client);
         assert!(reader.await.unwrap() == bytes);
-    }
-
-    /// A short read leaves the socket not ready in tokio's eyes, so the next read
-    /// waits for the next event rather than trying (an `EAGAIN`); the next bytes
-    /// make it ready again and are read.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_short_read_waits_for_the_next_event() {
-        let (client, server) = pair().await;
-        send_all(&client, b"first").await.unwrap();
-        let mut buf = Vec::with_capacity(64);
-        assert_eq!(recv(&server, &mut buf).await.unwrap(), 5);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        assert!(
-            server.poll_read_ready(&mut cx).is_pending(),
-            "still ready after a short read"
-        );
-        send_all(&client, b"second").await.unwrap();
-        assert_eq!(recv(&server, &mut buf).await.unwrap(), 6);
-        assert_eq!(buf, b"firstsecond");
-        // A read that fills the buffer may have left bytes behind: still ready.
-        send_all(&client, &[7u8; 100]).await.unwrap();
-        let mut full = Vec::with_capacity(10);
-        server.readable().await.unwrap();
-        assert_eq!(recv(&server, &mut full).await.unwrap(), full.capacity());
-        assert!(server.poll_read_ready(&mut cx).is_ready());
     }
 
     #[tokio::test]

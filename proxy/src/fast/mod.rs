@@ -222,11 +222,7 @@ impl ServerApp for FastPath {
             shutdown: shutdown.clone(),
             deadline: Deadline::new(KEEPALIVE),
             clock: None,
-            access: if self.batch_sends {
-                Access::OwnLoop
-            } else {
-                Access::Socket
-            },
+            access: Access::Socket,
         };
         let mut buffered = false;
         loop {
