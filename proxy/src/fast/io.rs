@@ -15,7 +15,7 @@ use std::task::{Poll, ready};
 
 use pingora::protocols::l4::stream::Stream as L4Stream;
 use rustix::net::{RecvFlags, SendFlags};
-use tokio::io::{AsyncReadExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 /// How a client connection is read and written.
@@ -40,6 +40,18 @@ pub(super) async fn read(
     match (access, stream.tcp_mut()) {
         (Access::Socket, Some(tcp)) => tcp.read_buf(buf).await,
         _ => stream.read_buf(buf).await,
+    }
+}
+
+/// Write all of `bytes` to `stream`, as `access` says: on the socket itself, or
+/// through the stream and flushed.
+pub(super) async fn write(stream: &mut L4Stream, access: Access, bytes: &[u8]) -> io::Result<()> {
+    match (access, stream.tcp()) {
+        (Access::Socket, Some(tcp)) => send_all(tcp, bytes).await,
+        _ => {
+            stream.write_all(bytes).await?;
+            stream.flush().await
+        }
     }
 }
 

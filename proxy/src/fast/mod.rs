@@ -69,7 +69,6 @@ use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use pingora::server::configuration::ServerConf;
 use prometheus::IntCounter;
-use tokio::io::AsyncWriteExt;
 
 use self::deadline::Deadline;
 use self::io::Access;
@@ -328,12 +327,7 @@ impl Failed {
     }
 }
 
-/// Write all of `bytes` to the client: on the socket itself while the stream is
-/// unbuffered ([`Conn::access`]), else through the stream and flushed.
+/// Write all of `bytes` to the client, as [`Conn::access`] says.
 async fn write_all(conn: &mut Conn, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(tcp) = conn.stream.tcp().filter(|_| conn.access != Access::Stream) {
-        return io::send_all(tcp, bytes).await;
-    }
-    conn.stream.write_all(bytes).await?;
-    conn.stream.flush().await
+    io::write(&mut conn.stream, conn.access, bytes).await
 }
