@@ -144,14 +144,19 @@ impl FastPath {
         conn.deadline.set(clock, read_timeout);
         loop {
             tokio::select! {
-                ready = up.readable() => {
+                // The Pod's answer first: when the client closed as it came, the
+                // answer is still logged as the Pod gave it, and its write fails.
+                biased;
+                // The socket's read slot, not `readable()`: no waiter to link
+                // into the socket's list and unlink, per request.
+                ready = std::future::poll_fn(|cx| up.poll_read_ready(cx)) => {
                     if let Err(e) = ready {
                         return Err(Attempt::failed_reading(&rbuf, e));
                     }
                 }
                 // The request is read whole: the client may only close, as pingora's
                 // `read_body_or_idle` expects.
-                read = conn.stream.read(&mut byte) => {
+                read = super::io::read_into(&mut conn.stream, conn.access, &mut byte) => {
                     let e = match read {
                         Ok(n) if n > 0 => Error::explain(
                             ErrorType::ConnectError,
@@ -378,7 +383,7 @@ pub(super) fn upstream_request(
     let mut out = Vec::with_capacity(total + 256);
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(&buf[head.target.clone()]);
+    out.extend_from_slice(&buf[head.target()]);
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in &head.lines {
         let n = &buf[name.clone()];

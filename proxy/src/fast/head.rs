@@ -23,8 +23,10 @@ pub(crate) const MAX_HEAD: usize = 16 * 1024;
 pub(crate) struct Head {
     /// The method.
     pub(crate) method: Method,
-    /// The request target (origin-form), as received.
-    pub(crate) target: Range<usize>,
+    /// Where the request target (origin-form, as received) starts, where its path
+    /// ends (at its first `?`, else with it) and where it ends, in the buffer: a
+    /// head is at most `MAX_HEAD` bytes, and every held poll keeps one.
+    target_at: [u32; 3],
     /// The headers, for routing (rules, token sources).
     pub(crate) headers: HeaderMap,
     /// Each header line's name and value, in order, for forwarding as received.
@@ -44,19 +46,25 @@ pub(crate) struct Head {
 impl Head {
     /// The target's path, without the query.
     pub(crate) fn path<'a>(&self, buf: &'a [u8]) -> &'a str {
-        let target = self.target_str(buf);
-        target.split_once('?').map_or(target, |(p, _)| p)
+        let [start, path_end, _] = self.target_at.map(|i| i as usize);
+        ascii(&buf[start..path_end])
     }
 
     /// The target's query, if any.
     pub(crate) fn query<'a>(&self, buf: &'a [u8]) -> Option<&'a str> {
-        self.target_str(buf).split_once('?').map(|(_, q)| q)
+        let [_, path_end, end] = self.target_at.map(|i| i as usize);
+        (path_end < end).then(|| ascii(&buf[path_end + 1..end]))
     }
 
-    fn target_str<'a>(&self, buf: &'a [u8]) -> &'a str {
-        // Checked to be a valid `PathAndQuery` (ASCII) when parsed.
-        std::str::from_utf8(&buf[self.target.clone()]).unwrap_or("/")
+    /// The request target, as received.
+    pub(crate) fn target(&self) -> Range<usize> {
+        self.target_at[0] as usize..self.target_at[2] as usize
     }
+}
+
+/// Part of a target checked to be a valid `PathAndQuery` (ASCII) when parsed.
+fn ascii(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or("/")
 }
 
 /// What the start of a buffer holds. Returned once per request and consumed at
@@ -235,9 +243,15 @@ pub(crate) fn parse(buf: &[u8]) -> Parsed {
     if crate::http1::refusal(&checked).is_some() {
         return Parsed::HandOff(HandOff::Refused);
     }
+    let path_end = buf[target.clone()]
+        .iter()
+        .position(|&b| b == b'?')
+        .map_or(target.end, |i| target.start + i);
+    // Within `MAX_HEAD`, so within a `u32`.
+    let target_at = [target.start, path_end, target.end].map(|i| i as u32);
     Parsed::Head(Head {
         method,
-        target,
+        target_at,
         hop_by_hop: crate::sources::connection_listed(&headers),
         lines,
         len,

@@ -3,8 +3,7 @@
 //! rather than through pingora's stream layers, tokio's `AsyncRead`/`AsyncWrite`,
 //! mio and `std`, which end in libc's wrappers: those mark each call a
 //! thread-cancellation point, two more calls per system call that a tokio worker
-//! never needs. The client's reads go through tokio's read of its socket
-//! ([`Access::Socket`]).
+//! never needs. The client's reads are made the same way ([`recv`]).
 //!
 //! Readiness stays tokio's: a call is made only while tokio holds the socket
 //! ready, and one that would block clears that readiness and waits for the next
@@ -24,9 +23,7 @@ pub(super) enum Access {
     /// Through pingora's stream: it has been pingora-proxy's, whose buffers may
     /// hold bytes read ahead.
     Stream,
-    /// On the socket itself: sends with [`send_all`]; reads through tokio's
-    /// `AsyncRead` of the socket, whose short read clears only the readiness it
-    /// saw (by its tick), so an event that came in between is never lost.
+    /// On the socket itself: sends with [`send_all`], reads with [`recv`].
     Socket,
 }
 
@@ -38,8 +35,21 @@ pub(super) async fn read(
     buf: &mut Vec<u8>,
 ) -> io::Result<usize> {
     match (access, stream.tcp_mut()) {
-        (Access::Socket, Some(tcp)) => tcp.read_buf(buf).await,
+        (Access::Socket, Some(tcp)) => recv(tcp, buf).await,
         _ => stream.read_buf(buf).await,
+    }
+}
+
+/// Read into `buf` (a watch for the client closing), as `access` says. `Ok(0)`:
+/// the client closed.
+pub(super) async fn read_into(
+    stream: &mut L4Stream,
+    access: Access,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    match (access, stream.tcp_mut()) {
+        (Access::Socket, Some(tcp)) => tcp.read(buf).await,
+        _ => stream.read(buf).await,
     }
 }
 
@@ -53,6 +63,50 @@ pub(super) async fn write(stream: &mut L4Stream, access: Access, bytes: &[u8]) -
             stream.flush().await
         }
     }
+}
+
+/// Receive into the spare capacity of `buf` (which must have some), waiting for
+/// readiness. `Ok(0)`: the peer closed.
+///
+/// A short read (fewer bytes than there was room for) drained the socket: it
+/// clears tokio's readiness, so that the next read waits for the next event
+/// instead of failing with `EAGAIN`. The readiness cleared is the one the read
+/// was tried under (its tick, taken by [`TcpStream::try_io`] before the call): an
+/// event the reactor reported during the read is kept, on any runtime. This is
+/// what tokio's own read does (`PollEvented::poll_read` in tokio's
+/// `io/poll_evented.rs`); the read's result leaves the closure beside the
+/// `WouldBlock` that asks `try_io` to clear.
+pub(super) async fn recv(sock: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    debug_assert!(buf.capacity() > buf.len());
+    std::future::poll_fn(|cx| {
+        loop {
+            ready!(sock.poll_read_ready(cx))?;
+            let room = buf.capacity() - buf.len();
+            let mut got = 0;
+            let read = sock.try_io(Interest::READABLE, || {
+                let (n, _) = rustix::net::recv(
+                    sock,
+                    rustix::buffer::spare_capacity(&mut *buf),
+                    RecvFlags::empty(),
+                )?;
+                got = n;
+                if n > 0 && n < room {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            });
+            match read {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => {
+                    return Poll::Ready(Ok(got));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    })
+    .await
 }
 
 /// Send all of `bytes` on `sock`, waiting for room when the socket has none. The
@@ -124,6 +178,39 @@ mod tests {
         send_all(&client, &bytes).await.unwrap();
         drop(client);
         assert!(reader.await.unwrap() == bytes);
+    }
+
+    /// A short read leaves the socket not ready in tokio's eyes, so the next read
+    /// waits for the next event rather than trying (an `EAGAIN`); the next bytes
+    /// make it ready again and are read. A read that fills the buffer may have
+    /// left bytes behind: the socket stays ready.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_short_read_waits_for_the_next_event() {
+        let (client, server) = pair().await;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        send_all(&client, b"first").await.unwrap();
+        let mut buf = Vec::with_capacity(64);
+        assert_eq!(recv(&server, &mut buf).await.unwrap(), 5);
+        assert!(
+            server.poll_read_ready(&mut cx).is_pending(),
+            "still ready after a short read"
+        );
+        send_all(&client, b"second").await.unwrap();
+        assert_eq!(recv(&server, &mut buf).await.unwrap(), 6);
+        assert_eq!(buf, b"firstsecond");
+        send_all(&client, &[7u8; 100]).await.unwrap();
+        let mut full = Vec::with_capacity(10);
+        server.readable().await.unwrap();
+        assert_eq!(recv(&server, &mut full).await.unwrap(), full.capacity());
+        assert!(server.poll_read_ready(&mut cx).is_ready());
+        let mut rest = Vec::with_capacity(200);
+        assert_eq!(recv(&server, &mut rest).await.unwrap(), 90);
+        drop(client);
+        assert_eq!(
+            recv(&server, &mut rest).await.unwrap(),
+            0,
+            "a close reads 0"
+        );
     }
 
     #[tokio::test]
