@@ -102,3 +102,29 @@ fn a_runner_body_is_scanned_and_anything_else_parsed() {
     assert_eq!(json(&deep).unwrap(), ["x"]);
     assert_eq!(json(r#"{"token":"a",}"#), Err(Malformed::Json));
 }
+
+/// The eight-at-a-time search ends a plain string where a byte-by-byte one does:
+/// every byte value, at every offset of a chunk, behind printable bytes, and
+/// two ending bytes together (the first counts).
+#[test]
+fn a_plain_string_ends_where_a_byte_search_ends_it() {
+    let naive = |s: &[u8]| {
+        s.iter()
+            .position(|&c| c == b'"' || c == b'\\' || !(0x20..0x80).contains(&c))
+    };
+    for len in 0..20 {
+        for at in 0..=len {
+            for byte in 0..=255u8 {
+                let mut s = vec![b'a'; len];
+                if at < len {
+                    s[at] = byte;
+                }
+                assert_eq!(plain_len(&s), naive(&s), "{byte:#x} at {at} of {len}");
+                if at + 1 < len {
+                    s[at + 1] = b'"';
+                    assert_eq!(plain_len(&s), naive(&s), "{byte:#x} at {at}, then a quote");
+                }
+            }
+        }
+    }
+}
