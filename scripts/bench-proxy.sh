@@ -40,6 +40,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
+. scripts/lib/loopback.sh
 
 podgate_ensure_rust
 podgate_ensure_system_packages
@@ -72,32 +73,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2
-  return 1
-}
 UP=$(port); PG=$(port); HA=$(port); NX=$(port); ADMIN=$(port); PB=$(port); ADMIN_B=$(port)
 PP=$(port); ADMIN_P=$(port)
 PINGORA=${PINGORA:-1}
 
 # The upstream: nginx answering like a Pod's Workhorse, 200 with a small JSON body.
-cat > "$W/upstream.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $W/upstream.pid;
-error_log $W/upstream.err;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $W/b1; proxy_temp_path $W/p1; fastcgi_temp_path $W/f1; uwsgi_temp_path $W/u1; scgi_temp_path $W/s1;
-  server { listen 127.0.0.1:$UP; location / { return 200 '{"ok":true}'; } }
-}
-EOF
+upstream_conf "$UP"
 nginx -c "$W/upstream.conf" -p "$W" & PIDS+=($!); PID_direct=$!
 
 cat > "$W/haproxy.cfg" <<EOF
@@ -137,23 +118,8 @@ EOF
 nginx -c "$W/nginx-proxy.conf" -p "$W" & PIDS+=($!); PID_nginx=$!
 
 # podgate: an Ed25519 key, a JWT and a GitLab v1 token for Pod 1.
-$PODGATE token keygen --alg ed25519 --kid bench --out "$W/keys" >/dev/null
-mkdir -p "$W/verify" && cp "$W/keys/bench.pem" "$W/verify/"
-JWT=$($PODGATE token mint --kind runner --pod 1 --ttl 1h --key "$W/keys/bench.private.pem")
-V1=$($PODGATE token mint-gitlab --prefix glrt- --cell 1 --org 1)
-cat > "$W/proxy.toml" <<EOF
-listen = "127.0.0.1:$PG"
-admin_listen = "127.0.0.1:$ADMIN"
-threads = 1
-grace_period_secs = 0
-keys = ["$W/verify"]
-[topology]
-default_pod = 1
-[[topology.pods]]
-id = 1
-name = "pod-1"
-web = ["127.0.0.1:$UP"]
-EOF
+bench_tokens "$PODGATE"
+proxy_toml "$PG" "$ADMIN" "$UP" > "$W/proxy.toml"
 $PODGATE proxy --config "$W/proxy.toml" & PIDS+=($!); PID_podgate=$!
 TARGETS="direct:$UP podgate:$PG haproxy:$HA nginx:$NX"
 if [ "$PINGORA" = 1 ]; then
@@ -172,19 +138,9 @@ fi
 
 for t in $TARGETS; do wait_port "${t##*:}"; done
 
-lua() { # name token [header]
-  local header=""
-  if [ -n "${3:-}" ]; then header="wrk.headers[\"Runner-Token\"] = \"$2\""; fi
-  cat > "$W/$1.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-$header
-wrk.body = '{"token":"$2","system_id":"s_0123456789ab","last_update":"0","info":{"name":"gitlab-runner","version":"17.6.0","executor":"docker","features":{"variables":true,"artifacts":true,"cache":true}}}'
-EOF
-}
-lua jwt "$JWT"
-lua v1 "$V1"
-lua hdr "$V1" header
+runner_lua jwt "$JWT"
+runner_lua v1 "$V1"
+runner_lua hdr "$V1" header
 
 # The processes doing a target's work: the one started and its children (nginx's
 # worker under its master).

@@ -22,6 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/deps.sh
+. scripts/lib/loopback.sh
 
 podgate_ensure_rust
 podgate_ensure_system_packages
@@ -48,63 +49,28 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-  # Under valgrind the proxy takes seconds to start.
-  for _ in $(seq 1 1200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2
-  return 1
-}
-
 UP=$(port)
-cat > "$W/upstream.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $W/upstream.pid;
-error_log $W/upstream.err;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $W/b1; proxy_temp_path $W/p1; fastcgi_temp_path $W/f1; uwsgi_temp_path $W/u1; scgi_temp_path $W/s1;
-  server { listen 127.0.0.1:$UP; location / { return 200 '{"ok":true}'; } }
-}
-EOF
+upstream_conf "$UP"
 nginx -c "$W/upstream.conf" -p "$W" & PIDS+=($!)
 
-"$PODGATE" token keygen --alg ed25519 --kid bench --out "$W/keys" > /dev/null
-mkdir -p "$W/verify"
-cp "$W/keys/bench.pem" "$W/verify/"
-JWT=$("$PODGATE" token mint --kind runner --pod 1 --ttl 1h --key "$W/keys/bench.private.pem")
-V1=$("$PODGATE" token mint-gitlab --prefix glrt- --cell 1 --org 1)
+bench_tokens "$PODGATE"
 
-script() { # shape -> wrk script
-  local tok=$V1 header=""
-  [ "$1" = jwt ] && tok=$JWT
-  [ "$1" = hdr ] && header="wrk.headers[\"Runner-Token\"] = \"$tok\""
-  cat > "$W/$1.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-$header
-wrk.body = '{"token":"$tok","system_id":"s_0123456789ab","last_update":"0","info":{"name":"gitlab-runner","version":"17.6.0","executor":"docker","features":{"variables":true,"artifacts":true,"cache":true}}}'
-EOF
-}
+runner_lua jwt "$JWT"
+runner_lua v1 "$V1"
+runner_lua hdr "$V1" header
 
 printf '%-6s %-8s %10s %14s %10s\n' shape build requests instructions per_req
 for shape in $TOKENS; do
-  script "$shape"
   for b in $BUILDS; do
     name=${b%%:*} bin=${b#*:}
     p=$(port) admin=$(port) out="$W/cg.$shape.$name"
-    printf 'listen = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\nthreads = 1\ngrace_period_secs = 0\nkeys = ["%s/verify"]\n[topology]\ndefault_pod = 1\n[[topology.pods]]\nid = 1\nname = "pod-1"\nweb = ["127.0.0.1:%s"]\n' \
-      "$p" "$admin" "$W" "$UP" > "$W/pg.toml"
+    proxy_toml "$p" "$admin" "$UP" > "$W/pg.toml"
     valgrind --tool=callgrind --compress-strings=no --callgrind-out-file="$out" \
       "$bin" proxy --config "$W/pg.toml" > /dev/null 2> "$W/valgrind.err" &
     vg=$!
     PIDS+=("$vg")
-    wait_port "$p"
+    # Under valgrind the proxy takes seconds to start.
+    wait_port "$p" 1200
     url=http://127.0.0.1:$p/api/v4/jobs/request
     wrk -t1 -c"$CONNS" -d3s -s "$W/$shape.lua" "$url" > /dev/null
     callgrind_control -z "$vg" > /dev/null 2>&1
