@@ -5,7 +5,6 @@
 use std::ops::Range;
 
 use pingora::prelude::*;
-use tokio::io::AsyncReadExt;
 
 use super::head::{self, HandOff, Head, Parsed};
 use super::io::Access;
@@ -221,12 +220,12 @@ impl FastPath {
         let request = RunnerRequest::read(&taken.head.headers, body);
         // Held for up to a minute: keep no more than the request itself.
         conn.buf.shrink_to_fit();
-        let stream = &mut conn.stream;
+        let (stream, access) = (&mut conn.stream, conn.access);
         let gone = async {
             // The request is read whole: this returns only when the client closes
             // (or sends bytes it should not before its answer), as on pingora's path.
             let mut byte = [0u8; 1];
-            let _ = stream.read(&mut byte).await;
+            let _ = super::io::read_into(stream, access, &mut byte).await;
         };
         self.gate.hold(ctx, polls, request, gone).await
     }
